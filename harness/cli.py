@@ -1,0 +1,200 @@
+"""Command line of the harness: `python -m harness {matrix,report,list}`.
+
+nox sessions call this; nodes without nox or uv can call it directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from harness import hardware
+from harness.errors import UsageError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MATRIX_DIR = REPO_ROOT / "matrix"
+RESULTS_DIR = REPO_ROOT / "results"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but bad arguments exit 2 with one line, like every other usage error here."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m harness",
+        description=(
+            "Compatibility test matrix for LoRA / DoRA / QLoRA under FSDP and DeepSpeed. Builds one uv environment "
+            "per version cell, runs the failure-mode scenarios in it, appends one JSON record per "
+            "scenario x variant x config x cell, and writes results/COMPATIBILITY.md."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    matrix = sub.add_parser(
+        "matrix",
+        help="run (or resume) a profile's matrix",
+        description=(
+            "Run a profile's matrix. Re-running resumes the newest run of the same profile file and skips what is "
+            "already recorded; --fresh starts a new run. Exit 0 when the run completed (failures of the stack are "
+            "data, not errors), 1 if any record is a harness/scenario error, 2 on bad input, 130 when interrupted."
+        ),
+    )
+    matrix.add_argument(
+        "--profile",
+        help="profile name in matrix/ or a path to a .toml "
+        "(default: gpu when a GPU is visible and matrix/gpu.toml exists, else cpu)",
+    )
+    matrix.add_argument("--fresh", action="store_true", help="start a new run instead of resuming")
+    matrix.add_argument(
+        "--scenario",
+        action="append",
+        dest="scenarios",
+        metavar="ID_OR_GLOB",
+        help="only these scenarios (repeatable; 'S3' or 'S3-*' or a full id)",
+    )
+    matrix.add_argument(
+        "--cell",
+        action="append",
+        dest="cells",
+        metavar="GLOB",
+        help="only cells whose id matches (repeatable), e.g. 'old_*'",
+    )
+    matrix.add_argument(
+        "--examples",
+        type=int,
+        metavar="N",
+        help="Hypothesis-drawn configs per scenario (overrides the profile; explicit examples always run)",
+    )
+    matrix.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where runs and tables go")
+    matrix.add_argument(
+        "--envs-dir",
+        type=Path,
+        help="where cell environments are kept (default: $COMPAT_MATRIX_ENVS or ~/.cache/compat-matrix/envs)",
+    )
+    matrix.add_argument("--rebuild-envs", action="store_true", help="rebuild cell environments even if present")
+    matrix.add_argument("--no-report", action="store_true", help="do not regenerate COMPATIBILITY.md afterwards")
+
+    report = sub.add_parser("report", help="regenerate results/COMPATIBILITY.md from records")
+    report.add_argument(
+        "--run",
+        action="append",
+        dest="runs",
+        metavar="RUN_ID",
+        help="runs to include (repeatable; default: the newest run of each profile)",
+    )
+    report.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    report.add_argument("--output", type=Path, help="default: <results-dir>/COMPATIBILITY.md")
+
+    listing = sub.add_parser("list", help="show profiles, scenarios, or a profile's cells")
+    listing.add_argument("what", choices=["profiles", "scenarios", "cells"])
+    listing.add_argument("--profile", default=None)
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def default_profile() -> str:
+    if hardware.visible_gpus() and (MATRIX_DIR / "gpu.toml").is_file():
+        return "gpu"
+    return "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "matrix":
+            return _matrix(args)
+        if args.command == "report":
+            path = write_report(args.results_dir, args.runs, args.output)
+            print(f"wrote {path}")
+            return 0
+        return _list(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _matrix(args: argparse.Namespace) -> int:
+    from harness.envs import default_envs_dir
+    from harness.matrix import MatrixOptions, run_matrix
+    from harness.profile import load_profile
+
+    if args.examples is not None and args.examples < 0:
+        raise UsageError("--examples must be 0 or more")
+    profile = load_profile(args.profile or default_profile(), MATRIX_DIR)
+    options = MatrixOptions(
+        results_dir=args.results_dir,
+        envs_dir=args.envs_dir or default_envs_dir(),
+        fresh=args.fresh,
+        scenario_patterns=tuple(args.scenarios) if args.scenarios else None,
+        cell_patterns=tuple(args.cells) if args.cells else None,
+        rebuild_envs=args.rebuild_envs,
+        examples=args.examples,
+    )
+    summary = run_matrix(profile, options)
+    print(
+        f"run {summary.run_id}: {summary.written} new records, {summary.resumed} already recorded; "
+        f"outcomes {json.dumps(summary.outcomes, sort_keys=True)}"
+    )
+    print(f"records: {summary.run_dir / 'records.jsonl'}")
+    if not args.no_report:
+        print(f"table: {write_report(args.results_dir, None, None)}")
+    if summary.interrupted:
+        return 130
+    return 1 if summary.outcomes.get("error") else 0
+
+
+def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | None) -> Path:
+    from harness.registry import discover
+    from harness.report import render_markdown, select_runs
+
+    selection = select_runs(results_dir, run_ids)
+    if not selection.run_ids:
+        raise UsageError(f"no runs under {results_dir / 'runs'}; run `nox -s matrix` first")
+    known = discover()
+    text = render_markdown(
+        selection,
+        {s.id: list(s.spec.get("table_metrics", [])) for s in known},
+        {s.id: s.spec.get("title", "") for s in known},
+    )
+    output = output or results_dir / "COMPATIBILITY.md"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    return output
+
+
+def _list(args: argparse.Namespace) -> int:
+    from harness.profile import available_profiles, load_profile
+    from harness.registry import discover
+
+    if args.what == "profiles":
+        items = available_profiles(MATRIX_DIR)
+    elif args.what == "scenarios":
+        items = [
+            {
+                "id": s.id,
+                "title": s.spec.get("title", ""),
+                "world_size": s.spec.get("world_size", 1),
+                "variants": list(s.variants),
+            }
+            for s in discover()
+        ]
+    else:
+        from harness.cells import expand
+
+        profile = load_profile(args.profile or default_profile(), MATRIX_DIR)
+        items = [
+            {"cell": c.cell_id, "requirements": c.requirements(), "excluded": c.excluded_reason}
+            for c in expand(profile)
+        ]
+    if args.json:
+        print(json.dumps(items, indent=1))
+    else:
+        for item in items:
+            print(item if isinstance(item, str) else " ".join(f"{k}={v}" for k, v in item.items()))
+    return 0

@@ -1,0 +1,273 @@
+"""Start workers in a cell's environment, watch their events, enforce timeouts, leave nothing running.
+
+One launch runs a list of jobs. If the worker dies, hangs, or stops after a distributed failure, the
+launcher records what happened to the job in flight and relaunches a fresh worker for the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.proctree import TOKEN_VAR, kill_token
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "worker.py"
+POLL_S = 0.1
+STDERR_TAIL = 3000
+
+
+@dataclass
+class Job:
+    index: int
+    config: dict[str, Any]
+    variant: str
+
+
+@dataclass
+class JobResult:
+    """What happened to one job: the worker's end event(s), or what the launcher saw instead."""
+
+    index: int
+    status: str  # pass | exception | timeout | crash | env-broken
+    detail: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    python: Path
+    module: str
+    preload: tuple[str, ...]
+    device: str
+    world_size: int
+    env: dict[str, str]
+    workdir: Path
+    job_timeout_s: float
+    start_timeout_s: float
+
+
+def run_jobs(spec: LaunchSpec, jobs: list[Job]) -> Iterator[JobResult]:
+    """Yield one JobResult per job, in order, relaunching workers as needed."""
+    remaining = list(jobs)
+    attempt = 0
+    while remaining:
+        attempt += 1
+        produced = 0
+        for result in _launch_once(spec, remaining, attempt):
+            produced += 1
+            remaining = [j for j in remaining if j.index != result.index]
+            yield result
+            if result.status == "env-broken":
+                for job in remaining:
+                    yield JobResult(job.index, "env-broken", result.detail)
+                return
+        if produced == 0 and remaining:
+            # A worker that made no progress at all would loop forever: report and stop.
+            job = remaining.pop(0)
+            yield JobResult(job.index, "crash", {"message": "worker exited without running any job"})
+
+
+def _launch_once(spec: LaunchSpec, jobs: list[Job], attempt: int) -> Iterator[JobResult]:
+    out_dir = spec.workdir / f"launch-{attempt:03d}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jobs_file = out_dir / "jobs.json"
+    jobs_file.write_text(
+        json.dumps(
+            {
+                "module": spec.module,
+                "preload": list(spec.preload),
+                "device": spec.device,
+                "jobs": [{"index": j.index, "config": j.config, "variant": j.variant} for j in jobs],
+            }
+        )
+    )
+    token = uuid.uuid4().hex
+    env = (
+        dict(os.environ)
+        | spec.env
+        | {
+            TOKEN_VAR: token,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), spec.env.get("PYTHONPATH", "")])),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    command = _command(spec, jobs_file, out_dir)
+    stderr_path = out_dir / "stderr.log"
+    with open(out_dir / "stdout.log", "wb") as stdout, open(stderr_path, "wb") as stderr:
+        proc = subprocess.Popen(
+            command,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=str(REPO_ROOT),
+        )
+    try:
+        yield from _watch(spec, jobs, proc, out_dir, stderr_path)
+    finally:
+        kill_token(token)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _command(spec: LaunchSpec, jobs_file: Path, out_dir: Path) -> list[str]:
+    if spec.world_size <= 1:
+        return [str(spec.python), str(WORKER), str(jobs_file), str(out_dir)]
+    return [
+        str(spec.python),
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={spec.world_size}",
+        "--max-restarts=0",
+        str(WORKER),
+        str(jobs_file),
+        str(out_dir),
+    ]
+
+
+def _watch(
+    spec: LaunchSpec, jobs: list[Job], proc: subprocess.Popen, out_dir: Path, stderr_path: Path
+) -> Iterator[JobResult]:
+    readers = {rank: _EventReader(out_dir / f"events.rank{rank}.jsonl") for rank in range(max(1, spec.world_size))}
+    launched = time.monotonic()
+    ready: set[int] = set()
+    started: dict[int, float] = {}  # job index -> monotonic start (first rank)
+    ends: dict[int, dict[int, dict[str, Any]]] = {}  # job index -> rank -> end event
+    pending = [j.index for j in jobs]
+    while pending:
+        exited = proc.poll() is not None  # checked before reading, so every event it wrote is read below
+        for rank, reader in readers.items():
+            for event in reader.read():
+                kind = event["event"]
+                if kind == "ready":
+                    ready.add(rank)
+                elif kind == "import-failed":
+                    detail = {k: event.get(k) for k in ("exc_type", "message", "traceback")}
+                    yield JobResult(pending[0], "env-broken", detail)
+                    return
+                elif kind == "start":
+                    started.setdefault(event["index"], time.monotonic())
+                elif kind == "end":
+                    ends.setdefault(event["index"], {})[rank] = event
+        # Emit finished jobs in order.
+        while pending and len(ends.get(pending[0], {})) == len(readers):
+            index = pending.pop(0)
+            yield _combine(index, ends[index])
+        if not pending:
+            return
+        current = pending[0]
+        now = time.monotonic()
+        if current in started and now - started[current] > spec.job_timeout_s:
+            yield JobResult(
+                current,
+                "timeout",
+                {
+                    "message": f"job exceeded {spec.job_timeout_s:.0f} s; the whole process tree was killed",
+                    "stderr_tail": _tail(stderr_path),
+                },
+                now - started[current],
+            )
+            return
+        if current not in started and len(ready) < len(readers) and now - launched > spec.start_timeout_s:
+            yield JobResult(
+                current,
+                "timeout",
+                {
+                    "message": f"worker did not become ready within {spec.start_timeout_s:.0f} s",
+                    "stderr_tail": _tail(stderr_path),
+                },
+                now - launched,
+            )
+            return
+        if exited:
+            if current in started or ends.get(current):
+                yield JobResult(
+                    current,
+                    "crash",
+                    {
+                        "message": f"worker exited with {_exit_text(proc.returncode)} during the job",
+                        "stderr_tail": _tail(stderr_path),
+                    },
+                    now - started.get(current, now),
+                )
+            elif len(ready) < len(readers):
+                yield JobResult(
+                    current,
+                    "crash",
+                    {
+                        "message": f"worker exited with {_exit_text(proc.returncode)} before it was ready",
+                        "stderr_tail": _tail(stderr_path),
+                    },
+                )
+            return  # the worker stopped early on purpose (distributed failure): relaunch for the rest
+        time.sleep(POLL_S)
+
+
+def _combine(index: int, by_rank: dict[int, dict[str, Any]]) -> JobResult:
+    """A distributed job fails if any rank failed; report the first failing rank's exception."""
+    failing = [(rank, e) for rank, e in sorted(by_rank.items()) if e["status"] != "pass"]
+    rank, event = failing[0] if failing else min(by_rank.items())
+    detail = {k: v for k, v in event.items() if k not in ("event", "index", "status")}
+    detail["rank"] = rank
+    if len(by_rank) > 1:
+        detail["ranks_failed"] = [r for r, _ in failing]
+    return JobResult(index, event["status"], detail, max(e.get("duration_s", 0.0) for e in by_rank.values()))
+
+
+def _tail(path: Path, limit: int = STDERR_TAIL) -> str:
+    try:
+        data = path.read_bytes()[-limit:]
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace")
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        import signal
+
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+class _EventReader:
+    """Reads complete JSON lines appended by one rank; a partial last line waits for the rest."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return events
+        complete, _, _ = chunk.rpartition(b"\n")
+        if not complete:
+            return events
+        self.offset += len(complete) + 1
+        for line in complete.split(b"\n"):
+            if line.strip():
+                events.append(json.loads(line))
+        return events
+
+
+if __name__ == "__main__":  # pragma: no cover - manual debugging aid
+    sys.exit("use `python -m harness` instead")

@@ -1,0 +1,380 @@
+"""Matrix profiles as data: load `matrix/<name>.toml`, validate every key, return a typed Profile.
+
+Validation is strict on purpose: a typo in a profile would otherwise silently run a different matrix
+than the one the user asked for, and a published table would then answer the wrong question.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from harness.errors import ProfileError
+
+#: Packages a profile may put on an axis or in a stack.
+AXIS_PACKAGES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes")
+#: Packages a profile may also pin through `implied` rules or `[install] extra`.
+SUPPORT_PACKAGES = ("tokenizers", "huggingface-hub", "trl", "numpy", "safetensors", "hypothesis")
+LATEST = "latest"
+ABSENT = "none"
+DEVICES = ("cpu", "cuda", "auto")
+
+PROFILE_KEYS = {"profile", "axes", "stacks", "implied", "exclude", "timeouts", "install", "scenario"}
+PROFILE_SECTION_KEYS = {
+    "description",
+    "python",
+    "device",
+    "world_size",
+    "scenarios",
+    "examples_per_scenario",
+    "hypothesis_seed",
+    "hypothesis_profile",
+}
+TIMEOUT_KEYS = {"install_s", "job_s", "worker_start_s"}
+INSTALL_KEYS = {"no_build_isolation", "build_requires", "extra", "env"}
+SCENARIO_KEYS = {"examples", "job_timeout_s", "variants", "configs"}
+
+
+@dataclass(frozen=True)
+class Implied:
+    """Pins that follow from another pin (transformers < 4.45 needs tokenizers 0.19.x, ...)."""
+
+    when: dict[str, SpecifierSet]
+    pins: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """A cell pattern that is never built, with the reason it shows in the table."""
+
+    when: dict[str, str]
+    reason: str
+
+
+@dataclass(frozen=True)
+class ScenarioSettings:
+    """Per-scenario overrides from `[scenario."<id>"]`."""
+
+    examples: int | None = None
+    job_timeout_s: float | None = None
+    variants: tuple[str, ...] | None = None
+    configs: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A validated matrix profile."""
+
+    name: str
+    path: Path
+    description: str
+    python: str
+    device: str
+    world_size: int | str
+    scenarios: tuple[str, ...]
+    examples_per_scenario: int
+    hypothesis_seed: int
+    hypothesis_profile: str
+    axes: dict[str, tuple[str, ...]]
+    stacks: dict[str, dict[str, str]]
+    implied: tuple[Implied, ...]
+    exclusions: tuple[Exclusion, ...]
+    install_timeout_s: float
+    job_timeout_s: float
+    worker_start_timeout_s: float
+    no_build_isolation: tuple[str, ...]
+    build_requires: tuple[str, ...]
+    extra_requirements: tuple[str, ...]
+    install_env: dict[str, str]
+    scenario_settings: dict[str, ScenarioSettings] = field(default_factory=dict)
+
+    def settings_for(self, scenario_id: str) -> ScenarioSettings:
+        return self.scenario_settings.get(scenario_id, ScenarioSettings())
+
+
+def profile_path(name_or_path: str, matrix_dir: Path) -> Path:
+    """A profile name ('cpu') resolves to matrix/cpu.toml; an existing path is used as is."""
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".toml":
+        return candidate
+    return matrix_dir / f"{name_or_path}.toml"
+
+
+def available_profiles(matrix_dir: Path) -> list[str]:
+    return sorted(p.stem for p in matrix_dir.glob("*.toml"))
+
+
+def load_profile(name_or_path: str, matrix_dir: Path) -> Profile:
+    """Read and validate a profile; raise ProfileError naming the file and key on any problem."""
+    path = profile_path(name_or_path, matrix_dir)
+    shown = str(path)
+    if not path.is_file():
+        known = ", ".join(available_profiles(matrix_dir)) or "none"
+        raise ProfileError(shown, "profile", f"no such profile (available: {known})")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(shown, "toml", f"malformed TOML: {exc}") from None
+    return _parse(path, data)
+
+
+def _parse(path: Path, data: dict[str, Any]) -> Profile:
+    shown = str(path)
+    _reject_unknown(shown, "", data, PROFILE_KEYS)
+    head = _table(shown, "profile", data.get("profile", {}))
+    _reject_unknown(shown, "profile.", head, PROFILE_SECTION_KEYS)
+
+    device = _str(shown, "profile.device", head.get("device", "auto"))
+    if device not in DEVICES:
+        raise ProfileError(shown, "profile.device", f"must be one of {', '.join(DEVICES)}, got {device!r}")
+    world_size = head.get("world_size", "all-gpus" if device == "cuda" else 2)
+    if not (world_size == "all-gpus" or (isinstance(world_size, int) and world_size >= 1)):
+        raise ProfileError(shown, "profile.world_size", f"must be a positive integer or 'all-gpus', got {world_size!r}")
+    python = _str(shown, "profile.python", head.get("python", "3.11"))
+    _version(shown, "profile.python", python)
+
+    axes = _parse_axes(shown, data.get("axes", {}))
+    stacks = _parse_stacks(shown, data.get("stacks", {}), axes)
+    if not axes and not stacks:
+        raise ProfileError(shown, "axes", "a profile needs at least one axis or stack")
+    timeouts = _table(shown, "timeouts", data.get("timeouts", {}))
+    _reject_unknown(shown, "timeouts.", timeouts, TIMEOUT_KEYS)
+    install = _table(shown, "install", data.get("install", {}))
+    _reject_unknown(shown, "install.", install, INSTALL_KEYS)
+    install_env = _table(shown, "install.env", install.get("env", {}))
+    for key, value in install_env.items():
+        _str(shown, f"install.env.{key}", value)
+
+    return Profile(
+        name=path.stem,
+        path=path,
+        description=_str(shown, "profile.description", head.get("description", "")),
+        python=python,
+        device=device,
+        world_size=world_size,
+        scenarios=tuple(_str_list(shown, "profile.scenarios", head.get("scenarios", ["*"]), allow_empty=False)),
+        examples_per_scenario=_positive_int(
+            shown, "profile.examples_per_scenario", head.get("examples_per_scenario", 3)
+        ),
+        hypothesis_seed=_int(shown, "profile.hypothesis_seed", head.get("hypothesis_seed", 0)),
+        hypothesis_profile=_str(shown, "profile.hypothesis_profile", head.get("hypothesis_profile", "ci")),
+        axes=axes,
+        stacks=stacks,
+        implied=tuple(_parse_implied(shown, data.get("implied", []))),
+        exclusions=tuple(_parse_exclusions(shown, data.get("exclude", []), axes, stacks)),
+        install_timeout_s=_positive_number(shown, "timeouts.install_s", timeouts.get("install_s", 900)),
+        job_timeout_s=_positive_number(shown, "timeouts.job_s", timeouts.get("job_s", 300)),
+        worker_start_timeout_s=_positive_number(shown, "timeouts.worker_start_s", timeouts.get("worker_start_s", 180)),
+        no_build_isolation=tuple(_str_list(shown, "install.no_build_isolation", install.get("no_build_isolation", []))),
+        build_requires=tuple(_str_list(shown, "install.build_requires", install.get("build_requires", []))),
+        extra_requirements=tuple(_str_list(shown, "install.extra", install.get("extra", []))),
+        install_env=dict(install_env),
+        scenario_settings=_parse_scenarios(shown, data.get("scenario", {})),
+    )
+
+
+def _parse_axes(shown: str, raw: Any) -> dict[str, tuple[str, ...]]:
+    axes = _table(shown, "axes", raw)
+    parsed: dict[str, tuple[str, ...]] = {}
+    for package, values in axes.items():
+        key = f"axes.{package}"
+        _known_package(shown, key, package, AXIS_PACKAGES)
+        items = _str_list(shown, key, values, allow_empty=False)
+        for item in items:
+            _pin_value(shown, key, item)
+        if len(set(items)) != len(items):
+            raise ProfileError(shown, key, "lists a version twice")
+        parsed[package] = tuple(items)
+    return parsed
+
+
+def _parse_stacks(shown: str, raw: Any, axes: dict[str, tuple[str, ...]]) -> dict[str, dict[str, str]]:
+    stacks = _table(shown, "stacks", raw)
+    parsed: dict[str, dict[str, str]] = {}
+    members: set[str] | None = None
+    for stack_name, pins in stacks.items():
+        key = f"stacks.{stack_name}"
+        table = _table(shown, key, pins)
+        if not table:
+            raise ProfileError(shown, key, "a stack needs at least one package")
+        for package, value in table.items():
+            _known_package(shown, f"{key}.{package}", package, AXIS_PACKAGES)
+            _pin_value(shown, f"{key}.{package}", _str(shown, f"{key}.{package}", value))
+            if package in axes:
+                raise ProfileError(
+                    shown, f"{key}.{package}", "is also an axis; a package is either an axis or in stacks"
+                )
+        if members is not None and set(table) != members:
+            raise ProfileError(shown, key, f"names packages {sorted(table)}, other stacks name {sorted(members)}")
+        members = set(table)
+        parsed[stack_name] = dict(table)
+    return parsed
+
+
+def _parse_implied(shown: str, raw: Any) -> list[Implied]:
+    if not isinstance(raw, list):
+        raise ProfileError(shown, "implied", "must be an array of tables ([[implied]])")
+    rules = []
+    for index, item in enumerate(raw):
+        key = f"implied[{index}]"
+        table = _table(shown, key, item)
+        _reject_unknown(shown, f"{key}.", table, {"when", "pins"})
+        when = _table(shown, f"{key}.when", table.get("when"))
+        pins = _table(shown, f"{key}.pins", table.get("pins"))
+        if not when or not pins:
+            raise ProfileError(shown, key, "needs both 'when' and 'pins'")
+        rules.append(
+            Implied(
+                when={
+                    pkg: _specifier(
+                        shown,
+                        f"{key}.when.{pkg}",
+                        _known_package(shown, f"{key}.when.{pkg}", pkg, AXIS_PACKAGES) and spec,
+                    )
+                    for pkg, spec in when.items()
+                },
+                pins={
+                    pkg: str(
+                        _specifier(
+                            shown,
+                            f"{key}.pins.{pkg}",
+                            _known_package(shown, f"{key}.pins.{pkg}", pkg, AXIS_PACKAGES + SUPPORT_PACKAGES) and spec,
+                        )
+                    )
+                    for pkg, spec in pins.items()
+                },
+            )
+        )
+    return rules
+
+
+def _parse_exclusions(
+    shown: str, raw: Any, axes: dict[str, tuple[str, ...]], stacks: dict[str, dict[str, str]]
+) -> list[Exclusion]:
+    if not isinstance(raw, list):
+        raise ProfileError(shown, "exclude", "must be an array of tables ([[exclude]])")
+    rules = []
+    for index, item in enumerate(raw):
+        key = f"exclude[{index}]"
+        table = _table(shown, key, item)
+        _reject_unknown(shown, f"{key}.", table, {"when", "reason"})
+        when = _table(shown, f"{key}.when", table.get("when"))
+        reason = _str(shown, f"{key}.reason", table.get("reason", ""))
+        if not when:
+            raise ProfileError(shown, f"{key}.when", "must name at least one axis value")
+        if not reason.strip():
+            raise ProfileError(shown, f"{key}.reason", "an exclusion needs a reason")
+        for axis, value in when.items():
+            value = _str(shown, f"{key}.when.{axis}", value)
+            if axis == "stack":
+                if value not in stacks:
+                    raise ProfileError(shown, f"{key}.when.stack", f"no stack named {value!r}")
+            elif axis not in axes:
+                raise ProfileError(shown, f"{key}.when.{axis}", "is not an axis of this profile")
+            elif value not in axes[axis]:
+                raise ProfileError(shown, f"{key}.when.{axis}", f"{value!r} is not on that axis")
+        rules.append(Exclusion(when=dict(when), reason=reason))
+    return rules
+
+
+def _parse_scenarios(shown: str, raw: Any) -> dict[str, ScenarioSettings]:
+    table = _table(shown, "scenario", raw)
+    parsed = {}
+    for scenario_id, settings in table.items():
+        key = f"scenario.{scenario_id}"
+        body = _table(shown, key, settings)
+        _reject_unknown(shown, f"{key}.", body, SCENARIO_KEYS)
+        configs = body.get("configs", [])
+        if not isinstance(configs, list) or not all(isinstance(c, dict) for c in configs):
+            raise ProfileError(shown, f"{key}.configs", "must be an array of tables")
+        variants = body.get("variants")
+        parsed[scenario_id] = ScenarioSettings(
+            examples=_int(shown, f"{key}.examples", body["examples"]) if "examples" in body else None,
+            job_timeout_s=_positive_number(shown, f"{key}.job_timeout_s", body["job_timeout_s"])
+            if "job_timeout_s" in body
+            else None,
+            variants=tuple(_str_list(shown, f"{key}.variants", variants, allow_empty=False))
+            if variants is not None
+            else None,
+            configs=tuple(configs),
+        )
+    return parsed
+
+
+# --- small typed readers: each raises ProfileError naming the key -------------------------------
+
+
+def _reject_unknown(shown: str, prefix: str, table: dict[str, Any], allowed: set[str]) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ProfileError(shown, f"{prefix}{key}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
+def _table(shown: str, key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ProfileError(shown, key, f"must be a table, got {type(value).__name__}")
+    return value
+
+
+def _str(shown: str, key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ProfileError(shown, key, f"must be a string, got {value!r}")
+    return value
+
+
+def _int(shown: str, key: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ProfileError(shown, key, f"must be an integer, got {value!r}")
+    return value
+
+
+def _positive_int(shown: str, key: str, value: Any) -> int:
+    if _int(shown, key, value) < 1:
+        raise ProfileError(shown, key, f"must be at least 1, got {value!r}")
+    return value
+
+
+def _positive_number(shown: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ProfileError(shown, key, f"must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _str_list(shown: str, key: str, value: Any, allow_empty: bool = True) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ProfileError(shown, key, f"must be a list of strings, got {value!r}")
+    if not value and not allow_empty:
+        raise ProfileError(shown, key, "is empty")
+    return value
+
+
+def _known_package(shown: str, key: str, package: str, allowed: tuple[str, ...]) -> bool:
+    if package not in allowed:
+        raise ProfileError(shown, key, f"unknown package {package!r} (known: {', '.join(allowed)})")
+    return True
+
+
+def _version(shown: str, key: str, value: str) -> Version:
+    try:
+        return Version(value)
+    except InvalidVersion:
+        raise ProfileError(shown, key, f"malformed version {value!r}") from None
+
+
+def _pin_value(shown: str, key: str, value: str) -> None:
+    """An axis or stack value is 'latest', 'none' (package absent) or an exact PEP 440 version."""
+    if value not in (LATEST, ABSENT):
+        _version(shown, key, value)
+
+
+def _specifier(shown: str, key: str, value: Any) -> SpecifierSet:
+    text = _str(shown, key, value)
+    try:
+        return SpecifierSet(text)
+    except InvalidSpecifier:
+        raise ProfileError(shown, key, f"malformed version specifier {text!r}") from None

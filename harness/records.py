@@ -1,0 +1,112 @@
+"""Records: one JSON line per scenario x variant x config x cell, appended and flushed as produced.
+
+A killed run loses nothing that finished: each line is written, flushed and fsynced on its own. A
+truncated last line (the process died mid-write) is detected on read, skipped with a warning, and
+repaired before the next append so the file stays valid JSONL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+SCHEMA_PATH = Path(__file__).with_name("record.schema.json")
+RECORD_VERSION = 1
+OUTCOMES = ("pass", "fail", "skip", "timeout", "crash", "env-broken", "install-failed", "error")
+KEY_FIELDS = ("cell", "scenario", "variant", "config_id")
+
+
+def record_key(record: dict[str, Any]) -> tuple[str, ...]:
+    """Identity of a record within a run: re-running the same key replaces nothing, it is skipped."""
+    return tuple(str(record[f]) for f in KEY_FIELDS)
+
+
+def read_records(path: Path, warn: bool = True) -> list[dict[str, Any]]:
+    """All complete records; a damaged line is skipped with a warning on stderr."""
+    if not path.is_file():
+        return []
+    records = []
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                if warn:
+                    print(f"warning: {path}:{number}: skipping a damaged record line", file=sys.stderr)
+    return records
+
+
+def repair_tail(path: Path) -> bool:
+    """Cut a partial last line left by a killed writer. Returns True if something was cut."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    with open(path, "rb+") as handle:
+        data = handle.read()
+        if data.endswith(b"\n"):
+            return False
+        keep = data.rfind(b"\n") + 1
+        handle.truncate(keep)
+    print(f"warning: {path}: removed a truncated last line left by an interrupted run", file=sys.stderr)
+    return True
+
+
+class RecordWriter:
+    """Appends records durably and remembers which keys exist, so resumed runs add no duplicates."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        repair_tail(path)
+        self.keys = {record_key(r) for r in read_records(path)}
+        self._handle = open(path, "a", encoding="utf-8")
+
+    def __contains__(self, key: tuple[str, ...]) -> bool:
+        return key in self.keys
+
+    def append(self, record: dict[str, Any]) -> bool:
+        """Write one record unless its key is already there. Returns whether it was written."""
+        key = record_key(record)
+        if key in self.keys:
+            return False
+        self._handle.write(json.dumps(record, sort_keys=True, default=repr) + "\n")
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self.keys.add(key)
+        return True
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def merge(record_sets: Iterable[Iterable[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Concatenate shards and drop exact duplicates of a (run, key); conflicting outcomes are kept."""
+    seen: set[tuple[str, ...]] = set()
+    merged = []
+    for records in record_sets:
+        for record in records:
+            identity = (record.get("run_id", ""), *record_key(record), record.get("outcome", ""))
+            if identity not in seen:
+                seen.add(identity)
+                merged.append(record)
+    return merged
+
+
+def iter_run_records(results_dir: Path, run_ids: Iterable[str] | None = None) -> Iterator[dict[str, Any]]:
+    runs = results_dir / "runs"
+    wanted = set(run_ids) if run_ids else None
+    for run_dir in sorted(p for p in runs.glob("*") if p.is_dir()):
+        if wanted is None or run_dir.name in wanted:
+            yield from read_records(run_dir / "records.jsonl")

@@ -1,0 +1,157 @@
+"""Turn what a job did into an outcome and a stable error signature, mapped to upstream issues.
+
+A signature is a short name that stays the same across runs, versions and machines for the same
+failure: numbers, addresses and paths are normalised away. Unknown failures still get a signature
+(`unclassified-...`) so they are never dropped or merged into a known one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Exception types that, raised from our own scenario or harness code, mean a bug of ours.
+PROGRAMMING_ERRORS = {
+    "NameError",
+    "SyntaxError",
+    "TypeError",
+    "AttributeError",
+    "KeyError",
+    "IndexError",
+    "UnboundLocalError",
+    "ImportError",
+    "ModuleNotFoundError",
+}
+
+KNOWN_ISSUES: dict[str, list[str]] = {
+    "checkpoint-recompute-dtype": [
+        "huggingface/peft#1910",
+        "huggingface/transformers#28499",
+        "pytorch/pytorch#148831",
+        "pytorch/pytorch#159359",
+    ],
+    "checkpoint-recompute-shape[0]": [
+        "OpenRLHF/OpenRLHF#569",
+        "huggingface/transformers#47254",
+        "deepspeedai/DeepSpeed#4332",
+        "huggingface/trl#2514",
+        "deepspeedai/DeepSpeed#8148",
+    ],
+    "no-grad-element-0": [
+        "huggingface/peft#1577",
+        "huggingface/peft#2125",
+        "huggingface/transformers#33930",
+        "huggingface/peft#137",
+        "huggingface/transformers#42489",
+    ],
+    "input-weight-not-parameter": ["huggingface/peft#1737", "huggingface/peft#1806"],
+    "dora-output-dtype-upcast": ["huggingface/peft#1692"],
+    "lora-update-scale": ["huggingface/peft#1893", "pytorch/pytorch#76464"],
+}
+
+_METADATA = re.compile(r"saved metadata: \{(?P<saved>[^}]*)\}\s*recomputed metadata: \{(?P<recomputed>[^}]*)\}", re.S)
+_SHAPE = re.compile(r"'shape': torch\.Size\(\[(?P<dims>[^\]]*)\]\)")
+_DTYPE = re.compile(r"'dtype': torch\.(?P<dtype>\w+)")
+
+
+@dataclass(frozen=True)
+class Classified:
+    outcome: str
+    signature: str | None
+    known_issue: list[str] = field(default_factory=list)
+    classified: bool = True
+
+
+def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) -> Classified:
+    """Map a launcher status plus the worker's detail to outcome, signature and known issues."""
+    if status == "pass":
+        return Classified("pass", None)
+    if status == "timeout":
+        return Classified("timeout", "timeout")
+    if status == "crash":
+        return Classified("crash", crash_signature(detail))
+    if status == "env-broken":
+        return Classified("env-broken", "env-broken-" + _short_type(detail.get("exc_type", "")))
+    if status != "exception":
+        return Classified("error", f"harness-unknown-status-{status}", classified=False)
+    if detail.get("check"):
+        name = f"check-{detail['check']}"
+        return Classified("fail", name, KNOWN_ISSUES.get(detail["check"], []))
+    if _is_our_bug(detail, repo_root):
+        return Classified("error", "scenario-bug-" + _short_type(detail.get("exc_type", "")), classified=False)
+    signature = exception_signature(detail.get("exc_type", ""), detail.get("message", ""))
+    family = signature.split("[")[0] if signature.startswith("checkpoint-recompute-dtype") else signature
+    known = KNOWN_ISSUES.get(family, [])
+    return Classified("fail", signature, known, classified=not signature.startswith("unclassified-"))
+
+
+def exception_signature(exc_type: str, message: str) -> str:
+    """Stable name for an exception from the stack."""
+    short = _short_type(exc_type)
+    if "different metadata than during the forward pass" in message or short == "CheckpointError":
+        return _checkpoint_signature(message)
+    if "element 0 of tensors does not require grad" in message:
+        return "no-grad-element-0"
+    if "Input weight should be of type nn.Parameter" in message or "should be of type nn.Parameter" in message:
+        return "input-weight-not-parameter"
+    if "out of memory" in message.lower() or short in ("OutOfMemoryError", "MemoryError"):
+        return "oom"
+    return f"unclassified-{short}-{_digest(normalise_message(message))}"
+
+
+def _checkpoint_signature(message: str) -> str:
+    pairs = _METADATA.findall(message)
+    if not pairs:
+        return "checkpoint-recompute-other"
+    for _saved, recomputed in pairs:
+        shape = _SHAPE.search(recomputed)
+        if shape and shape.group("dims").strip() == "0":
+            return "checkpoint-recompute-shape[0]"
+    dtype_changes = []
+    for saved, recomputed in pairs:
+        a, b = _DTYPE.search(saved), _DTYPE.search(recomputed)
+        if a and b and a.group("dtype") != b.group("dtype"):
+            change = f"{a.group('dtype')}->{b.group('dtype')}"
+            if change not in dtype_changes:
+                dtype_changes.append(change)
+    if dtype_changes:
+        return f"checkpoint-recompute-dtype[{','.join(sorted(dtype_changes))}]"
+    return "checkpoint-recompute-shape"
+
+
+def crash_signature(detail: dict[str, Any]) -> str:
+    text = f"{detail.get('message', '')}\n{detail.get('stderr_tail', '')}"
+    if "MemoryError" in text or "out of memory" in text.lower() or "Cannot allocate memory" in text:
+        return "crash-oom"
+    match = re.search(r"signal (SIG[A-Z]+)", text) or re.search(r"Signal (\d+) \((SIG[A-Z]+)\)", text)
+    if match:
+        return f"crash-{match.groups()[-1]}"
+    match = re.search(r"exit code (-?\d+)", text)
+    return f"crash-exit-{match.group(1)}" if match else "crash"
+
+
+def normalise_message(message: str) -> str:
+    """First line of a message with volatile parts (numbers, addresses, paths, quotes) replaced."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    first = re.sub(r"0x[0-9a-fA-F]+", "<addr>", first)
+    first = re.sub(r"(/[\w.\-]+)+", "<path>", first)
+    first = re.sub(r"\d+(\.\d+)?", "<n>", first)
+    first = re.sub(r"'[^']*'|\"[^\"]*\"", "<q>", first)
+    return re.sub(r"\s+", " ", first).strip()
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def _short_type(exc_type: str) -> str:
+    return exc_type.rsplit(".", 1)[-1] or "Unknown"
+
+
+def _is_our_bug(detail: dict[str, Any], repo_root: str | None) -> bool:
+    origin = detail.get("origin") or ""
+    if repo_root is None or not origin.startswith(repo_root):
+        return False
+    return _short_type(detail.get("exc_type", "")) in PROGRAMMING_ERRORS

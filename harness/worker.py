@@ -1,0 +1,141 @@
+"""The worker: runs inside a cell's environment and executes many scenario jobs in one process.
+
+It is started by the launcher as `python harness/worker.py JOBS_FILE OUT_DIR` (or under torchrun for
+distributed scenarios). It imports only the standard library and the scenario module, so it never
+depends on the orchestrator's packages. Each rank appends events to `OUT_DIR/events.rank<R>.jsonl`,
+flushed line by line, so the launcher sees progress live and a killed worker loses nothing finished.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+MAX_MESSAGE = 4000
+
+
+def main(jobs_file: str, out_dir: str) -> int:
+    # Run as a script, Python puts harness/ first on sys.path; scenarios must resolve from the repo root.
+    here = str(Path(__file__).resolve().parent)
+    sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != here]
+    spec = json.loads(Path(jobs_file).read_text())
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    events = open(Path(out_dir) / f"events.rank{rank}.jsonl", "a", buffering=1)
+
+    def emit(event: dict[str, Any]) -> None:
+        events.write(json.dumps(event, default=repr) + "\n")
+        events.flush()
+        os.fsync(events.fileno())
+
+    started = time.monotonic()
+    try:
+        module = importlib.import_module(spec["module"])
+        for package in spec.get("preload", []):
+            importlib.import_module(package)
+        if world_size > 1:
+            _init_distributed(spec["device"], local_rank)
+    except BaseException as exc:
+        emit({"event": "import-failed", **_describe(exc)})
+        return 3
+    emit({"event": "ready", "import_s": round(time.monotonic() - started, 3), "pid": os.getpid()})
+
+    for job in spec["jobs"]:
+        emit({"event": "start", "index": job["index"]})
+        result = _run_one(module, job, spec["device"], rank, local_rank, world_size)
+        emit({"event": "end", "index": job["index"], **result})
+        if result["status"] != "pass" and world_size > 1 and spec.get("stop_after_failure", True):
+            # A failure can leave collectives out of step between ranks: let the launcher restart us.
+            return 0
+    _finish_distributed(world_size)
+    return 0
+
+
+def _run_one(
+    module: Any, job: dict[str, Any], device: str, rank: int, local_rank: int, world_size: int
+) -> dict[str, Any]:
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="job-") as workdir, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ctx = {"device": device, "rank": rank, "local_rank": local_rank, "world_size": world_size, "workdir": workdir}
+        try:
+            observed = module.run(job["config"], job["variant"], ctx) or {}
+            result: dict[str, Any] = {
+                "status": "pass",
+                "metrics": observed.get("metrics", {}),
+                "path": observed.get("path"),
+            }
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            result = {
+                "status": "exception",
+                **_describe(exc),
+                "metrics": getattr(exc, "metrics", {}) or {},
+                "path": getattr(exc, "path", None),
+            }
+            check = getattr(exc, "check", None)
+            if check:
+                result["check"] = check
+    result["warnings"] = _unique_warnings(caught)
+    result["duration_s"] = round(time.monotonic() - started, 4)
+    return result
+
+
+def _describe(exc: BaseException) -> dict[str, Any]:
+    kind = type(exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    return {
+        "exc_type": f"{kind.__module__}.{kind.__qualname__}",
+        "message": str(exc)[:MAX_MESSAGE],
+        "traceback": "".join(traceback.format_exception(exc))[-MAX_MESSAGE:],
+        # Where it was raised: tells a bug in our own scenario code from a failure inside the stack.
+        "origin": frames[-1].filename if frames else None,
+    }
+
+
+def _unique_warnings(caught: list[warnings.WarningMessage], limit: int = 8) -> list[str]:
+    seen: list[str] = []
+    for item in caught:
+        text = f"{item.category.__name__}: {str(item.message)[:300]}"
+        if text not in seen:
+            seen.append(text)
+        if len(seen) >= limit:
+            break
+    return seen
+
+
+def _init_distributed(device: str, local_rank: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    else:
+        dist.init_process_group("gloo")
+
+
+def _finish_distributed(world_size: int) -> None:
+    if world_size <= 1:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))
