@@ -96,6 +96,7 @@ def _launch_once(spec: LaunchSpec, jobs: list[Job], attempt: int) -> Iterator[Jo
         | spec.env
         | {
             TOKEN_VAR: token,
+            "COMPAT_MATRIX_ORCHESTRATOR_PID": str(os.getpid()),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), spec.env.get("PYTHONPATH", "")])),
             "PYTHONUNBUFFERED": "1",
         }

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -37,6 +38,7 @@ def main(jobs_file: str, out_dir: str) -> int:
         events.flush()
         os.fsync(events.fileno())
 
+    _exit_with_orchestrator(os.environ.get("COMPAT_MATRIX_ORCHESTRATOR_PID"))
     started = time.monotonic()
     try:
         module = importlib.import_module(spec["module"])
@@ -58,6 +60,25 @@ def main(jobs_file: str, out_dir: str) -> int:
             return 0
     _finish_distributed(world_size)
     return 0
+
+
+def _exit_with_orchestrator(pid_text: str | None) -> None:
+    """If the orchestrator is killed (even with SIGKILL), stop too: no worker outlives its run."""
+    if not pid_text:
+        return
+    pid = int(pid_text)
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(137)
+            except PermissionError:
+                pass
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, name="orchestrator-watchdog", daemon=True).start()
 
 
 def _run_one(

@@ -1,0 +1,67 @@
+# /// script
+# dependencies = ["nox>=2025.2.9", "uv>=0.5"]
+# ///
+"""Front door of the compatibility matrix. Thin sessions that call `python -m harness ...`.
+
+`nox -l` lists the sessions; `nox -s matrix -- --help` shows the matrix options.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.needs_version = ">=2025.2.9"
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["matrix"]
+
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+HARNESS_DEPS = nox.project.dependency_groups(PYPROJECT, "harness")
+TEST_DEPS = nox.project.dependency_groups(PYPROJECT, "test")
+LINT_DEPS = nox.project.dependency_groups(PYPROJECT, "lint")
+
+
+@nox.session
+def matrix(session: nox.Session) -> None:
+    """Run (or resume) the version matrix of a profile (default: cpu, or gpu when a GPU is visible)."""
+    session.install(*HARNESS_DEPS)
+    session.run("python", "-m", "harness", "matrix", *session.posargs)
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    """Regenerate results/COMPATIBILITY.md from recorded runs (`-- --run ID` to choose runs)."""
+    session.install(*HARNESS_DEPS)
+    session.run("python", "-m", "harness", "report", *session.posargs)
+
+
+@nox.session(name="list")
+def list_(session: nox.Session) -> None:
+    """List profiles, scenarios or a profile's cells (`-- cells --profile cpu --json`)."""
+    session.install(*HARNESS_DEPS)
+    session.run("python", "-m", "harness", "list", *(session.posargs or ["scenarios"]))
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit tests of the harness plus a real mini matrix on CPU (pass `-- -m "not matrix"` for the fast part)."""
+    session.install(*TEST_DEPS)
+    session.run("python", "-m", "pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and format check."""
+    session.install(*LINT_DEPS)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Benchmarks: env build uv cold/warm vs pip, persistent worker vs process per config (prints a table)."""
+    session.install(*HARNESS_DEPS)
+    session.run("python", "-m", "harness.bench", *session.posargs)
+
+
+if __name__ == "__main__":
+    nox.main()

@@ -1,0 +1,432 @@
+"""S4: LoRA + DeepSpeed ZeRO-3 + gradient checkpointing.
+
+ZeRO-3 releases a parameter after use with ``param.data = torch.empty(0)``. Non-reentrant
+``torch.utils.checkpoint`` saves the frozen parameters it sees without detaching them, so the
+recompute in backward finds the released (shape ``[0]``) tensor and raises
+``torch.utils.checkpoint.CheckpointError: ... Recomputed values for the following tensors have
+different metadata ... 'shape': torch.Size([0])``. LoRA is what makes the base weights frozen.
+Reported as OpenRLHF/OpenRLHF#569 (Qwen2.5-7B, bf16, ZeRO-3, LoRA rank 32, non-reentrant);
+explained in transformers#47254; DeepSpeed PR #8148 ("Z3: Support for activation ckpt with frozen
+params") is said to fix it from 0.19.3 on. Workarounds: ``use_reentrant=True`` or ZeRO-2.
+
+The baseline is what an OpenRLHF / transformers-5 user writes: checkpointing on with
+``use_reentrant=False`` (config ``ckpt_kwargs="use_reentrant=False"``), or with no kwargs at all
+(``"release_default"``: non-reentrant on transformers 5.x, reentrant on 4.x).
+
+Two code paths:
+* ``loop``: ``deepspeed.initialize`` and a hand-written train loop (OpenRLHF style: the model is
+  loaded under ``HfDeepSpeedConfig`` when ``zero_init`` is on, so ``from_pretrained`` runs inside
+  ``deepspeed.zero.Init``).
+* ``trainer``: HF ``Trainer(args=TrainingArguments(deepspeed=<dict>, gradient_checkpointing=True))``.
+  It needs an accelerator: on CPU accelerate drops DeepSpeed (``use_cpu=True``) or refuses, so the
+  strategy draws it only where ``ctx["device"] == "cuda"`` can be met; on CPU ``run`` raises
+  ``compat.CheckFailed("trainer_uses_deepspeed", ...)`` if the Trainer trained without DeepSpeed.
+
+Checks: every loss is finite; the adapter weights changed (every ``lora_B`` tensor, gathered
+across ZeRO-3 partitions); and the Trainer path really ran a DeepSpeed engine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+from scenarios import compat
+
+SPEC = {
+    "id": "S4-zero3-lora-checkpoint",
+    "title": "LoRA + DeepSpeed ZeRO-3 + gradient checkpointing",
+    "known_issues": [
+        "OpenRLHF/OpenRLHF#569",
+        "huggingface/transformers#47254",
+        "deepspeedai/DeepSpeed#4332",
+        "huggingface/trl#2514",
+        "deepspeedai/DeepSpeed#8148",
+    ],
+    "world_size": 2,
+    "device": "any",
+    "requires": ["torch", "transformers", "peft", "deepspeed"],
+    "variants": ["baseline", "use_reentrant", "zero2", "use_reentrant+zero2"],
+}
+
+_FIXES = ("use_reentrant", "zero2")
+_TARGETS = {
+    "attn": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "all": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
+
+
+def strategy():  # -> hypothesis.strategies.SearchStrategy[dict]
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries(
+        {
+            "path": st.sampled_from(["loop", "trainer"]),
+            "adapter": st.sampled_from(["lora", "dora"]),
+            "zero_init": st.booleans(),
+            "dtype": st.sampled_from(["bfloat16", "float32"]),
+            "ckpt_kwargs": st.sampled_from(["use_reentrant=False", "release_default"]),
+            "lora_r": st.sampled_from([4, 8, 16, 32]),
+            "lora_alpha": st.sampled_from([8, 16, 32, 64]),
+            "targets": st.sampled_from(["attn", "all"]),
+            "hidden": st.sampled_from([64, 128, 256]),
+            "layers": st.integers(min_value=1, max_value=3),
+            "seq_len": st.sampled_from([16, 32]),
+            "batch": st.sampled_from([1, 2]),
+            "steps": st.integers(min_value=2, max_value=4),
+            "lr": st.sampled_from([1e-3, 5e-3]),
+            "seed": st.integers(min_value=0, max_value=2**16),
+        }
+    )
+
+
+# The seed (OpenRLHF#569): bf16, ZeRO-3 with HfDeepSpeedConfig (zero.Init), LoRA r=32 alpha=16 on all
+# linear layers, non-reentrant checkpointing passed explicitly; hidden scaled from 3584 down to 64.
+EXAMPLES: list[dict] = [
+    {
+        "path": "loop", "adapter": "lora", "zero_init": True, "dtype": "bfloat16",
+        "ckpt_kwargs": "use_reentrant=False", "lora_r": 32, "lora_alpha": 16, "targets": "all",
+        "hidden": 64, "layers": 2, "seq_len": 16, "batch": 2, "steps": 3, "lr": 1e-3, "seed": 0,
+    },
+    # The same user on the release's default kwargs, fp32, no zero.Init, DoRA.
+    {
+        "path": "loop", "adapter": "dora", "zero_init": False, "dtype": "float32",
+        "ckpt_kwargs": "release_default", "lora_r": 8, "lora_alpha": 16, "targets": "attn",
+        "hidden": 64, "layers": 2, "seq_len": 16, "batch": 2, "steps": 3, "lr": 1e-3, "seed": 1,
+    },
+    # HF Trainer(deepspeed=dict) as trl#2514 / most HF users run it.
+    {
+        "path": "trainer", "adapter": "lora", "zero_init": True, "dtype": "bfloat16",
+        "ckpt_kwargs": "use_reentrant=False", "lora_r": 16, "lora_alpha": 32, "targets": "all",
+        "hidden": 64, "layers": 2, "seq_len": 16, "batch": 2, "steps": 3, "lr": 1e-3, "seed": 2,
+    },
+]
+
+_DEFAULTS = dict(EXAMPLES[0])
+
+
+# --------------------------------------------------------------------------------------------
+# helpers (stack imported lazily)
+
+
+def _fixes(variant: str) -> set[str]:
+    if variant == "baseline":
+        return set()
+    names = set(variant.split("+"))
+    unknown = names - set(_FIXES)
+    if unknown:
+        raise ValueError(f"unknown fix(es) {sorted(unknown)} in variant {variant!r}")
+    return names
+
+
+def _release_default_reentrant() -> bool:
+    """What `gradient_checkpointing_enable()` with no kwargs does: reentrant before transformers 5."""
+    return compat.version_tuple(compat.version_of("transformers")) < (5,)
+
+
+def _ds_config(stage: int, dtype: str, batch: int, trainer: bool) -> dict:
+    bf16 = dtype == "bfloat16"
+    return {
+        "train_micro_batch_size_per_gpu": "auto" if trainer else batch,
+        "gradient_accumulation_steps": "auto" if trainer else 1,
+        "gradient_clipping": "auto" if trainer else 1.0,
+        "zero_optimization": {"stage": stage},
+        "bf16": {"enabled": "auto" if trainer else bf16},
+        "fp16": {"enabled": False},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _dtype_kwarg(dtype: str) -> dict:
+    """`from_pretrained` takes `dtype=` from transformers 4.56 on, `torch_dtype=` before."""
+    key = "dtype" if compat.version_tuple(compat.version_of("transformers")) >= (4, 56) else "torch_dtype"
+    return {key: compat.torch_dtype(dtype)}
+
+
+def _save_tiny(config: dict, ctx: dict) -> str:
+    """Build the tiny Llama once per run in this rank's workdir (same seed on every rank)."""
+    path = os.path.join(ctx["workdir"], f"s4_tiny_r{ctx['rank']}_{time.monotonic_ns()}")
+    model = compat.tiny_llama(hidden=config["hidden"], layers=config["layers"], vocab=128, dtype="float32",
+                              seed=config["seed"])
+    model.save_pretrained(path)
+    del model
+    return path
+
+
+def _load(path: str, config: dict):
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(path, **_dtype_kwarg(config["dtype"]))
+    model.train()  # from_pretrained returns eval mode: checkpointing would silently do nothing
+    return model
+
+
+def _lora_config(config: dict):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=config["lora_r"],
+        lora_alpha=config["lora_alpha"],
+        target_modules=_TARGETS[config["targets"]],
+        lora_dropout=0.0,
+        bias="none",
+        use_dora=config["adapter"] == "dora",
+        task_type="CAUSAL_LM",
+    )
+
+
+def _adapter_params(module) -> list[tuple[str, Any]]:
+    return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+
+
+def _snapshot(named: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Full (gathered) fp32 copies of the adapter tensors; a collective under ZeRO-3."""
+    import deepspeed
+
+    params = [p for _, p in named]
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        return {n: p.detach().float().cpu().clone() for n, p in named}
+
+
+def _compare(before: dict, after: dict) -> dict:
+    changed = [n for n in before if not bool((before[n] == after[n]).all())]
+    lora_b = [n for n in before if "lora_B" in n]
+    deltas = [float((after[n] - before[n]).abs().max()) for n in before] or [0.0]
+    norm = math.sqrt(sum(float(after[n].double().pow(2).sum()) for n in after))
+    return {
+        "adapter_tensors": len(before),
+        "adapter_changed": len(changed),
+        "lora_B_tensors": len(lora_b),
+        "lora_B_changed": sum(1 for n in lora_b if n in changed),
+        "adapter_max_abs_delta": max(deltas),
+        "adapter_norm_after": norm,
+        "unchanged_examples": [n for n in before if n not in changed][:4],
+    }
+
+
+def _mean_over_ranks(values: list[float]) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    if not values:
+        return []
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+        t /= dist.get_world_size()
+    return [float(v) for v in t]
+
+
+def _check(metrics: dict) -> None:
+    losses = metrics.get("losses") or []
+    if not losses or not all(math.isfinite(v) for v in losses):
+        raise compat.CheckFailed("loss_finite", f"losses {losses}", metrics=metrics)
+    if metrics["lora_B_tensors"] == 0 or metrics["lora_B_changed"] != metrics["lora_B_tensors"]:
+        raise compat.CheckFailed(
+            "adapter_updated",
+            f"{metrics['lora_B_changed']}/{metrics['lora_B_tensors']} lora_B tensors changed "
+            f"({metrics['adapter_changed']}/{metrics['adapter_tensors']} adapter tensors; "
+            f"unchanged e.g. {metrics['unchanged_examples']})",
+            metrics=metrics,
+        )
+
+
+def _cleanup(*objs) -> None:
+    import gc
+
+    for obj in objs:
+        destroy = getattr(obj, "destroy", None)
+        if callable(destroy):
+            try:
+                destroy()
+            except Exception:  # cleanup after a failed run must not mask the stack exception
+                pass
+    try:
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
+    except Exception:
+        pass
+    gc.collect()
+
+
+def _batches(config: dict, ctx: dict, device):
+    import torch
+
+    g = torch.Generator().manual_seed(config["seed"] * 1000 + ctx["rank"])
+    for _ in range(config["steps"]):
+        ids = torch.randint(0, 128, (config["batch"], config["seq_len"]), generator=g)
+        yield ids.to(device)
+
+
+# --------------------------------------------------------------------------------------------
+# the two code paths
+
+
+def _run_loop(config: dict, stage: int, reentrant: bool | None, ctx: dict) -> dict:
+    import deepspeed
+    import torch
+    from peft import get_peft_model
+
+    ds_config = _ds_config(stage, config["dtype"], config["batch"], trainer=False)
+    path = _save_tiny(config, ctx)
+    dschf = None
+    engine = None
+    try:
+        if config["zero_init"]:
+            # OpenRLHF: HfDeepSpeedConfig alive during from_pretrained -> zero.Init when stage 3.
+            from transformers.integrations import HfDeepSpeedConfig
+
+            dschf = HfDeepSpeedConfig(ds_config)
+        base = _load(path, config)
+        from transformers.integrations import is_deepspeed_zero3_enabled
+
+        zero_init_effective = bool(is_deepspeed_zero3_enabled()) and hasattr(next(base.parameters()), "ds_id")
+        base.enable_input_require_grads()  # OpenRLHF does this before get_peft_model
+        api = compat.enable_checkpointing(base, reentrant)
+        model = get_peft_model(base, _lora_config(config))
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=config["lr"], weight_decay=0.0)
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        named = _adapter_params(engine.module)
+        before = _snapshot(named)
+        losses = []
+        for ids in _batches(config, ctx, engine.device):
+            out = engine(input_ids=ids, labels=ids)
+            engine.backward(out.loss)
+            engine.step()
+            losses.append(float(out.loss.detach().float()))
+        after = _snapshot(named)
+        metrics = {
+            "losses": _mean_over_ranks(losses),
+            "ckpt_api": api,
+            "zero_init_effective": zero_init_effective,
+            **_compare(before, after),
+        }
+        return metrics
+    finally:
+        _cleanup(engine)
+        del dschf
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) -> dict:
+    import torch
+    from peft import get_peft_model
+    from transformers import Trainer, TrainingArguments
+
+    ds_config = _ds_config(stage, config["dtype"], config["batch"], trainer=True)
+    path = _save_tiny(config, ctx)
+    trainer = None
+    try:
+        kwargs: dict[str, Any] = dict(
+            output_dir=os.path.join(ctx["workdir"], f"s4_trainer_r{ctx['rank']}"),
+            per_device_train_batch_size=config["batch"],
+            gradient_accumulation_steps=1,
+            max_steps=config["steps"],
+            learning_rate=config["lr"],
+            weight_decay=0.0,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            max_grad_norm=1.0,
+            optim="adamw_torch",
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            disable_tqdm=True,
+            remove_unused_columns=False,
+            dataloader_num_workers=0,
+            seed=config["seed"],
+            bf16=config["dtype"] == "bfloat16",
+            deepspeed=ds_config,
+            gradient_checkpointing=True,
+        )
+        if reentrant is not None:
+            kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": reentrant}
+        if ctx["device"] == "cpu":
+            kwargs["use_cpu"] = True
+        if config["zero_init"]:
+            # HF docs: create TrainingArguments (-> HfDeepSpeedConfig) before loading for zero.Init.
+            args = TrainingArguments(**kwargs)
+            base = _load(path, config)
+        else:
+            base = _load(path, config)
+            args = TrainingArguments(**kwargs)
+        model = get_peft_model(base, _lora_config(config))
+        # adapter params are created after from_pretrained, outside zero.Init: still whole tensors here
+        before = {n: p.detach().float().cpu().clone() for n, p in _adapter_params(model)}
+        g = torch.Generator().manual_seed(config["seed"] * 1000 + ctx["rank"])
+        data = []
+        for _ in range(config["steps"] * config["batch"]):
+            ids = torch.randint(0, 128, (config["seq_len"],), generator=g)
+            data.append({"input_ids": ids, "labels": ids.clone()})
+        trainer = Trainer(model=model, args=args, train_dataset=data)
+        uses_ds = bool(getattr(trainer, "is_deepspeed_enabled", False))
+        if not uses_ds:
+            raise compat.CheckFailed(
+                "trainer_uses_deepspeed",
+                f"Trainer did not enable DeepSpeed (device {ctx['device']}, distributed_type "
+                f"{trainer.accelerator.state.distributed_type}); it would train without ZeRO",
+                metrics={"distributed_type": str(trainer.accelerator.state.distributed_type)},
+            )
+        losses: list[float] = []
+        trainer.train()
+        engine = trainer.model_wrapped
+        for rec in trainer.state.log_history:
+            if "loss" in rec:
+                losses.append(float(rec["loss"]))
+        after = _snapshot(_adapter_params(engine.module if hasattr(engine, "module") else engine))
+        before = {n: before[n] for n in after if n in before}
+        metrics = {
+            "losses": _mean_over_ranks(losses),
+            "ckpt_api": "TrainingArguments(gradient_checkpointing=True)",
+            "zero_init_effective": bool(config["zero_init"] and stage == 3),
+            **_compare(before, after),
+        }
+        return metrics
+    finally:
+        _cleanup(getattr(trainer, "model_wrapped", None) if trainer is not None else None)
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def run(config: dict, variant: str, ctx: dict) -> dict:
+    import deepspeed
+    import torch
+
+    config = {**_DEFAULTS, **config}
+    fixes = _fixes(variant)
+    stage = 2 if "zero2" in fixes else 3
+    if "use_reentrant" in fixes:
+        reentrant: bool | None = True
+    elif config["ckpt_kwargs"] == "use_reentrant=False":
+        reentrant = False
+    elif config["ckpt_kwargs"] == "release_default":
+        reentrant = None
+    else:
+        raise ValueError(f"unknown ckpt_kwargs {config['ckpt_kwargs']!r}")
+    if ctx["device"] == "cuda":
+        torch.cuda.set_device(ctx["local_rank"])
+    deepspeed.init_distributed(dist_backend="nccl" if ctx["device"] == "cuda" else "gloo")
+
+    t0 = time.perf_counter()
+    runner = _run_trainer if config["path"] == "trainer" else _run_loop
+    metrics = runner(config, stage, reentrant, ctx)
+    metrics.update(
+        {
+            "zero_stage": stage,
+            "use_reentrant": _release_default_reentrant() if reentrant is None else reentrant,
+            "ckpt_kwargs_passed": "none" if reentrant is None else f"use_reentrant={reentrant}",
+            "seconds": round(time.perf_counter() - t0, 3),
+        }
+    )
+    _check(metrics)
+    where = "Trainer(deepspeed=dict)" if config["path"] == "trainer" else "deepspeed.initialize+loop"
+    return {"metrics": metrics, "path": f"{where}; zero{stage}; {metrics['ckpt_kwargs_passed']}"}

@@ -1,0 +1,26 @@
+"""Shared fixtures. Tests that build real cell environments are marked `matrix`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+settings.register_profile("ci", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci")
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+def write_profile(tmp_path: Path, text: str, name: str = "p") -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return path

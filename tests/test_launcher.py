@@ -1,0 +1,80 @@
+"""The launcher against real worker processes: pass, failure, hang, crash, import failure.
+
+The toy scenario below uses only the standard library, so these tests need no ML stack; the worker,
+the event protocol, timeouts and process-tree cleanup are the real ones.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from harness.launcher import Job, LaunchSpec, run_jobs
+from harness.proctree import processes_with_token
+
+TOY = textwrap.dedent(
+    """
+    import os, time, subprocess, sys
+    def run(config, variant, ctx):
+        if variant == "pass":
+            return {"metrics": {"x": 1}, "path": "toy"}
+        if variant == "fail":
+            raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
+        if variant == "hang":
+            # a grandchild in its own session, like torchrun's ranks: it must not outlive the run
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+            time.sleep(600)
+        if variant == "abort":
+            os.abort()
+    """
+)
+
+
+def spec(tmp_path: Path, module: str = "toy_scenario", timeout: float = 3.0) -> LaunchSpec:
+    (tmp_path / "toy_scenario.py").write_text(TOY)
+    (tmp_path / "broken_scenario.py").write_text("import no_such_package_anywhere\n")
+    return LaunchSpec(
+        python=Path(sys.executable), module=module, preload=(), device="cpu", world_size=1,
+        env={"PYTHONPATH": str(tmp_path)}, workdir=tmp_path / "work", job_timeout_s=timeout, start_timeout_s=30,
+    )  # fmt: skip
+
+
+def test_pass_fail_hang_abort_in_one_stream(tmp_path: Path) -> None:
+    jobs = [Job(i, {}, v) for i, v in enumerate(["pass", "fail", "hang", "pass", "abort", "pass"])]
+    started = time.monotonic()
+    results = list(run_jobs(spec(tmp_path), jobs))
+    assert [r.status for r in results] == ["pass", "exception", "timeout", "pass", "crash", "pass"]
+    assert results[0].detail["metrics"] == {"x": 1}
+    assert "element 0" in results[1].detail["message"]
+    assert "SIGABRT" in results[4].detail["message"]
+    assert time.monotonic() - started < 60
+
+
+def test_no_process_outlives_a_timeout(tmp_path: Path) -> None:
+    import os
+
+    results = list(run_jobs(spec(tmp_path, timeout=2.0), [Job(0, {}, "hang")]))
+    assert results[0].status == "timeout"
+    # Every process the launcher started carried a token; none may be left.
+    leftovers = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if b"COMPAT_MATRIX_ORCHESTRATOR_PID=" + str(os.getpid()).encode() in environ:
+                leftovers.append(int(entry.name))
+    assert leftovers == []
+
+
+def test_stack_that_does_not_import_is_env_broken(tmp_path: Path) -> None:
+    results = list(run_jobs(spec(tmp_path, module="broken_scenario"), [Job(0, {}, "pass"), Job(1, {}, "pass")]))
+    assert [r.status for r in results] == ["env-broken", "env-broken"]
+    assert "no_such_package_anywhere" in results[0].detail["message"]
+
+
+def test_token_scan_finds_nothing_for_unknown_token() -> None:
+    assert processes_with_token("not-a-real-token") == []

@@ -1,0 +1,118 @@
+"""Profiles: the shipped ones load; every kind of bad input names the file and the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cells import expand
+from harness.errors import ProfileError
+from harness.profile import load_profile
+from tests.conftest import REPO_ROOT, write_profile
+
+GOOD = """
+[profile]
+device = "cpu"
+[axes]
+torch = ["2.13.0"]
+[stacks.old]
+transformers = "4.41.2"
+peft = "0.12.0"
+[stacks.new]
+transformers = "latest"
+peft = "latest"
+[[implied]]
+when = { transformers = "<4.45" }
+pins = { tokenizers = "==0.19.*" }
+[[exclude]]
+when = { stack = "new" }
+reason = "just because"
+"""
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO_ROOT / "matrix").glob("*.toml")))
+def test_shipped_profiles_load(name: str) -> None:
+    profile = load_profile(name, REPO_ROOT / "matrix")
+    assert expand(profile), "a shipped profile must expand to at least one cell"
+
+
+def test_default_cpu_profile_covers_what_issue_2_asks() -> None:
+    profile = load_profile("cpu", REPO_ROOT / "matrix")
+    assert profile.device == "cpu"
+    assert "2.13.0" in profile.axes["torch"]
+    assert {"0.19.2", "latest"} <= set(profile.axes["deepspeed"])
+    assert profile.axes["bitsandbytes"] == ("latest",)
+    assert {"transformers": "4.41.2", "peft": "0.12.0", "accelerate": "0.31.0"} in profile.stacks.values()
+    assert {"transformers": "latest", "peft": "latest", "accelerate": "latest"} in profile.stacks.values()
+
+
+def test_implied_pins_and_exclusions(tmp_path: Path) -> None:
+    cells = expand(load_profile(str(write_profile(tmp_path, GOOD)), tmp_path))
+    by_stack = {c.stack: c for c in cells}
+    assert "tokenizers==0.19.*" in by_stack["old"].requirements()
+    assert not any(r.startswith("tokenizers") for r in by_stack["new"].requirements())
+    assert by_stack["new"].excluded_reason == "just because"
+    assert by_stack["old"].excluded_reason is None
+
+
+@pytest.mark.parametrize(
+    ("mutation", "key"),
+    [
+        (lambda t: t.replace('device = "cpu"', 'device = "cpu"\ncolour = "red"'), "profile.colour"),
+        (lambda t: t.replace('torch = ["2.13.0"]', 'torch = ["2.13.zero"]'), "axes.torch"),
+        (lambda t: t.replace('torch = ["2.13.0"]', 'torch = ["2.13.0"]\ntensorflow = ["2.0"]'), "axes.tensorflow"),
+        (lambda t: t.replace('torch = ["2.13.0"]', "torch = []"), "axes.torch"),
+        (lambda t: t.replace('peft = "0.12.0"', 'peft = "zero"'), "stacks.old.peft"),
+        (lambda t: t.replace('reason = "just because"', 'reason = ""'), "exclude[0].reason"),
+        (lambda t: t.replace('"<4.45"', '"<<4.45"'), "implied[0].when.transformers"),
+        (lambda t: t.replace('device = "cpu"', 'device = "tpu"'), "profile.device"),
+        (lambda t: t + "\n[timeouts]\njob_s = -1\n", "timeouts.job_s"),
+        (lambda t: t.replace("[axes]", "[axes"), "toml"),
+    ],
+)
+def test_bad_profile_names_file_and_key(tmp_path: Path, mutation, key: str) -> None:
+    path = write_profile(tmp_path, mutation(GOOD))
+    with pytest.raises(ProfileError) as caught:
+        load_profile(str(path), tmp_path)
+    assert caught.value.key == key
+    assert str(path) in str(caught.value)
+
+
+def test_bad_profile_cli_one_line_exit_2_nothing_written(tmp_path: Path) -> None:
+    path = write_profile(tmp_path, GOOD.replace('torch = ["2.13.0"]', 'torch = ["2.13.0"]\nfoo = ["1"]'))
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "matrix", "--profile", str(path), "--results-dir", str(results)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "axes.foo" in proc.stderr and str(path) in proc.stderr
+    assert not results.exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["matrix", "--examples", "-3"],
+        ["matrix", "--scenario", "S99-nope"],
+        ["matrix", "--profile", "no-such-profile"],
+        ["matrix", "--bogus-flag"],
+        ["report", "--run", "no-such-run"],
+    ],
+)
+def test_bad_cli_input_exit_2(tmp_path: Path, argv: list[str]) -> None:
+    extra = (
+        ["--results-dir", str(tmp_path / "r")] if argv[0] in ("matrix", "report") and "--bogus-flag" not in argv else []
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", *argv, *extra], capture_output=True, text=True, cwd=REPO_ROOT
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert not (tmp_path / "r" / "runs").exists() or not any((tmp_path / "r" / "runs").iterdir())

@@ -1,0 +1,52 @@
+"""Scenario modules keep the contract: importable without torch, valid specs, no harness imports."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+
+from harness.registry import SCENARIO_DIR, discover
+from tests.conftest import REPO_ROOT
+
+VARIANT = re.compile(r"^[a-z0-9_\-]+(\+[a-z0-9_\-]+)*$")
+
+
+def test_importing_scenarios_does_not_import_the_stack() -> None:
+    code = (
+        "import json, sys; from harness.registry import discover; discover(); "
+        "print(json.dumps(sorted(m for m in ('torch','transformers','peft','deepspeed','bitsandbytes') "
+        "if m in sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+    assert json.loads(out.stdout) == []
+
+
+def test_scenarios_never_import_harness() -> None:
+    for path in SCENARIO_DIR.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n == "harness" or n.startswith("harness.") for n in names), path
+
+
+def test_specs_are_well_formed() -> None:
+    ids = set()
+    for scenario in discover():
+        spec = scenario.spec
+        assert re.match(r"^S\d+-[a-z0-9\-]+$", spec["id"]), spec["id"]
+        assert spec["id"] not in ids
+        ids.add(spec["id"])
+        assert spec["variants"][0] == "baseline"
+        assert all(VARIANT.match(v) for v in spec["variants"]), spec["variants"]
+        assert len(set(spec["variants"])) == len(spec["variants"])
+        assert spec.get("device", "any") in ("cpu", "cuda", "any")
+        assert int(spec.get("world_size", 1)) >= 1
+        assert spec.get("known_issues"), "every scenario links its upstream history"
+        assert callable(scenario.module.run)

@@ -1,0 +1,72 @@
+"""Signature normalisation: real upstream error texts map to stable names."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.signatures import classify, exception_signature, normalise_message
+
+# Shapes of the real messages (torch.utils.checkpoint, OpenRLHF#569, peft#1910, peft#1577).
+DTYPE_MISMATCH = (
+    "torch.utils.checkpoint: Recomputed values for the following tensors have different metadata than during the "
+    "forward pass.\ntensor at position 12:\nsaved metadata: {'shape': torch.Size([512]), 'dtype': torch.float32, "
+    "'device': device(type='cuda', index=0)}\nrecomputed metadata: {'shape': torch.Size([512]), 'dtype': "
+    "torch.bfloat16, 'device': device(type='cuda', index=0)}\n"
+)
+SHAPE_ZERO = (
+    "torch.utils.checkpoint: Recomputed values for the following tensors have different metadata than during the "
+    "forward pass.\ntensor at position 4:\nsaved metadata: {'shape': torch.Size([3584]), 'dtype': torch.bfloat16, "
+    "'device': device(type='cuda', index=0)}\nrecomputed metadata: {'shape': torch.Size([0]), 'dtype': "
+    "torch.bfloat16, 'device': device(type='cuda', index=0)}\n"
+)
+ELEMENT_0 = "element 0 of tensors does not require grad and does not have a grad_fn"
+CKPT = "torch.utils.checkpoint.CheckpointError"
+
+
+def test_checkpoint_dtype_mismatch() -> None:
+    assert exception_signature(CKPT, DTYPE_MISMATCH) == "checkpoint-recompute-dtype[float32->bfloat16]"
+
+
+def test_checkpoint_shape_zero() -> None:
+    assert exception_signature(CKPT, SHAPE_ZERO) == "checkpoint-recompute-shape[0]"
+
+
+def test_element_0() -> None:
+    assert exception_signature("builtins.RuntimeError", ELEMENT_0) == "no-grad-element-0"
+
+
+def test_known_issues_attached() -> None:
+    verdict = classify("exception", {"exc_type": CKPT, "message": SHAPE_ZERO})
+    assert verdict.outcome == "fail"
+    assert "OpenRLHF/OpenRLHF#569" in verdict.known_issue
+    verdict = classify("exception", {"exc_type": CKPT, "message": DTYPE_MISMATCH})
+    assert "huggingface/peft#1910" in verdict.known_issue
+
+
+def test_unknown_failure_is_kept_and_marked() -> None:
+    verdict = classify("exception", {"exc_type": "builtins.ValueError", "message": "something new at 0x7f12 (42)"})
+    assert verdict.outcome == "fail" and verdict.signature.startswith("unclassified-ValueError-")
+    assert verdict.classified is False
+
+
+def test_bug_in_scenario_code_is_error_not_fail(repo_root) -> None:
+    detail = {"exc_type": "builtins.NameError", "message": "x", "origin": f"{repo_root}/scenarios/s9_x.py"}
+    assert classify("exception", detail, repo_root=str(repo_root)).outcome == "error"
+    detail["origin"] = "/venv/lib/python3.11/site-packages/peft/tuners/lora/layer.py"
+    assert classify("exception", detail, repo_root=str(repo_root)).outcome == "fail"
+
+
+def test_launcher_statuses() -> None:
+    assert classify("timeout", {}).outcome == "timeout"
+    crash = classify("crash", {"message": "worker exited with signal SIGSEGV during the job"})
+    assert (crash.outcome, crash.signature) == ("crash", "crash-SIGSEGV")
+    assert classify("crash", {"stderr_tail": "MemoryError"}).signature == "crash-oom"
+    assert classify("env-broken", {"exc_type": "builtins.ImportError"}).signature == "env-broken-ImportError"
+
+
+@given(st.integers(0, 10**9), st.integers(0, 10**6), st.sampled_from(["/tmp/a/b.py", "/x/y"]))
+def test_normalisation_ignores_volatile_parts(number: int, address: int, path: str) -> None:
+    message = f"bad value {number} at {hex(address)} in {path}"
+    assert normalise_message(message) == normalise_message("bad value 7 at 0x1 in /z")
+    assert exception_signature("ValueError", message) == exception_signature("ValueError", "bad value 7 at 0x1 in /z")
