@@ -57,6 +57,13 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
+def wheelhouse(session: nox.Session) -> None:
+    """Download/build every wheel a profile needs for an air-gapped node (`-- --profile gpu --dest DIR`)."""
+    session.install(*HARNESS_DEPS, "pip")
+    session.run("python", "-m", "harness.wheelhouse", *session.posargs)
+
+
+@nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Benchmarks: env build uv cold/warm vs pip, persistent worker vs process per config (prints a table)."""
     session.install(*HARNESS_DEPS)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from packaging.version import Version
 
-from harness.profile import ABSENT, LATEST, Profile
+from harness.profile import ABSENT, LATEST, SYSTEM, Profile
 
 #: Order in which packages appear in cell ids and tables.
 PACKAGE_ORDER = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes")
@@ -48,14 +48,18 @@ class Cell:
         return "_".join(parts)
 
     def requirements(self) -> list[str]:
-        """Requirement lines for uv: exact pins, bare names for 'latest', nothing for 'none'."""
+        """Requirement lines: exact pins, bare names for 'latest', nothing for 'none' or 'system'."""
         lines = []
         for package, value in self.choices:
-            if value == ABSENT:
+            if value in (ABSENT, SYSTEM):
                 continue
             lines.append(package if value == LATEST else f"{package}=={value}")
         lines.extend(f"{package}{spec}" for package, spec in self.implied)
         return lines
+
+    def system_packages(self) -> list[str]:
+        """Packages the cell takes from the node's own python (pin 'system')."""
+        return [package for package, value in self.choices if value == SYSTEM]
 
     def env_key(self, python: str, extra: tuple[str, ...]) -> str:
         """Stable hash of everything that decides the environment's contents."""
@@ -86,10 +90,10 @@ def expand(profile: Profile) -> list[Cell]:
 
 
 def _matches(value: str, spec) -> bool:
-    """'latest' counts as newer than any release; 'none' never matches."""
+    """'latest' and 'system' count as newer than any release; 'none' never matches."""
     if value == ABSENT:
         return False
-    if value == LATEST:
+    if value in (LATEST, SYSTEM):
         return spec.contains("99999", prereleases=True)
     return spec.contains(Version(value), prereleases=True)
 

@@ -78,6 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="where cell environments are kept (default: $COMPAT_MATRIX_ENVS or ~/.cache/compat-matrix/envs)",
     )
     matrix.add_argument("--rebuild-envs", action="store_true", help="rebuild cell environments even if present")
+    matrix.add_argument("--offline", action="store_true", help="install only from --wheelhouse, never an index")
+    matrix.add_argument(
+        "--wheelhouse", type=Path, metavar="DIR", help="a directory of wheels (see `nox -s wheelhouse`)"
+    )
+    matrix.add_argument(
+        "--system-torch",
+        nargs="?",
+        const="python3",
+        metavar="PYTHON",
+        help="keep the node's preinstalled python/torch and layer each cell's other packages over it "
+        "(a pip --target overlay first on PYTHONPATH); PYTHON defaults to python3",
+    )
     matrix.add_argument("--no-report", action="store_true", help="do not regenerate COMPATIBILITY.md afterwards")
 
     report = sub.add_parser("report", help="regenerate results/COMPATIBILITY.md from records")
@@ -120,20 +132,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _matrix(args: argparse.Namespace) -> int:
-    from harness.envs import default_envs_dir
+    from harness.envs import InstallOptions, default_envs_dir
     from harness.matrix import MatrixOptions, run_matrix
     from harness.profile import load_profile
 
     if args.examples is not None and args.examples < 0:
         raise UsageError("--examples must be 0 or more")
+    if args.offline and args.wheelhouse is None:
+        raise UsageError("--offline needs --wheelhouse DIR")
+    if args.wheelhouse is not None and not args.wheelhouse.is_dir():
+        raise UsageError(f"--wheelhouse {args.wheelhouse}: no such directory")
     profile = load_profile(args.profile or default_profile(), MATRIX_DIR)
+    install = InstallOptions(
+        envs_dir=args.envs_dir or default_envs_dir(),
+        offline=args.offline,
+        wheelhouse=args.wheelhouse.resolve() if args.wheelhouse else None,
+        system_python=args.system_torch,
+        rebuild=args.rebuild_envs,
+    )
     options = MatrixOptions(
         results_dir=args.results_dir,
-        envs_dir=args.envs_dir or default_envs_dir(),
+        install=install,
         fresh=args.fresh,
         scenario_patterns=tuple(args.scenarios) if args.scenarios else None,
         cell_patterns=tuple(args.cells) if args.cells else None,
-        rebuild_envs=args.rebuild_envs,
         examples=args.examples,
     )
     summary = run_matrix(profile, options)

@@ -53,6 +53,8 @@ class LaunchSpec:
     workdir: Path
     job_timeout_s: float
     start_timeout_s: float
+    #: Restart the worker group after a failed distributed job (collectives may be out of step).
+    stop_after_failure: bool = True
 
 
 def run_jobs(spec: LaunchSpec, jobs: list[Job]) -> Iterator[JobResult]:
@@ -86,6 +88,7 @@ def _launch_once(spec: LaunchSpec, jobs: list[Job], attempt: int) -> Iterator[Jo
                 "module": spec.module,
                 "preload": list(spec.preload),
                 "device": spec.device,
+                "stop_after_failure": spec.stop_after_failure,
                 "jobs": [{"index": j.index, "config": j.config, "variant": j.variant} for j in jobs],
             }
         )
@@ -147,10 +150,12 @@ def _watch(
     started: dict[int, float] = {}  # job index -> monotonic start (first rank)
     ends: dict[int, dict[int, dict[str, Any]]] = {}  # job index -> rank -> end event
     pending = [j.index for j in jobs]
+    last_event = launched
     while pending:
         exited = proc.poll() is not None  # checked before reading, so every event it wrote is read below
         for rank, reader in readers.items():
             for event in reader.read():
+                last_event = time.monotonic()
                 kind = event["event"]
                 if kind == "ready":
                     ready.add(rank)
@@ -170,6 +175,18 @@ def _watch(
             return
         current = pending[0]
         now = time.monotonic()
+        partial = ends.get(current, {})
+        if (
+            partial
+            and any(e["status"] != "pass" for e in partial.values())
+            and (exited or now - started.get(current, now) > spec.job_timeout_s)
+        ):
+            # Some ranks raised, the others hung or died: the exception is the observation.
+            result = _combine(current, partial)
+            result.detail["ranks_without_result"] = sorted(set(readers) - set(partial))
+            result.detail["stderr_tail"] = _tail(stderr_path)
+            yield result
+            return
         if current in started and now - started[current] > spec.job_timeout_s:
             yield JobResult(
                 current,
@@ -192,6 +209,8 @@ def _watch(
                 now - launched,
             )
             return
+        if current not in started and len(ready) == len(readers) and now - last_event > spec.job_timeout_s:
+            return  # stuck between jobs (e.g. re-synchronising ranks): drop this worker, relaunch for the rest
         if exited:
             if current in started or ends.get(current):
                 yield JobResult(

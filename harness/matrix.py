@@ -24,11 +24,10 @@ MESSAGE_LIMIT = 600
 @dataclass
 class MatrixOptions:
     results_dir: Path
-    envs_dir: Path
+    install: envs.InstallOptions
     fresh: bool = False
     scenario_patterns: tuple[str, ...] | None = None
     cell_patterns: tuple[str, ...] | None = None
-    rebuild_envs: bool = False
     examples: int | None = None
 
 
@@ -126,7 +125,11 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
 
 
 def _wanted(cell: Cell, patterns: tuple[str, ...] | None) -> bool:
-    return not patterns or any(fnmatch.fnmatchcase(cell.cell_id, p) for p in patterns)
+    return not patterns or _wanted_id(cell.cell_id, patterns)
+
+
+def _wanted_id(cell_id: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(cell_id, p) for p in patterns)
 
 
 def _run_cell(
@@ -151,6 +154,8 @@ def _run_cell(
     if not missing:
         return
 
+    install_info: dict[str, Any] = {"mode": options.install.mode(profile), "offline": options.install.offline}
+
     def write(
         scenario: Scenario,
         variant: str,
@@ -171,6 +176,7 @@ def _run_cell(
                 "versions": versions,
                 "hardware": machine | {"world_size": world_size},
                 "started_at": runs.now_iso(),
+                "install": dict(install_info),
             }
             | outcome
         )
@@ -192,7 +198,8 @@ def _run_cell(
         return
 
     progress.start_cell(cell.cell_id, "building environment")
-    env = envs.ensure_env(cell, profile, options.envs_dir, rebuild=options.rebuild_envs)
+    env = envs.ensure_env(cell, profile, options.install)
+    install_info |= {"mode": env.mode, "overlaid": env.overlaid}
     if env.failure:
         progress.message(f"{cell.cell_id}: install-failed: {env.failure.splitlines()[0][:200]}")
         for scenario, variant, planned in missing:
@@ -205,7 +212,9 @@ def _run_cell(
         if not pending:
             continue
         world_size = _world_size(scenario, profile, machine)
-        skip = _skip_reason(scenario, env.versions, device, world_size)
+        skip = _skip_reason(
+            scenario, env.versions, device, world_size, profile.settings_for(scenario.id).cells, cell.cell_id
+        )
         if skip:
             for variant, planned in pending:
                 write(scenario, variant, planned, _plain("skip", "not-applicable", skip), env.versions, world_size)
@@ -218,10 +227,11 @@ def _run_cell(
             preload=scenario.preload,
             device=device,
             world_size=world_size,
-            env=_worker_env(device, profile, options, env.python),
+            env=_worker_env(device, options, env),
             workdir=run_dir / "worker" / cell.cell_id / scenario.id,
             job_timeout_s=timeout,
             start_timeout_s=profile.worker_start_timeout_s,
+            stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
         )
         jobs = [Job(i, planned["config"], variant) for i, (variant, planned) in enumerate(pending)]
         for result in run_jobs(spec, jobs):
@@ -237,7 +247,16 @@ def _world_size(scenario: Scenario, profile: Profile, machine: dict[str, Any]) -
     return int(profile.world_size)
 
 
-def _skip_reason(scenario: Scenario, versions: dict[str, str], device: str, world_size: int) -> str | None:
+def _skip_reason(
+    scenario: Scenario,
+    versions: dict[str, str],
+    device: str,
+    world_size: int,
+    cells: tuple[str, ...] | None,
+    cell_id: str,
+) -> str | None:
+    if cells is not None and not _wanted_id(cell_id, cells):
+        return f"the profile runs this scenario only in cells matching {', '.join(cells)}"
     missing = [p for p in scenario.requires if p.lower() not in versions]
     if missing:
         return f"needs {', '.join(missing)}, which this cell does not install"
@@ -249,8 +268,8 @@ def _skip_reason(scenario: Scenario, versions: dict[str, str], device: str, worl
     return None
 
 
-def _worker_env(device: str, profile: Profile, options: MatrixOptions, python: Path) -> dict[str, str]:
-    cache = options.envs_dir.parent / "torch_extensions" / python.parent.parent.name
+def _worker_env(device: str, options: MatrixOptions, env_result: envs.EnvResult) -> dict[str, str]:
+    cache = options.install.envs_dir.parent / "torch_extensions" / _env_name(env_result)
     env = {
         "TORCH_EXTENSIONS_DIR": str(cache),
         "TOKENIZERS_PARALLELISM": "false",
@@ -263,8 +282,17 @@ def _worker_env(device: str, profile: Profile, options: MatrixOptions, python: P
         env |= {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
     else:
         env |= {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    if env_result.pythonpath:
+        env["PYTHONPATH"] = env_result.pythonpath
     env |= {k: v for k, v in os.environ.items() if k.startswith("COMPAT_MATRIX_SCENARIO_")}
     return env
+
+
+def _env_name(env_result: envs.EnvResult) -> str:
+    """A per-environment folder name for caches (JIT builds differ per deepspeed and torch release)."""
+    if env_result.pythonpath:
+        return Path(env_result.pythonpath).parent.name
+    return env_result.python.parent.parent.name if env_result.python else "unknown"
 
 
 def _plain(outcome: str, signature: str, message: str) -> dict[str, Any]:

@@ -22,6 +22,9 @@ AXIS_PACKAGES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bi
 SUPPORT_PACKAGES = ("tokenizers", "huggingface-hub", "trl", "numpy", "safetensors", "hypothesis")
 LATEST = "latest"
 ABSENT = "none"
+#: "whatever the node's own python has": only with `[install] mode = "system"` (a preinstalled GPU stack).
+SYSTEM = "system"
+INSTALL_MODES = ("uv", "system")
 DEVICES = ("cpu", "cuda", "auto")
 
 PROFILE_KEYS = {"profile", "axes", "stacks", "implied", "exclude", "timeouts", "install", "scenario"}
@@ -36,8 +39,8 @@ PROFILE_SECTION_KEYS = {
     "hypothesis_profile",
 }
 TIMEOUT_KEYS = {"install_s", "job_s", "worker_start_s"}
-INSTALL_KEYS = {"no_build_isolation", "build_requires", "extra", "env"}
-SCENARIO_KEYS = {"examples", "job_timeout_s", "variants", "configs"}
+INSTALL_KEYS = {"no_build_isolation", "build_requires", "extra", "env", "mode", "overlay_support"}
+SCENARIO_KEYS = {"examples", "job_timeout_s", "variants", "configs", "cells"}
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class ScenarioSettings:
     job_timeout_s: float | None = None
     variants: tuple[str, ...] | None = None
     configs: tuple[dict[str, Any], ...] = ()
+    #: Globs over cell ids; the scenario runs only there (elsewhere: skip, "not selected by the profile").
+    cells: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,9 @@ class Profile:
     build_requires: tuple[str, ...]
     extra_requirements: tuple[str, ...]
     install_env: dict[str, str]
+    install_mode: str = "uv"
+    #: Wheels layered in system mode whenever the node lacks them (deepspeed's hjson, pydantic, ...).
+    overlay_support: tuple[str, ...] = ()
     scenario_settings: dict[str, ScenarioSettings] = field(default_factory=dict)
 
     def settings_for(self, scenario_id: str) -> ScenarioSettings:
@@ -149,6 +157,13 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
     install_env = _table(shown, "install.env", install.get("env", {}))
     for key, value in install_env.items():
         _str(shown, f"install.env.{key}", value)
+    install_mode = _str(shown, "install.mode", install.get("mode", "uv"))
+    if install_mode not in INSTALL_MODES:
+        raise ProfileError(shown, "install.mode", f"must be one of {', '.join(INSTALL_MODES)}, got {install_mode!r}")
+    if install_mode != "system":
+        for key, value in _all_pins(axes, stacks):
+            if value == SYSTEM:
+                raise ProfileError(shown, key, "'system' needs [install] mode = \"system\"")
 
     return Profile(
         name=path.stem,
@@ -158,7 +173,7 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
         device=device,
         world_size=world_size,
         scenarios=tuple(_str_list(shown, "profile.scenarios", head.get("scenarios", ["*"]), allow_empty=False)),
-        examples_per_scenario=_positive_int(
+        examples_per_scenario=_non_negative_int(
             shown, "profile.examples_per_scenario", head.get("examples_per_scenario", 3)
         ),
         hypothesis_seed=_int(shown, "profile.hypothesis_seed", head.get("hypothesis_seed", 0)),
@@ -174,8 +189,15 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
         build_requires=tuple(_str_list(shown, "install.build_requires", install.get("build_requires", []))),
         extra_requirements=tuple(_str_list(shown, "install.extra", install.get("extra", []))),
         install_env=dict(install_env),
+        install_mode=install_mode,
+        overlay_support=tuple(_str_list(shown, "install.overlay_support", install.get("overlay_support", []))),
         scenario_settings=_parse_scenarios(shown, data.get("scenario", {})),
     )
+
+
+def _all_pins(axes: dict[str, tuple[str, ...]], stacks: dict[str, dict[str, str]]) -> list[tuple[str, str]]:
+    pins = [(f"axes.{pkg}", v) for pkg, values in axes.items() for v in values]
+    return pins + [(f"stacks.{name}.{pkg}", v) for name, table in stacks.items() for pkg, v in table.items()]
 
 
 def _parse_axes(shown: str, raw: Any) -> dict[str, tuple[str, ...]]:
@@ -302,6 +324,9 @@ def _parse_scenarios(shown: str, raw: Any) -> dict[str, ScenarioSettings]:
             if variants is not None
             else None,
             configs=tuple(configs),
+            cells=tuple(_str_list(shown, f"{key}.cells", body["cells"], allow_empty=False))
+            if "cells" in body
+            else None,
         )
     return parsed
 
@@ -333,9 +358,9 @@ def _int(shown: str, key: str, value: Any) -> int:
     return value
 
 
-def _positive_int(shown: str, key: str, value: Any) -> int:
-    if _int(shown, key, value) < 1:
-        raise ProfileError(shown, key, f"must be at least 1, got {value!r}")
+def _non_negative_int(shown: str, key: str, value: Any) -> int:
+    if _int(shown, key, value) < 0:
+        raise ProfileError(shown, key, f"must be 0 or more, got {value!r}")
     return value
 
 
@@ -367,8 +392,8 @@ def _version(shown: str, key: str, value: str) -> Version:
 
 
 def _pin_value(shown: str, key: str, value: str) -> None:
-    """An axis or stack value is 'latest', 'none' (package absent) or an exact PEP 440 version."""
-    if value not in (LATEST, ABSENT):
+    """An axis or stack value is 'latest', 'none' (absent), 'system' or an exact PEP 440 version."""
+    if value not in (LATEST, ABSENT, SYSTEM):
         _version(shown, key, value)
 
 

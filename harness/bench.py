@@ -1,0 +1,154 @@
+"""Benchmarks, measured side by side in one run: `nox -s bench` (or `python -m harness.bench`).
+
+1. Building a cell environment: uv with a cold cache, uv with a warm cache, and pip, as ratios.
+2. Marginal cost of one more S3 config: inside a persistent worker vs one process per config.
+
+Prints a table and writes results/bench/<date>.json. Timings are wall clock on a shared machine; the
+ratios are what to read, since both sides of each ratio ran in the same session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import envs, hardware
+from harness.cells import expand
+from harness.launcher import Job, LaunchSpec, run_jobs
+from harness.profile import load_profile
+from harness.registry import select
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BENCH_REQUIREMENTS = ["torch==2.13.0", "transformers", "peft", "accelerate"]
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_env_build(workdir: Path) -> dict[str, float]:
+    """Same requirements three ways; each builds into a new empty venv."""
+    uv = envs.uv_binary()
+    flags = envs.index_flags()
+
+    def uv_build(cache: Path, name: str) -> None:
+        target = workdir / name
+        env = dict(os.environ, UV_CACHE_DIR=str(cache))
+        subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(target)], check=True, env=env)
+        subprocess.run([uv, "pip", "install", "-q", "--python", str(target / "bin/python"), *flags,
+                        *BENCH_REQUIREMENTS], check=True, env=env)  # fmt: skip
+
+    def pip_build() -> None:
+        target = workdir / "pip"
+        subprocess.run([sys.executable, "-m", "venv", str(target)], check=True)
+        subprocess.run([str(target / "bin/python"), "-m", "pip", "install", "-q", *BENCH_REQUIREMENTS], check=True)
+
+    cold_cache = workdir / "uv-cache-cold"
+    results = {"uv_cold_s": timed(lambda: uv_build(cold_cache, "uv-cold"))}
+    results["uv_warm_s"] = timed(lambda: uv_build(cold_cache, "uv-warm"))  # the cache the cold build filled
+    results["pip_s"] = timed(pip_build)
+    results["pip_over_uv_warm"] = results["pip_s"] / results["uv_warm_s"]
+    results["pip_over_uv_cold"] = results["pip_s"] / results["uv_cold_s"]
+    return results
+
+
+def bench_worker(configs: int, workdir: Path) -> dict[str, float]:
+    """S3 jobs: one worker for all configs vs a fresh process per config, same configs, same cell."""
+    profile = load_profile("ci", REPO_ROOT / "matrix")
+    cell = next(c for c in expand(profile) if c.stack == "current")
+    env = envs.ensure_env(cell, profile, envs.InstallOptions(envs_dir=envs.default_envs_dir()))
+    if env.failure:
+        raise SystemExit(f"cannot build the benchmark cell: {env.failure}")
+    scenario = select(["S3"])[0]
+    from harness.draws import plan_configs
+
+    planned = plan_configs([], [], scenario.strategy(), configs, 99)
+    jobs = [Job(i, p["config"], "baseline") for i, p in enumerate(planned)]
+
+    def spec(tag: str) -> LaunchSpec:
+        return LaunchSpec(python=env.python, module=scenario.module_name, preload=scenario.preload, device="cpu",
+                          world_size=1, env={"CUDA_VISIBLE_DEVICES": ""}, workdir=workdir / tag,
+                          job_timeout_s=300, start_timeout_s=300)  # fmt: skip
+
+    def check(results) -> None:
+        bad = [r for r in results if r.status != "pass"]
+        if bad:
+            raise SystemExit(f"benchmark job did not pass: {bad[0].detail.get('message')}")
+
+    one = timed(lambda: check(list(run_jobs(spec("one"), jobs[:1]))))
+    persistent = timed(lambda: check(list(run_jobs(spec("persistent"), jobs))))
+    per_process = timed(lambda: [check(list(run_jobs(spec(f"p{j.index}"), [j]))) for j in jobs])
+    marginal_persistent = (persistent - one) / (len(jobs) - 1)
+    marginal_process = per_process / len(jobs)
+    return {
+        "configs": len(jobs),
+        "one_config_one_worker_s": one,
+        "persistent_total_s": persistent,
+        "process_per_config_total_s": per_process,
+        "marginal_persistent_s": marginal_persistent,
+        "marginal_process_per_config_s": marginal_process,
+        "process_over_persistent": marginal_process / marginal_persistent,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", type=int, default=8, help="S3 configs for the worker benchmark (>= 2)")
+    parser.add_argument("--skip-env", action="store_true", help="skip the environment-build benchmark")
+    parser.add_argument("--output-dir", type=Path, default=REPO_ROOT / "results" / "bench")
+    args = parser.parse_args(argv)
+    if args.configs < 2:
+        parser.error("--configs must be at least 2")
+    report: dict[str, object] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                                 "hardware": hardware.describe("cpu")}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        work = Path(tmp)
+        if not args.skip_env:
+            print("benchmark 1/2: environment build (uv cold, uv warm, pip) ...", flush=True)
+            report["env_build"] = bench_env_build(work)
+            shutil.rmtree(work / "uv-cache-cold", ignore_errors=True)
+        print(f"benchmark 2/2: persistent worker vs process per config ({args.configs} S3 configs) ...", flush=True)
+        report["worker"] = bench_worker(args.configs, work)
+    print_table(report)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    out = args.output_dir / f"{dt.date.today().isoformat()}.json"
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+def print_table(report: dict) -> None:
+    rows = []
+    if "env_build" in report:
+        e = report["env_build"]
+        rows += [("env build: uv, cold cache", f"{e['uv_cold_s']:.1f} s", ""),
+                 ("env build: uv, warm cache", f"{e['uv_warm_s']:.1f} s", ""),
+                 ("env build: pip", f"{e['pip_s']:.1f} s", ""),
+                 ("pip / uv warm", f"{e['pip_over_uv_warm']:.1f}x", "target >= 10x"),
+                 ("pip / uv cold", f"{e['pip_over_uv_cold']:.1f}x", "")]  # fmt: skip
+    w = report["worker"]
+    rows += [("S3: one config, one worker", f"{w['one_config_one_worker_s']:.2f} s", ""),
+             (f"S3: {w['configs']} configs, persistent worker", f"{w['persistent_total_s']:.2f} s", ""),
+             (f"S3: {w['configs']} configs, process per config", f"{w['process_per_config_total_s']:.2f} s", ""),
+             ("marginal config, persistent", f"{w['marginal_persistent_s']:.3f} s", ""),
+             ("marginal config, process per config", f"{w['marginal_process_per_config_s']:.3f} s", ""),
+             ("process per config / persistent", f"{w['process_over_persistent']:.1f}x", "target >= 5x")]  # fmt: skip
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{'measure'.ljust(width)} | value      | note")
+    print(f"{'-' * width}-|------------|------------")
+    for name, value, note in rows:
+        print(f"{name.ljust(width)} | {value.ljust(10)} | {note}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
