@@ -103,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     report.add_argument("--output", type=Path, help="default: <results-dir>/COMPATIBILITY.md")
 
+    imports = sub.add_parser("import-run", help="file runs brought back from another machine under results/runs/")
+    imports.add_argument("records", nargs="+", type=Path, help="<run-id>.records.jsonl files (meta.json beside)")
+    imports.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+
     listing = sub.add_parser("list", help="show profiles, scenarios, or a profile's cells")
     listing.add_argument("what", choices=["profiles", "scenarios", "cells"])
     listing.add_argument("--profile", default=None)
@@ -125,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             path = write_report(args.results_dir, args.runs, args.output)
             print(f"wrote {path}")
             return 0
+        if args.command == "import-run":
+            return _import_runs(args)
         return _list(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -188,6 +194,29 @@ def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | No
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
     return output
+
+
+def _import_runs(args: argparse.Namespace) -> int:
+    """Merge shards into results/runs/<run-id>/: concatenation plus de-duplication, nothing overwritten."""
+    from harness.records import merge, read_records
+    from harness.runs import write_meta
+
+    for path in args.records:
+        if not path.name.endswith(".records.jsonl") or not path.is_file():
+            raise UsageError(f"{path}: expected an existing <run-id>.records.jsonl")
+        run_id = path.name.removesuffix(".records.jsonl")
+        meta_path = path.with_name(f"{run_id}.meta.json")
+        if not meta_path.is_file():
+            raise UsageError(f"{meta_path}: missing (the run's meta.json travels with its records)")
+        run_dir = args.results_dir / "runs" / run_id
+        existing = read_records(run_dir / "records.jsonl")
+        merged = merge([existing, read_records(path)])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(run_dir / "records.jsonl", "w") as handle:
+            handle.writelines(json.dumps(r, sort_keys=True) + "\n" for r in merged)
+        write_meta(run_dir, json.loads(meta_path.read_text()))
+        print(f"{run_id}: {len(merged) - len(existing)} new records ({len(merged)} in all) -> {run_dir}")
+    return 0
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -138,3 +138,20 @@ def _environ_has(proc_dir: Path, needle: str) -> bool:
         return needle.encode() in (proc_dir / "environ").read_bytes().split(b"\0")
     except OSError:
         return False
+
+
+def test_s2_real_failure_and_its_fix_on_the_old_stack(ci_run: Path) -> None:
+    """The mini matrix must show a real failure and a fix that works, from real runs."""
+    records = [r for r in read_records(only_run(ci_run) / "records.jsonl") if r["scenario"] == "S2-qlora-grad-flags"]
+    old = [r for r in records if r["cell"].startswith("old_")]
+    failing = {r["config_id"] for r in old if r["variant"] == "baseline" and r["outcome"] == "fail"}
+    assert failing, "S2 must fail on the old stack's default path"
+    assert {r["signature"] for r in old if r["variant"] == "baseline" and r["config_id"] in failing} == {
+        "no-grad-element-0"
+    }
+    fix = {r["config_id"]: r["outcome"] for r in old if r["variant"] == "enable_input_require_grads"}
+    assert all(fix[c] == "pass" for c in failing)
+    misspelled = {r["config_id"]: r for r in old if r["variant"] == "seed_misspelled_api"}
+    assert all(misspelled[c]["signature"] == "no-grad-element-0" for c in failing), "the seed's API does not exist"
+    table = (ci_run / "COMPATIBILITY.md").read_text()
+    assert "FAIL `no-grad-element-0`" in table and "enable_input_require_grads" in table

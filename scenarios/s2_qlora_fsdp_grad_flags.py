@@ -1,0 +1,173 @@
+"""S2 under FSDP (world size 2): QLoRA grad flags with a sharded model.
+
+Same user path, model paths and variants as ``s2_qlora_grad_flags`` (see its docstring), then the PEFT
+model is wrapped by hand (HF Trainer / accelerate FSDP refuses to start without an accelerator, so on CPU
+the scenario drives FSDP itself):
+
+* ``fsdp="fsdp1"``: ``FullyShardedDataParallel(model, auto_wrap_policy=peft.utils.other.fsdp_auto_wrap_policy(model),
+  use_orig_params=False, device_id=...)``, the upstream QLoRA + FSDP recipe (peft docs accelerate/fsdp.md:
+  ``bnb_4bit_quant_storage`` = model dtype, ``use_orig_params=False``). On CPU ``device_id=torch.device("cpu")``
+  and the process group is gloo.
+* ``fsdp="fsdp2"``: ``fully_shard`` on every decoder layer and on the root, over a 1-D device mesh.
+
+Rank 0 writes the tiny model with ``save_pretrained`` (transformers 5.x writes only on rank 0 when a
+process group is up) and broadcasts the directory to the other ranks.
+"""
+
+from __future__ import annotations
+
+SPEC = {
+    "id": "S2-qlora-fsdp-grad-flags",
+    "title": "QLoRA + FSDP + gradient checkpointing: frozen inputs and reentrant checkpointing",
+    "known_issues": [
+        "huggingface/peft#1577",
+        "huggingface/peft#2125",
+        "huggingface/transformers#33930",
+        "huggingface/peft#1550",
+    ],
+    "world_size": 2,
+    # Failures here are raised by every rank at the same point (backward / optimizer step), so the worker
+    # re-synchronises and goes on instead of restarting the process group after each one.
+    "restart_after_failure": False,
+    "device": "any",
+    "requires": ["torch", "transformers", "peft", "accelerate", "bitsandbytes"],
+    "variants": [
+        "baseline",
+        "enable_input_require_grads",
+        "use_reentrant_false",
+        "prepare_model_for_kbit_training",
+        "seed_misspelled_api",
+    ],
+}
+
+_BASE = {
+    "dtype": "bfloat16",
+    "hidden": 64,
+    "layers": 2,
+    "vocab": 128,
+    "rank": 8,
+    "alpha": 16,
+    "targets": ["q_proj", "v_proj"],
+    "steps": 2,
+    "batch": 2,
+    "seq": 16,
+    "seed": 0,
+}
+
+EXAMPLES: list[dict] = [
+    dict(_BASE, base="4bit", order="ckpt_then_peft", fsdp="fsdp1"),
+    dict(_BASE, base="4bit", order="peft_then_ckpt", fsdp="fsdp1"),
+    dict(_BASE, base="manual-4bit", order="ckpt_then_peft", fsdp="fsdp1"),
+    dict(_BASE, base="4bit", order="ckpt_then_peft", fsdp="fsdp2"),
+]
+
+
+def strategy():
+    from hypothesis import strategies as st
+
+    from scenarios import s2_qlora_grad_flags as s2
+
+    return st.fixed_dictionaries(
+        {
+            "base": st.sampled_from(s2.BASES),
+            "order": st.sampled_from(s2.ORDERS),
+            "fsdp": st.sampled_from(["fsdp1", "fsdp2"]),
+            "dtype": st.sampled_from(["bfloat16", "float32"]),
+            "hidden": st.sampled_from([64, 128]),
+            "layers": st.integers(1, 2),
+            "vocab": st.sampled_from([128, 256]),
+            "rank": st.sampled_from([4, 8]),
+            "alpha": st.sampled_from([8, 16]),
+            "targets": st.sampled_from(s2.TARGET_SETS),
+            "steps": st.just(2),
+            "batch": st.integers(1, 2),
+            "seq": st.sampled_from([8, 16]),
+            "seed": st.integers(0, 2**16),
+        }
+    )
+
+
+def _shared_model_dir(config: dict, ctx: dict) -> str:
+    import os
+    import tempfile
+
+    import torch.distributed as dist
+
+    from scenarios import s2_qlora_grad_flags as s2
+
+    holder = [None]
+    if dist.get_rank() == 0:
+        directory = tempfile.mkdtemp(prefix="s2fsdp-", dir=ctx.get("workdir"))
+        s2._save_tiny_llama(config, directory)
+        holder = [directory]
+    dist.broadcast_object_list(holder, src=0)
+    dist.barrier()
+    if not os.path.isdir(holder[0]):
+        raise RuntimeError(
+            f"rank {dist.get_rank()} cannot see rank 0's model dir {holder[0]} (ranks on different hosts?)"
+        )
+    return holder[0]
+
+
+def _wrap(peft_model, kind: str, device: str):
+    import torch
+
+    if kind == "fsdp1":
+        from peft.utils.other import fsdp_auto_wrap_policy
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        device_id = torch.device("cpu") if device == "cpu" else torch.device("cuda", torch.cuda.current_device())
+        return FSDP(
+            peft_model, auto_wrap_policy=fsdp_auto_wrap_policy(peft_model), use_orig_params=False, device_id=device_id
+        )
+    if kind == "fsdp2":
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:  # torch < 2.6
+            from torch.distributed._composable.fsdp import fully_shard
+
+        mesh = init_device_mesh(device, (dist.get_world_size(),))
+        for layer in peft_model.get_base_model().model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(peft_model, mesh=mesh)
+        return peft_model
+    raise ValueError(f"unknown fsdp kind {kind!r}")
+
+
+def run(config: dict, variant: str, ctx: dict) -> dict:
+    import shutil
+
+    import torch
+    import torch.distributed as dist
+
+    from scenarios import s2_qlora_grad_flags as s2
+
+    fixes = s2._parse_variant(variant, s2.FIXES)
+    device = ctx.get("device", "cpu")
+    kind = config.get("fsdp", "fsdp1")
+    torch.manual_seed(config["seed"])
+    directory = _shared_model_dir(config, ctx)
+    try:
+        model, path, metrics = s2._load(config, directory, device, config.get("base", "4bit"))
+    finally:
+        dist.barrier()
+        if dist.get_rank() == 0:
+            shutil.rmtree(directory, ignore_errors=True)
+    peft_model, prep = s2._prepare(config, fixes, model)
+    metrics.update(prep)
+    metrics["order"] = config.get("order", "ckpt_then_peft")
+    metrics["fsdp"] = kind
+    metrics["param_dtypes_before_wrap"] = ",".join(
+        sorted({str(p.dtype).replace("torch.", "") for p in peft_model.parameters()})
+    )
+    wrapped = _wrap(peft_model, kind, device)
+    metrics["n_linear4bit_after_wrap"] = s2._count_linear4bit(wrapped)
+    trainable = [p for p in wrapped.parameters() if p.requires_grad]
+    metrics["n_trainable_tensors"] = len(trainable)
+    # different data per rank, as a data-parallel sampler would give
+    metrics.update(s2._train(wrapped, config, device, trainable, config["seed"] + 1000 * ctx.get("rank", 0)))
+    s2._check_grads(metrics, len(trainable))
+    return {"metrics": metrics, "path": path}
