@@ -244,7 +244,9 @@ def _variant_entry(subset: list[dict[str, Any]], metrics: list[str], flaky: set[
         parts.append(f"{outcome} {n}/{len(subset)}{sig_text}")
     for name in metrics:
         values = [r["metrics"].get(name) for r in subset if isinstance(r.get("metrics", {}).get(name), int | float)]
-        if values:
+        if values and name.endswith("_bytes"):
+            parts.append(f"{name.removesuffix('_bytes')}={statistics.median(values) / 2**20:.2f} MiB")
+        elif values:
             parts.append(f"{name}={_fmt(statistics.median(values))}")
     if any(record_key(r) in flaky for r in subset):
         parts.append("**flaky**")

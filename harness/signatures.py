@@ -76,6 +76,8 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
         return Classified("env-broken", "env-broken-" + _short_type(detail.get("exc_type", "")))
     if status != "exception":
         return Classified("error", f"harness-unknown-status-{status}", classified=False)
+    if detail.get("exc_type", "").endswith(".NotApplicable"):
+        return Classified("skip", "not-applicable")
     if detail.get("check"):
         name = f"check-{detail['check']}"
         return Classified("fail", name, KNOWN_ISSUES.get(detail["check"], []))
@@ -96,6 +98,8 @@ def exception_signature(exc_type: str, message: str) -> str:
         return "no-grad-element-0"
     if "Input weight should be of type nn.Parameter" in message or "should be of type nn.Parameter" in message:
         return "input-weight-not-parameter"
+    if "Must flatten tensors with uniform dtype" in message:
+        return "fsdp-flatten-mixed-dtype"
     if "out of memory" in message.lower() or short in ("OutOfMemoryError", "MemoryError"):
         return "oom"
     return f"unclassified-{short}-{_digest(normalise_message(message))}"

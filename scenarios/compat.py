@@ -21,6 +21,10 @@ class CheckFailed(AssertionError):
         self.metrics = metrics or {}
 
 
+class NotApplicable(Exception):
+    """The variant cannot be expressed on this stack (an API it needs does not exist yet): a skip, not a failure."""
+
+
 def version_of(package: str) -> str | None:
     """Installed version of a distribution, or None when it is absent."""
     try:

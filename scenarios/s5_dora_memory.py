@@ -34,6 +34,7 @@ bitsandbytes is not installed, recorded in ``path`` and ``metrics["fallback_reas
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 
@@ -52,6 +53,7 @@ SPEC = {
     "device": "any",
     "requires": ["torch", "transformers", "peft"],
     "variants": ["baseline", "cast_result_to_input_dtype", "autocast_adapter_dtype_false"],
+    "table_metrics": ["dora_lora_peak_ratio", "dora_peak_bytes", "lora_peak_bytes"],
 }
 
 FIXES = ("cast_result_to_input_dtype", "autocast_adapter_dtype_false")
@@ -268,6 +270,8 @@ def _build(config: dict, device: str, use_dora: bool, fixes: set[str], directory
         task_type="CAUSAL_LM",
     )
     kwargs = {"autocast_adapter_dtype": False} if "autocast_adapter_dtype_false" in fixes else {}
+    if kwargs and "autocast_adapter_dtype" not in inspect.signature(get_peft_model).parameters:
+        raise compat.NotApplicable("get_peft_model has no autocast_adapter_dtype before peft 0.12")
     peft_model = get_peft_model(model, lora, **kwargs)
     peft_model.train()
     info["adapter_dtypes"] = ",".join(
