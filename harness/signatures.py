@@ -48,6 +48,10 @@ KNOWN_ISSUES: dict[str, list[str]] = {
     ],
     "input-weight-not-parameter": ["huggingface/peft#1737", "huggingface/peft#1806"],
     "dora-output-dtype-upcast": ["huggingface/peft#1692"],
+    # Found by this harness: peft >= 0.14 DoRA under FSDP1 with fp32 adapters gives bf16 grads to fp32 params.
+    "optimizer-bf16-grad-on-fp32-param": ["huggingface/transformers#34702"],
+    "fsdp-flatten-mixed-dtype": ["huggingface/peft#1737"],
+    "fsdp-flatten-mixed-requires-grad": ["huggingface/peft#1737"],
     "lora-update-scale": ["huggingface/peft#1893", "pytorch/pytorch#76464"],
 }
 
@@ -100,6 +104,12 @@ def exception_signature(exc_type: str, message: str) -> str:
         return "input-weight-not-parameter"
     if "Must flatten tensors with uniform dtype" in message:
         return "fsdp-flatten-mixed-dtype"
+    if "Must flatten tensors with uniform `requires_grad`" in message:
+        return "fsdp-flatten-mixed-requires-grad"
+    if "expected dtype float for `end` but got dtype c10::BFloat16" in message:
+        return "optimizer-bf16-grad-on-fp32-param"
+    if "expected m1 and m2 to have the same dtype" in message:
+        return "matmul-dtype-mismatch"
     if "out of memory" in message.lower() or short in ("OutOfMemoryError", "MemoryError"):
         return "oom"
     return f"unclassified-{short}-{_digest(normalise_message(message))}"

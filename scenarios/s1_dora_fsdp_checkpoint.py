@@ -105,6 +105,9 @@ DEFAULTS: dict = {
     "batch": 2,
     "steps": 3,
     "lr": 1e-2,
+    # "manual": FSDP driven by hand the way accelerate does; "trainer": HF Trainer(fsdp="full_shard auto_wrap")
+    # through accelerate, the user's path on GPU (Trainer refuses FSDP without an accelerator).
+    "path": "manual",
 }
 
 _TARGETS = {
@@ -225,6 +228,9 @@ EXAMPLES: list[dict] = [
     _cfg(wrap="decoder_layer", use_orig_params=True, adapter_fp32=False),
     # FSDP2 without a mixed-precision policy (bf16 model, fp32 adapters, autocast).
     _cfg(fsdp="fsdp2", mp_param=None, mp_reduce=None, mp_buffer=None),
+    # The seed's own path: HF Trainer with FSDP through accelerate, bf16, DoRA, non-reentrant checkpointing.
+    # Runs where there is an accelerator; on CPU it is recorded as not applicable.
+    _cfg(path="trainer", load_dtype="float32"),
 ]
 
 
@@ -493,6 +499,8 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
     from peft import LoraConfig
 
     cfg = _apply_variant({**DEFAULTS, **config}, variant)
+    if cfg["path"] == "trainer":
+        return _run_trainer(cfg, variant, ctx)
     t0 = time.perf_counter()
     if ctx.get("device", "cpu") == "cuda":
         device = torch.device("cuda", ctx.get("local_rank", 0))
@@ -597,3 +605,86 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
             metrics=metrics,
         )
     return {"metrics": metrics, "path": path}
+
+
+# ------------------------------------------------------------------------------------------ Trainer path
+
+#: What the Trainer path can express: the rest are knobs accelerate sets for the user.
+_TRAINER_FIXES = {"use_reentrant", "input_grads", "flip_use_orig_params", "fsdp2", "uniform_dtype"}
+
+
+class _TokenDataset:
+    """Random token batches as a map-style dataset (no datasets package, no hub)."""
+
+    def __init__(self, cfg: dict, size: int) -> None:
+        import torch
+
+        gen = torch.Generator().manual_seed(1234)
+        self.rows = [torch.randint(0, cfg["vocab"], (cfg["seq"],), generator=gen) for _ in range(size)]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        return {"input_ids": self.rows[index], "labels": self.rows[index].clone()}
+
+
+def _run_trainer(cfg: dict, variant: str, ctx: dict) -> dict:
+    """HF Trainer + accelerate FSDP, as in peft#1910 (SFTTrainer is a Trainer subclass)."""
+    import math
+    import os
+
+    import torch
+    from peft import LoraConfig
+    from transformers import Trainer, TrainingArguments
+
+    if ctx.get("device") != "cuda":
+        raise compat.NotApplicable("HF Trainer refuses FSDP without an accelerator")
+    unsupported = set(variant.split("+")) - {"baseline"} - _TRAINER_FIXES
+    if unsupported:
+        raise compat.NotApplicable(f"the Trainer path has no knob for {', '.join(sorted(unsupported))}")
+    before_env = dict(os.environ)
+    model = compat.tiny_llama(
+        hidden=cfg["hidden"], layers=cfg["layers"], vocab=cfg["vocab"], dtype=cfg["load_dtype"], seed=0
+    )
+    model.config.use_cache = False
+    if cfg["input_grads"]:
+        model.enable_input_require_grads()
+    lora_config = LoraConfig(
+        r=cfg["r"], lora_alpha=cfg["alpha"], lora_dropout=0.0, target_modules=_TARGETS[cfg["targets"]],
+        use_dora=cfg["use_dora"], task_type="CAUSAL_LM",
+    )  # fmt: skip
+    peft_model = _get_peft_model(model, lora_config, cfg)
+    fsdp_config = {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "use_orig_params": cfg["use_orig_params"]}
+    if cfg["fsdp"] == "fsdp2":
+        fsdp_config["version"] = 2
+    kwargs = {} if cfg["use_reentrant"] is None else {"use_reentrant": cfg["use_reentrant"]}
+    args = TrainingArguments(
+        output_dir=ctx["workdir"], per_device_train_batch_size=cfg["batch"], max_steps=cfg["steps"],
+        learning_rate=cfg["lr"], bf16=True, gradient_checkpointing=True, gradient_checkpointing_kwargs=kwargs,
+        fsdp="full_shard auto_wrap", fsdp_config=fsdp_config, report_to=[], save_strategy="no", logging_steps=1,
+        disable_tqdm=True, dataloader_num_workers=0,
+    )  # fmt: skip
+    try:
+        trainer = Trainer(model=peft_model, args=args, train_dataset=_TokenDataset(cfg, cfg["batch"] * cfg["steps"]))
+        result = trainer.train()
+        losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+        metrics = {"losses": [round(x, 5) for x in losses], "global_step": trainer.state.global_step,
+                   "train_loss": result.training_loss}  # fmt: skip
+        if not losses or not all(math.isfinite(x) for x in losses):
+            raise compat.CheckFailed("finite_loss", f"losses {losses}", metrics)
+        if trainer.state.global_step != cfg["steps"]:
+            raise compat.CheckFailed("all_steps_ran", f"{trainer.state.global_step} of {cfg['steps']}", metrics)
+        return {"metrics": metrics, "path": f"trainer-{cfg['fsdp']}"}
+    finally:
+        # Trainer sets ACCELERATE_* variables and accelerate keeps process-wide state: undo both so the
+        # next job in this worker starts clean.
+        for key in set(os.environ) - set(before_env):
+            del os.environ[key]
+        try:
+            from accelerate.state import AcceleratorState
+
+            AcceleratorState._reset_state(True)
+        except (ImportError, AttributeError):
+            pass
+        torch.cuda.empty_cache()

@@ -70,3 +70,11 @@ def test_normalisation_ignores_volatile_parts(number: int, address: int, path: s
     message = f"bad value {number} at {hex(address)} in {path}"
     assert normalise_message(message) == normalise_message("bad value 7 at 0x1 in /z")
     assert exception_signature("ValueError", message) == exception_signature("ValueError", "bad value 7 at 0x1 in /z")
+
+
+def test_failures_found_by_the_matrix_have_names() -> None:
+    assert exception_signature(
+        "builtins.RuntimeError", "expected dtype float for `end` but got dtype c10::BFloat16"
+    ) == ("optimizer-bf16-grad-on-fp32-param")
+    message = "Must flatten tensors with uniform dtype but got torch.bfloat16 and torch.float32"
+    assert exception_signature("builtins.ValueError", message) == "fsdp-flatten-mixed-dtype"
