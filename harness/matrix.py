@@ -101,7 +101,9 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     meta.setdefault("attempts", []).append({"started_at": runs.now_iso(), "host": machine["host"]})
     runs.write_meta(run_dir, meta)
 
-    jobs_total = sum(len(s.variants) * len(configs[s.id]) for s in scenarios) * len(cells)
+    jobs_total = sum(
+        len(s.variants) * len(configs[s.id]) for cell in cells for s in scenarios if _selected(profile, s, cell)
+    )
     progress = Progress(len(cells), jobs_total, stream)
     summary = MatrixSummary(meta["run_id"], run_dir, 0, 0, {})
     writer = RecordWriter(run_dir / "records.jsonl")
@@ -122,6 +124,11 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
         runs.write_meta(run_dir, meta)
         progress.close()
     return summary
+
+
+def _selected(profile: Profile, scenario: Scenario, cell: Cell) -> bool:
+    cells = profile.settings_for(scenario.id).cells
+    return cells is None or _wanted_id(cell.cell_id, cells)
 
 
 def _wanted(cell: Cell, patterns: tuple[str, ...] | None) -> bool:
@@ -146,7 +153,8 @@ def _run_cell(
     summary: MatrixSummary,
 ) -> None:
     base = {"run_id": run_id, "cell": cell.cell_id, "pins": cell.pins}
-    todo = [(s, v, c) for s in scenarios for v in s.variants for c in configs[s.id]]
+    # A scenario the profile scopes to other cells is not part of this cell at all (no record, no skip).
+    todo = [(s, v, c) for s in scenarios if _selected(profile, s, cell) for v in s.variants for c in configs[s.id]]
     missing = [(s, v, c) for s, v, c in todo if (cell.cell_id, s.id, v, c["config_id"]) not in writer]
     for _ in range(len(todo) - len(missing)):
         summary.resumed += 1
@@ -212,9 +220,7 @@ def _run_cell(
         if not pending:
             continue
         world_size = _world_size(scenario, profile, machine)
-        skip = _skip_reason(
-            scenario, env.versions, device, world_size, profile.settings_for(scenario.id).cells, cell.cell_id
-        )
+        skip = _skip_reason(scenario, env.versions, device, world_size)
         if skip:
             for variant, planned in pending:
                 write(scenario, variant, planned, _plain("skip", "not-applicable", skip), env.versions, world_size)
@@ -247,16 +253,7 @@ def _world_size(scenario: Scenario, profile: Profile, machine: dict[str, Any]) -
     return int(profile.world_size)
 
 
-def _skip_reason(
-    scenario: Scenario,
-    versions: dict[str, str],
-    device: str,
-    world_size: int,
-    cells: tuple[str, ...] | None,
-    cell_id: str,
-) -> str | None:
-    if cells is not None and not _wanted_id(cell_id, cells):
-        return f"the profile runs this scenario only in cells matching {', '.join(cells)}"
+def _skip_reason(scenario: Scenario, versions: dict[str, str], device: str, world_size: int) -> str | None:
     missing = [p for p in scenario.requires if p.lower() not in versions]
     if missing:
         return f"needs {', '.join(missing)}, which this cell does not install"
