@@ -46,6 +46,8 @@ SPEC = {
         "deepspeedai/DeepSpeed#8148",
     ],
     "world_size": 2,
+    # The CheckpointError is raised by every rank in the same backward: re-synchronise and go on.
+    "restart_after_failure": False,
     "device": "any",
     "requires": ["torch", "transformers", "peft", "deepspeed"],
     "variants": ["baseline", "use_reentrant", "zero2", "use_reentrant+zero2"],
@@ -68,6 +70,7 @@ def strategy():  # -> hypothesis.strategies.SearchStrategy[dict]
             "zero_init": st.booleans(),
             "dtype": st.sampled_from(["bfloat16", "float32"]),
             "ckpt_kwargs": st.sampled_from(["use_reentrant=False", "release_default"]),
+            "adapter_dtype": st.sampled_from(["peft_default", "model"]),
             "lora_r": st.sampled_from([4, 8, 16, 32]),
             "lora_alpha": st.sampled_from([8, 16, 32, 64]),
             "targets": st.sampled_from(["attn", "all"]),
@@ -86,21 +89,81 @@ def strategy():  # -> hypothesis.strategies.SearchStrategy[dict]
 # linear layers, non-reentrant checkpointing passed explicitly; hidden scaled from 3584 down to 64.
 EXAMPLES: list[dict] = [
     {
-        "path": "loop", "adapter": "lora", "zero_init": True, "dtype": "bfloat16",
-        "ckpt_kwargs": "use_reentrant=False", "lora_r": 32, "lora_alpha": 16, "targets": "all",
-        "hidden": 64, "layers": 2, "seq_len": 16, "batch": 2, "steps": 3, "lr": 1e-3, "seed": 0,
+        "path": "loop",
+        "adapter": "lora",
+        "zero_init": True,
+        "dtype": "bfloat16",
+        "ckpt_kwargs": "use_reentrant=False",
+        "adapter_dtype": "peft_default",
+        "lora_r": 32,
+        "lora_alpha": 16,
+        "targets": "all",
+        "hidden": 64,
+        "layers": 2,
+        "seq_len": 16,
+        "batch": 2,
+        "steps": 3,
+        "lr": 1e-3,
+        "seed": 0,
     },
     # The same user on the release's default kwargs, fp32, no zero.Init, DoRA.
     {
-        "path": "loop", "adapter": "dora", "zero_init": False, "dtype": "float32",
-        "ckpt_kwargs": "release_default", "lora_r": 8, "lora_alpha": 16, "targets": "attn",
-        "hidden": 64, "layers": 2, "seq_len": 16, "batch": 2, "steps": 3, "lr": 1e-3, "seed": 1,
+        "path": "loop",
+        "adapter": "dora",
+        "zero_init": False,
+        "dtype": "float32",
+        "ckpt_kwargs": "release_default",
+        "adapter_dtype": "peft_default",
+        "lora_r": 8,
+        "lora_alpha": 16,
+        "targets": "attn",
+        "hidden": 64,
+        "layers": 2,
+        "seq_len": 16,
+        "batch": 2,
+        "steps": 3,
+        "lr": 1e-3,
+        "seed": 1,
+    },
+    # The seed again, with the adapters cast to the model dtype (bf16). peft >= 0.12 keeps adapters in
+    # fp32 by default (autocast_adapter_dtype=True); under zero.Init + bf16 DeepSpeed does not cast them,
+    # and ZeRO-3 then all-gathers persistent params of mixed dtype (see README of this scenario).
+    {
+        "path": "loop",
+        "adapter": "lora",
+        "zero_init": True,
+        "dtype": "bfloat16",
+        "ckpt_kwargs": "use_reentrant=False",
+        "adapter_dtype": "model",
+        "lora_r": 32,
+        "lora_alpha": 16,
+        "targets": "all",
+        "hidden": 64,
+        "layers": 2,
+        "seq_len": 16,
+        "batch": 2,
+        "steps": 3,
+        "lr": 1e-3,
+        "seed": 0,
     },
     # HF Trainer(deepspeed=dict) as trl#2514 / most HF users run it.
     {
-        "path": "trainer", "adapter": "lora", "zero_init": True, "dtype": "bfloat16",
-        "ckpt_kwargs": "use_reentrant=False", "lora_r": 16, "lora_alpha": 32, "targets": "all",
-        "hidden": 64, "layers": 2, "seq_len": 16, "batch": 2, "steps": 3, "lr": 1e-3, "seed": 2,
+        "path": "trainer",
+        "adapter": "lora",
+        "zero_init": True,
+        "dtype": "bfloat16",
+        "ckpt_kwargs": "use_reentrant=False",
+        "adapter_dtype": "peft_default",
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "targets": "all",
+        "hidden": 64,
+        "layers": 2,
+        "seq_len": 16,
+        "batch": 2,
+        "steps": 3,
+        "lr": 1e-3,
+        "seed": 2,
     },
 ]
 
@@ -150,10 +213,18 @@ def _dtype_kwarg(dtype: str) -> dict:
 def _save_tiny(config: dict, ctx: dict) -> str:
     """Build the tiny Llama once per run in this rank's workdir (same seed on every rank)."""
     path = os.path.join(ctx["workdir"], f"s4_tiny_r{ctx['rank']}_{time.monotonic_ns()}")
-    model = compat.tiny_llama(hidden=config["hidden"], layers=config["layers"], vocab=128, dtype="float32",
-                              seed=config["seed"])
-    model.save_pretrained(path)
-    del model
+    model = compat.tiny_llama(
+        hidden=config["hidden"], layers=config["layers"], vocab=128, dtype="float32", seed=config["seed"]
+    )
+    # Not save_pretrained: transformers 5.x writes only on global rank 0 once a process group exists,
+    # and each rank's workdir is private. Write config + safetensors by hand on every rank.
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    model.config.to_json_file(os.path.join(path, "config.json"))
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    del model, state
     return path
 
 
@@ -177,6 +248,21 @@ def _lora_config(config: dict):
         use_dora=config["adapter"] == "dora",
         task_type="CAUSAL_LM",
     )
+
+
+def _cast_adapters(model, config: dict) -> None:
+    """adapter_dtype="model": the user casts the trainable (adapter) params to the model dtype."""
+    if config.get("adapter_dtype", "peft_default") == "model":
+        dtype = compat.torch_dtype(config["dtype"])
+        for p in model.parameters():
+            if p.requires_grad and p.is_floating_point() and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+    elif config.get("adapter_dtype") != "peft_default":
+        raise ValueError(f"unknown adapter_dtype {config.get('adapter_dtype')!r}")
+
+
+def _adapter_dtypes(model) -> list[str]:
+    return sorted({str(p.dtype).replace("torch.", "") for p in model.parameters() if p.requires_grad})
 
 
 def _adapter_params(module) -> list[tuple[str, Any]]:
@@ -219,6 +305,31 @@ def _mean_over_ranks(values: list[float]) -> list[float]:
         dist.all_reduce(t)
         t /= dist.get_world_size()
     return [float(v) for v in t]
+
+
+class PeerFailed(RuntimeError):
+    """Another rank failed during setup; raised here instead of hanging in the next collective."""
+
+
+def _setup_barrier(local_exc: BaseException | None) -> None:
+    """All ranks agree that setup went fine before the first DeepSpeed collective.
+
+    A rank whose setup raised re-raises its own exception unchanged; the others raise PeerFailed
+    instead of waiting in a collective until the process-group timeout (30 min for gloo).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        if local_exc is not None:
+            raise local_exc
+        return
+    flag = torch.tensor([1 if local_exc is not None else 0], dtype=torch.int64)
+    dist.all_reduce(flag)
+    if local_exc is not None:
+        raise local_exc
+    if int(flag.item()):
+        raise PeerFailed(f"{int(flag.item())} other rank(s) failed during setup")
 
 
 def _check(metrics: dict) -> None:
@@ -277,20 +388,27 @@ def _run_loop(config: dict, stage: int, reentrant: bool | None, ctx: dict) -> di
     dschf = None
     engine = None
     try:
-        if config["zero_init"]:
-            # OpenRLHF: HfDeepSpeedConfig alive during from_pretrained -> zero.Init when stage 3.
-            from transformers.integrations import HfDeepSpeedConfig
+        err = None
+        try:
+            if config["zero_init"]:
+                # OpenRLHF: HfDeepSpeedConfig alive during from_pretrained -> zero.Init when stage 3.
+                from transformers.integrations import HfDeepSpeedConfig
 
-            dschf = HfDeepSpeedConfig(ds_config)
-        base = _load(path, config)
-        from transformers.integrations import is_deepspeed_zero3_enabled
+                dschf = HfDeepSpeedConfig(ds_config)
+            base = _load(path, config)
+            from transformers.integrations import is_deepspeed_zero3_enabled
 
-        zero_init_effective = bool(is_deepspeed_zero3_enabled()) and hasattr(next(base.parameters()), "ds_id")
-        base.enable_input_require_grads()  # OpenRLHF does this before get_peft_model
-        api = compat.enable_checkpointing(base, reentrant)
-        model = get_peft_model(base, _lora_config(config))
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=config["lr"], weight_decay=0.0)
+            zero_init_effective = bool(is_deepspeed_zero3_enabled()) and hasattr(next(base.parameters()), "ds_id")
+            base.enable_input_require_grads()  # OpenRLHF does this before get_peft_model
+            api = compat.enable_checkpointing(base, reentrant)
+            model = get_peft_model(base, _lora_config(config))
+            _cast_adapters(model, config)
+            adapter_dtypes = _adapter_dtypes(model)
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            optimizer = torch.optim.AdamW(trainable, lr=config["lr"], weight_decay=0.0)
+        except Exception as exc:  # re-raised unchanged by _setup_barrier
+            err = exc
+        _setup_barrier(err)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         named = _adapter_params(engine.module)
         before = _snapshot(named)
@@ -305,6 +423,7 @@ def _run_loop(config: dict, stage: int, reentrant: bool | None, ctx: dict) -> di
             "losses": _mean_over_ranks(losses),
             "ckpt_api": api,
             "zero_init_effective": zero_init_effective,
+            "adapter_dtypes": adapter_dtypes,
             **_compare(before, after),
         }
         return metrics
@@ -349,8 +468,14 @@ def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) ->
         )
         if reentrant is not None:
             kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": reentrant}
-        if ctx["device"] == "cpu":
+        cpu_flag = "none"
+        if ctx["device"] == "cpu" and compat.version_tuple(compat.version_of("transformers")) >= (5,):
+            # transformers 5.x refuses bf16 without an accelerator unless use_cpu=True, and with it
+            # still runs DeepSpeed. On 4.4x (accelerate 0.x) use_cpu=True silently swaps DeepSpeed
+            # for DDP, while no flag runs DeepSpeed on DS_ACCELERATOR=cpu. The engine check below
+            # catches a wrong guess for releases in between.
             kwargs["use_cpu"] = True
+            cpu_flag = "use_cpu=True"
         if config["zero_init"]:
             # HF docs: create TrainingArguments (-> HfDeepSpeedConfig) before loading for zero.Init.
             args = TrainingArguments(**kwargs)
@@ -358,7 +483,12 @@ def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) ->
         else:
             base = _load(path, config)
             args = TrainingArguments(**kwargs)
+        # As in the loop path (and as TRL / OpenRLHF do): without it, reentrant checkpointing on 4.4x,
+        # where Trainer does not enable input grads for a get_peft_model model, fails with S2 instead.
+        base.enable_input_require_grads()
         model = get_peft_model(base, _lora_config(config))
+        _cast_adapters(model, config)
+        adapter_dtypes = _adapter_dtypes(model)
         # adapter params are created after from_pretrained, outside zero.Init: still whole tensors here
         before = {n: p.detach().float().cpu().clone() for n, p in _adapter_params(model)}
         g = torch.Generator().manual_seed(config["seed"] * 1000 + ctx["rank"])
@@ -378,6 +508,20 @@ def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) ->
         losses: list[float] = []
         trainer.train()
         engine = trainer.model_wrapped
+        import deepspeed
+
+        if not isinstance(engine, deepspeed.DeepSpeedEngine):
+            # transformers 4.4x + accelerate 0.x with use_cpu=True: is_deepspeed_enabled is True, but
+            # accelerate's state is MULTI_CPU and the Trainer silently trains with plain DDP.
+            raise compat.CheckFailed(
+                "trainer_uses_deepspeed",
+                f"Trainer trained with {type(engine).__name__}, not a DeepSpeedEngine (is_deepspeed_enabled="
+                f"{uses_ds}, distributed_type {trainer.accelerator.state.distributed_type}); ZeRO never ran",
+                metrics={
+                    "engine": type(engine).__name__,
+                    "distributed_type": str(trainer.accelerator.state.distributed_type),
+                },
+            )
         for rec in trainer.state.log_history:
             if "loss" in rec:
                 losses.append(float(rec["loss"]))
@@ -386,7 +530,9 @@ def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) ->
         metrics = {
             "losses": _mean_over_ranks(losses),
             "ckpt_api": "TrainingArguments(gradient_checkpointing=True)",
+            "trainer_cpu_flag": cpu_flag,
             "zero_init_effective": bool(config["zero_init"] and stage == 3),
+            "adapter_dtypes": adapter_dtypes,
             **_compare(before, after),
         }
         return metrics
