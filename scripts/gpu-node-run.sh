@@ -9,7 +9,7 @@ set -uo pipefail
 profile=$1 wheelhouse=$2 outdir=$3
 shift 3
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-results=$(mktemp -d)
+results=${COMPAT_MATRIX_RESULTS:-$(mktemp -d)}
 # COMPAT_MATRIX_TIME_LIMIT (seconds): stop cleanly with SIGINT in time to copy what was recorded.
 timeout --signal=INT --kill-after=30 "${COMPAT_MATRIX_TIME_LIMIT:-0}" python3 -m harness matrix --profile "$profile" --offline --wheelhouse "$wheelhouse" --system-torch python3 \
   --results-dir "$results" --envs-dir "${COMPAT_MATRIX_ENVS:-/tmp/compat-matrix-envs}" --no-report "$@"
