@@ -85,6 +85,9 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
     if detail.get("check"):
         name = f"check-{detail['check']}"
         return Classified("fail", name, KNOWN_ISSUES.get(detail["check"], []))
+    if "No backend type associated with device type" in detail.get("message", ""):
+        # The worker's process group lacked a backend for that device: our setup, not the stack's failure.
+        return Classified("error", "harness-process-group-backend", classified=False)
     if _is_our_bug(detail, repo_root):
         return Classified("error", "scenario-bug-" + _short_type(detail.get("exc_type", "")), classified=False)
     signature = exception_signature(detail.get("exc_type", ""), detail.get("message", ""))
@@ -106,7 +109,11 @@ def exception_signature(exc_type: str, message: str) -> str:
         return "fsdp-flatten-mixed-dtype"
     if "Must flatten tensors with uniform `requires_grad`" in message:
         return "fsdp-flatten-mixed-requires-grad"
-    if "expected dtype float for `end` but got dtype c10::BFloat16" in message:
+    if "No backend type associated with device type" in message:
+        return "harness-process-group-backend"
+    if "expected dtype float for `end` but got dtype c10::BFloat16" in message or (
+        "Tensors of the same index must be on the same device and the same dtype" in message
+    ):
         return "optimizer-bf16-grad-on-fp32-param"
     if "expected m1 and m2 to have the same dtype" in message:
         return "matmul-dtype-mismatch"

@@ -149,7 +149,9 @@ def _init_distributed(device: str, local_rank: int) -> None:
         return
     if device == "cuda":
         torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+        # CPU tensors need a backend too (scenarios gather small metrics on CPU; DeepSpeed and FSDP use
+        # CPU collectives in places): NCCL alone answers "No backend type associated with device type cpu".
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=torch.device("cuda", local_rank))
     else:
         dist.init_process_group("gloo")
 

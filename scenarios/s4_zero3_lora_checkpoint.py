@@ -2,28 +2,40 @@
 
 ZeRO-3 releases a parameter after use with ``param.data = torch.empty(0)``. Non-reentrant
 ``torch.utils.checkpoint`` saves the frozen parameters it sees without detaching them, so the
-recompute in backward finds the released (shape ``[0]``) tensor and raises
-``torch.utils.checkpoint.CheckpointError: ... Recomputed values for the following tensors have
-different metadata ... 'shape': torch.Size([0])``. LoRA is what makes the base weights frozen.
-Reported as OpenRLHF/OpenRLHF#569 (Qwen2.5-7B, bf16, ZeRO-3, LoRA rank 32, non-reentrant);
-explained in transformers#47254; DeepSpeed PR #8148 ("Z3: Support for activation ckpt with frozen
-params") is said to fix it from 0.19.3 on. Workarounds: ``use_reentrant=True`` or ZeRO-2.
+recompute in backward finds the released tensor and raises ``torch.utils.checkpoint.CheckpointError:
+... Recomputed values for the following tensors have different metadata ... tensor at position 4:
+saved metadata: {'shape': torch.Size([<hidden>]) ...} recomputed metadata: {'shape': torch.Size([0])``.
+LoRA is what makes the base weights frozen. Reported as OpenRLHF/OpenRLHF#569 (Qwen2.5-7B, bf16, ZeRO-3,
+LoRA rank 32, non-reentrant), explained in transformers#47254; DeepSpeed PR #8148 ("Z3: Support for
+activation ckpt with frozen params") is said to fix it from 0.19.3 on. Workarounds: ``use_reentrant=True``
+or ZeRO-2.
 
-The baseline is what an OpenRLHF / transformers-5 user writes: checkpointing on with
-``use_reentrant=False`` (config ``ckpt_kwargs="use_reentrant=False"``), or with no kwargs at all
-(``"release_default"``: non-reentrant on transformers 5.x, reentrant on 4.x).
+Baseline = what an OpenRLHF / transformers-5 user writes: ZeRO-3, checkpointing with
+``use_reentrant=False`` passed explicitly (``ckpt_kwargs="use_reentrant=False"``, OpenRLHF) or no kwargs
+at all (``"release_default"``: non-reentrant on transformers 5.x, reentrant on 4.x). Every path calls
+``enable_input_require_grads()`` before ``get_peft_model`` (OpenRLHF and TRL do), so reentrant runs do not
+fail with S2's "does not require grad" instead.
 
-Two code paths:
-* ``loop``: ``deepspeed.initialize`` and a hand-written train loop (OpenRLHF style: the model is
-  loaded under ``HfDeepSpeedConfig`` when ``zero_init`` is on, so ``from_pretrained`` runs inside
-  ``deepspeed.zero.Init``).
-* ``trainer``: HF ``Trainer(args=TrainingArguments(deepspeed=<dict>, gradient_checkpointing=True))``.
-  It needs an accelerator: on CPU accelerate drops DeepSpeed (``use_cpu=True``) or refuses, so the
-  strategy draws it only where ``ctx["device"] == "cuda"`` can be met; on CPU ``run`` raises
-  ``compat.CheckFailed("trainer_uses_deepspeed", ...)`` if the Trainer trained without DeepSpeed.
+Config axes beyond the obvious ones:
+* ``zero_init``: load the model with ``HfDeepSpeedConfig`` alive (loop path) or after
+  ``TrainingArguments`` (trainer path), so ``from_pretrained`` runs under ``deepspeed.zero.Init``
+  (only when the variant's stage is 3).
+* ``adapter_dtype``: ``"peft_default"`` keeps peft's choice (peft >= 0.12 upcasts adapters to fp32,
+  ``autocast_adapter_dtype=True``); ``"model"`` casts them to the model dtype as many scripts do.
+  This matters: with zero.Init + bf16, DeepSpeed does not cast the (later added) fp32 adapters, and
+  DeepSpeed 0.19.2 then all-gathers persistent ZeRO-3 params of mixed dtype into one-dtype buffers:
+  ``RuntimeError: ProcessGroupGloo::allgather: invalid tensor type`` in ``engine.step()``. Non-reentrant
+  runs die earlier (CheckpointError in backward), so this shows up under ``use_reentrant``. 0.19.8
+  allocates per-param buffers and passes.
+* ``path``: ``"loop"`` (``deepspeed.initialize`` + hand loop) or ``"trainer"``
+  (``Trainer(args=TrainingArguments(deepspeed=<dict>, gradient_checkpointing=True))``). On CPU the
+  trainer path passes ``use_cpu=True`` on transformers >= 5 (it refuses bf16 without it and still runs
+  DeepSpeed) and nothing on 4.4x (where ``use_cpu=True`` silently trains with DDP, no DeepSpeed); a
+  check fails if the Trainer did not end up with a ``DeepSpeedEngine``.
 
-Checks: every loss is finite; the adapter weights changed (every ``lora_B`` tensor, gathered
-across ZeRO-3 partitions); and the Trainer path really ran a DeepSpeed engine.
+Checks: every loss is finite; every ``lora_B`` tensor changed (gathered across ZeRO-3 partitions);
+the trainer path really ran DeepSpeed. Metrics carry the rank-averaged losses so variants can be
+compared (a fixed ZeRO-3 run should track ZeRO-2 to bf16 rounding).
 """
 
 from __future__ import annotations
@@ -47,10 +59,14 @@ SPEC = {
     ],
     "world_size": 2,
     # The CheckpointError is raised by every rank in the same backward: re-synchronise and go on.
+    # Measured on CPU/gloo (DeepSpeed 0.19.2/0.19.8, transformers 4.41.2/5.23.0): so are the other failures
+    # seen here (the all-gather dtype error in step, the 4.41 Trainer's LR-scheduler ValueError), and the
+    # next run in the same process gives the same outcome as in a fresh one.
     "restart_after_failure": False,
     "device": "any",
     "requires": ["torch", "transformers", "peft", "deepspeed"],
     "variants": ["baseline", "use_reentrant", "zero2", "use_reentrant+zero2"],
+    "table_metrics": ["loss_last", "adapter_max_abs_delta"],
 }
 
 _FIXES = ("use_reentrant", "zero2")
@@ -127,7 +143,7 @@ EXAMPLES: list[dict] = [
     },
     # The seed again, with the adapters cast to the model dtype (bf16). peft >= 0.12 keeps adapters in
     # fp32 by default (autocast_adapter_dtype=True); under zero.Init + bf16 DeepSpeed does not cast them,
-    # and ZeRO-3 then all-gathers persistent params of mixed dtype (see README of this scenario).
+    # and ZeRO-3 0.19.2 then all-gathers persistent params of mixed dtype (see the module docstring).
     {
         "path": "loop",
         "adapter": "lora",
@@ -565,8 +581,10 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
     t0 = time.perf_counter()
     runner = _run_trainer if config["path"] == "trainer" else _run_loop
     metrics = runner(config, stage, reentrant, ctx)
+    losses = metrics.get("losses") or []
     metrics.update(
         {
+            "loss_last": losses[-1] if losses else None,
             "zero_stage": stage,
             "use_reentrant": _release_default_reentrant() if reentrant is None else reentrant,
             "ckpt_kwargs_passed": "none" if reentrant is None else f"use_reentrant={reentrant}",
