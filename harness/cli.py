@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="Hypothesis-drawn configs per scenario (overrides the profile; explicit examples always run)",
     )
+    matrix.add_argument(
+        "--config",
+        action="append",
+        dest="config_ids",
+        metavar="CONFIG_ID",
+        help="only this config id (repeatable), e.g. to re-run one config after fixing a scenario",
+    )
     matrix.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where runs and tables go")
     matrix.add_argument(
         "--envs-dir",
@@ -163,6 +170,7 @@ def _matrix(args: argparse.Namespace) -> int:
         scenario_patterns=tuple(args.scenarios) if args.scenarios else None,
         cell_patterns=tuple(args.cells) if args.cells else None,
         examples=args.examples,
+        config_ids=tuple(args.config_ids) if args.config_ids else None,
     )
     summary = run_matrix(profile, options)
     print(

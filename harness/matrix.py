@@ -29,6 +29,8 @@ class MatrixOptions:
     scenario_patterns: tuple[str, ...] | None = None
     cell_patterns: tuple[str, ...] | None = None
     examples: int | None = None
+    #: Only these config ids (re-running one config, e.g. after fixing a scenario).
+    config_ids: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -102,7 +104,11 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     runs.write_meta(run_dir, meta)
 
     jobs_total = sum(
-        len(s.variants) * len(configs[s.id]) for cell in cells for s in scenarios if _selected(profile, s, cell)
+        len(s.variants)
+        * sum(1 for c in configs[s.id] if not options.config_ids or c["config_id"] in options.config_ids)
+        for cell in cells
+        for s in scenarios
+        if _selected(profile, s, cell)
     )
     progress = Progress(len(cells), jobs_total, stream)
     summary = MatrixSummary(meta["run_id"], run_dir, 0, 0, {})
@@ -154,7 +160,14 @@ def _run_cell(
 ) -> None:
     base = {"run_id": run_id, "cell": cell.cell_id, "pins": cell.pins}
     # A scenario the profile scopes to other cells is not part of this cell at all (no record, no skip).
-    todo = [(s, v, c) for s in scenarios if _selected(profile, s, cell) for v in s.variants for c in configs[s.id]]
+    todo = [
+        (s, v, c)
+        for s in scenarios
+        if _selected(profile, s, cell)
+        for v in s.variants
+        for c in configs[s.id]
+        if options.config_ids is None or c["config_id"] in options.config_ids
+    ]
     missing = [(s, v, c) for s, v, c in todo if (cell.cell_id, s.id, v, c["config_id"]) not in writer]
     for _ in range(len(todo) - len(missing)):
         summary.resumed += 1

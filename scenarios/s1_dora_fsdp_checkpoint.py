@@ -613,6 +613,33 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
 _TRAINER_FIXES = {"use_reentrant", "input_grads", "flip_use_orig_params", "fsdp2", "uniform_dtype"}
 
 
+def _fsdp_that_ran(trainer) -> str:
+    """Which FSDP the Trainer really used: transformers 5.x defaults to FSDP2, 4.4x ignores `version`."""
+    import torch.distributed.fsdp as fsdp
+
+    wrapped = getattr(trainer, "model_wrapped", None)
+    if wrapped is None:
+        return "not-wrapped"
+    modules = list(wrapped.modules())
+    if any(isinstance(m, fsdp.FullyShardedDataParallel) for m in modules):
+        return "fsdp1"
+    fsdp2_module = getattr(fsdp, "FSDPModule", None)
+    if fsdp2_module is not None and any(isinstance(m, fsdp2_module) for m in modules):
+        return "fsdp2"
+    return "not-wrapped"
+
+
+def _label_fsdp(exc: BaseException, trainer, cfg: dict) -> None:
+    """A failed run still says which FSDP it ran; an FSDP2 request the stack ignored is not applicable."""
+    ran = _fsdp_that_ran(trainer)
+    if cfg["fsdp"] == "fsdp2" and ran == "fsdp1":
+        raise compat.NotApplicable("this stack ignores fsdp_config version=2 and runs FSDP1") from exc
+    try:
+        exc.path = f"trainer-{ran}"
+    except AttributeError:
+        pass
+
+
 class _TokenDataset:
     """Random token batches as a map-style dataset (no datasets package, no hub)."""
 
@@ -665,17 +692,25 @@ def _run_trainer(cfg: dict, variant: str, ctx: dict) -> dict:
         fsdp="full_shard auto_wrap", fsdp_config=fsdp_config, report_to=[], save_strategy="no", logging_steps=1,
         disable_tqdm=True, dataloader_num_workers=0,
     )  # fmt: skip
+    trainer = None
     try:
         trainer = Trainer(model=peft_model, args=args, train_dataset=_TokenDataset(cfg, cfg["batch"] * cfg["steps"]))
-        result = trainer.train()
+        try:
+            result = trainer.train()
+        except BaseException as exc:
+            _label_fsdp(exc, trainer, cfg)
+            raise
+        ran = _fsdp_that_ran(trainer)
+        if cfg["fsdp"] == "fsdp2" and ran != "fsdp2":
+            raise compat.NotApplicable(f"this stack ignores fsdp_config version=2 and ran {ran}")
         losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
         metrics = {"losses": [round(x, 5) for x in losses], "global_step": trainer.state.global_step,
-                   "train_loss": result.training_loss}  # fmt: skip
+                   "train_loss": result.training_loss, "fsdp_that_ran": ran}  # fmt: skip
         if not losses or not all(math.isfinite(x) for x in losses):
             raise compat.CheckFailed("finite_loss", f"losses {losses}", metrics)
         if trainer.state.global_step != cfg["steps"]:
             raise compat.CheckFailed("all_steps_ran", f"{trainer.state.global_step} of {cfg['steps']}", metrics)
-        return {"metrics": metrics, "path": f"trainer-{cfg['fsdp']}"}
+        return {"metrics": metrics, "path": f"trainer-{ran}"}
     finally:
         # Trainer sets ACCELERATE_* variables and accelerate keeps process-wide state: undo both so the
         # next job in this worker starts clean.
