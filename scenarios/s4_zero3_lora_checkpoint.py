@@ -499,6 +499,7 @@ def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) ->
         else:
             base = _load(path, config)
             args = TrainingArguments(**kwargs)
+        zero_init_effective = hasattr(next(base.parameters()), "ds_id")
         # As in the loop path (and as TRL / OpenRLHF do): without it, reentrant checkpointing on 4.4x,
         # where Trainer does not enable input grads for a get_peft_model model, fails with S2 instead.
         base.enable_input_require_grads()
@@ -547,7 +548,7 @@ def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) ->
             "losses": _mean_over_ranks(losses),
             "ckpt_api": "TrainingArguments(gradient_checkpointing=True)",
             "trainer_cpu_flag": cpu_flag,
-            "zero_init_effective": bool(config["zero_init"] and stage == 3),
+            "zero_init_effective": zero_init_effective,
             "adapter_dtypes": adapter_dtypes,
             **_compare(before, after),
         }
