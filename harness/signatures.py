@@ -111,6 +111,10 @@ def exception_signature(exc_type: str, message: str) -> str:
         return "fsdp-flatten-mixed-requires-grad"
     if "No backend type associated with device type" in message:
         return "harness-process-group-backend"
+    if "ProcessGroupGloo::allgather: invalid tensor type" in message:
+        return "zero3-allgather-mixed-dtype"  # deepspeed 0.19.2: fp32 adapters next to bf16 persistent params
+    if "zip() argument 2 is longer than argument 1" in message:
+        return "zip-length-mismatch"  # transformers 4.41 Trainer + deepspeed 0.19 + torch 2.13 scheduler step
     if "expected dtype float for `end` but got dtype c10::BFloat16" in message or (
         "Tensors of the same index must be on the same device and the same dtype" in message
     ):
