@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -102,11 +102,3 @@ def merge(record_sets: Iterable[Iterable[dict[str, Any]]]) -> list[dict[str, Any
                 seen.add(identity)
                 merged.append(record)
     return merged
-
-
-def iter_run_records(results_dir: Path, run_ids: Iterable[str] | None = None) -> Iterator[dict[str, Any]]:
-    runs = results_dir / "runs"
-    wanted = set(run_ids) if run_ids else None
-    for run_dir in sorted(p for p in runs.glob("*") if p.is_dir()):
-        if wanted is None or run_dir.name in wanted:
-            yield from read_records(run_dir / "records.jsonl")

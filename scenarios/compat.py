@@ -25,6 +25,17 @@ class NotApplicable(Exception):
     """The variant cannot be expressed on this stack (an API it needs does not exist yet): a skip, not a failure."""
 
 
+def parse_variant(variant: str, fixes: tuple[str, ...] | list[str]) -> set[str]:
+    """'baseline' -> no fixes; 'a+b' -> {'a', 'b'}; a name the scenario does not know is an error."""
+    if variant == "baseline":
+        return set()
+    chosen = set(variant.split("+"))
+    unknown = chosen - set(fixes)
+    if unknown:
+        raise ValueError(f"unknown fix(es) {sorted(unknown)} in variant {variant!r}; known: {list(fixes)}")
+    return chosen
+
+
 def version_of(package: str) -> str | None:
     """Installed version of a distribution, or None when it is absent."""
     try:

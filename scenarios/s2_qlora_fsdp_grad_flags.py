@@ -16,6 +16,8 @@ process group is up) and broadcasts the directory to the other ranks.
 
 from __future__ import annotations
 
+from scenarios import compat
+
 SPEC = {
     "id": "S2-qlora-fsdp-grad-flags",
     "title": "QLoRA + FSDP + gradient checkpointing: frozen inputs and reentrant checkpointing",
@@ -145,7 +147,7 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
 
     from scenarios import s2_qlora_grad_flags as s2
 
-    fixes = s2._parse_variant(variant, s2.FIXES)
+    fixes = compat.parse_variant(variant, s2.FIXES)
     device = ctx.get("device", "cpu")
     kind = config.get("fsdp", "fsdp1")
     torch.manual_seed(config["seed"])

@@ -79,70 +79,30 @@ SEED_MISSPELLED_API = "enable_input_requires_grad"
 
 _NO_INPUT_GRAD_WARNING = "None of the inputs have requires_grad=True"
 
+#: The seed's setup: QLoRA (nf4, bf16 compute and storage), default checkpointing, then PEFT.
+_SEED = {
+    "base": "4bit",
+    "order": "ckpt_then_peft",
+    "dtype": "bfloat16",
+    "hidden": 64,
+    "layers": 2,
+    "vocab": 128,
+    "rank": 8,
+    "alpha": 16,
+    "targets": ["q_proj", "v_proj"],
+    "steps": 3,
+    "batch": 2,
+    "seq": 16,
+    "seed": 0,
+}
+
 EXAMPLES: list[dict] = [
-    # The seed's setup: QLoRA (nf4, bf16 compute and storage), default checkpointing, then PEFT.
-    {
-        "base": "4bit",
-        "order": "ckpt_then_peft",
-        "dtype": "bfloat16",
-        "hidden": 64,
-        "layers": 2,
-        "vocab": 128,
-        "rank": 8,
-        "alpha": 16,
-        "targets": ["q_proj", "v_proj"],
-        "steps": 3,
-        "batch": 2,
-        "seq": 16,
-        "seed": 0,
-    },
+    _SEED,
     # Trainer-style order: PEFT first, then checkpointing on the PEFT model.
-    {
-        "base": "4bit",
-        "order": "peft_then_ckpt",
-        "dtype": "bfloat16",
-        "hidden": 64,
-        "layers": 2,
-        "vocab": 128,
-        "rank": 8,
-        "alpha": 16,
-        "targets": ["q_proj", "v_proj"],
-        "steps": 3,
-        "batch": 2,
-        "seq": 16,
-        "seed": 0,
-    },
+    dict(_SEED, order="peft_then_ckpt"),
     # A quantized-looking base on stacks that cannot load 4-bit on this device.
-    {
-        "base": "manual-4bit",
-        "order": "ckpt_then_peft",
-        "dtype": "bfloat16",
-        "hidden": 64,
-        "layers": 2,
-        "vocab": 128,
-        "rank": 8,
-        "alpha": 16,
-        "targets": ["q_proj", "v_proj"],
-        "steps": 3,
-        "batch": 2,
-        "seq": 16,
-        "seed": 0,
-    },
-    {
-        "base": "frozen-base",
-        "order": "ckpt_then_peft",
-        "dtype": "bfloat16",
-        "hidden": 64,
-        "layers": 2,
-        "vocab": 128,
-        "rank": 8,
-        "alpha": 16,
-        "targets": ["q_proj", "v_proj"],
-        "steps": 3,
-        "batch": 2,
-        "seq": 16,
-        "seed": 0,
-    },
+    dict(_SEED, base="manual-4bit"),
+    dict(_SEED, base="frozen-base"),
 ]
 
 
@@ -170,16 +130,6 @@ def strategy():
 
 # --------------------------------------------------------------------------------------------------
 # helpers (shared with s2_qlora_fsdp_grad_flags and s5_dora_memory)
-
-
-def _parse_variant(variant: str, allowed) -> set[str]:
-    if variant == "baseline":
-        return set()
-    fixes = set(variant.split("+"))
-    unknown = fixes - set(allowed)
-    if unknown:
-        raise ValueError(f"unknown variant part(s) {sorted(unknown)}; known: {list(allowed)}")
-    return fixes
 
 
 def _dtype_kwarg(torch_dtype) -> dict:
@@ -435,7 +385,7 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
 
     import torch
 
-    fixes = _parse_variant(variant, FIXES)
+    fixes = compat.parse_variant(variant, FIXES)
     device = ctx.get("device", "cpu")
     torch.manual_seed(config["seed"])
     with tempfile.TemporaryDirectory(dir=ctx.get("workdir")) as directory:

@@ -18,7 +18,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from scenarios.compat import CheckFailed, tiny_llama, torch_dtype
+from scenarios.compat import CheckFailed, parse_variant, tiny_llama, torch_dtype
 
 SPEC = {
     "id": "S3-lora-sgd-scaling",
@@ -32,6 +32,7 @@ SPEC = {
     "table_metrics": ["c"],
 }
 
+FIXES = ("grad_accum", "grad_clip", "grad_scaler")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ACCUM_STEPS = 2
 CLIP_NORM = 1e-3  # small enough that clipping always bites, so its c is visible
@@ -73,7 +74,7 @@ def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, 
     import torch
     from peft import LoraConfig, get_peft_model
 
-    fixes = set(variant.split("+")) - {"baseline"}
+    fixes = parse_variant(variant, FIXES)
     device = torch.device(ctx["device"])
     dtype = torch_dtype(config["dtype"])
     model = tiny_llama(hidden=config["hidden"], dtype=config["dtype"], seed=0).to(device)

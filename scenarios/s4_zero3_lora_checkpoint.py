@@ -103,101 +103,51 @@ def strategy():  # -> hypothesis.strategies.SearchStrategy[dict]
 
 # The seed (OpenRLHF#569): bf16, ZeRO-3 with HfDeepSpeedConfig (zero.Init), LoRA r=32 alpha=16 on all
 # linear layers, non-reentrant checkpointing passed explicitly; hidden scaled from 3584 down to 64.
+_SEED = {
+    "path": "loop",
+    "adapter": "lora",
+    "zero_init": True,
+    "dtype": "bfloat16",
+    "ckpt_kwargs": "use_reentrant=False",
+    "adapter_dtype": "peft_default",
+    "lora_r": 32,
+    "lora_alpha": 16,
+    "targets": "all",
+    "hidden": 64,
+    "layers": 2,
+    "seq_len": 16,
+    "batch": 2,
+    "steps": 3,
+    "lr": 1e-3,
+    "seed": 0,
+}
+
 EXAMPLES: list[dict] = [
-    {
-        "path": "loop",
-        "adapter": "lora",
-        "zero_init": True,
-        "dtype": "bfloat16",
-        "ckpt_kwargs": "use_reentrant=False",
-        "adapter_dtype": "peft_default",
-        "lora_r": 32,
-        "lora_alpha": 16,
-        "targets": "all",
-        "hidden": 64,
-        "layers": 2,
-        "seq_len": 16,
-        "batch": 2,
-        "steps": 3,
-        "lr": 1e-3,
-        "seed": 0,
-    },
+    _SEED,
     # The same user on the release's default kwargs, fp32, no zero.Init, DoRA.
-    {
-        "path": "loop",
-        "adapter": "dora",
-        "zero_init": False,
-        "dtype": "float32",
-        "ckpt_kwargs": "release_default",
-        "adapter_dtype": "peft_default",
-        "lora_r": 8,
-        "lora_alpha": 16,
-        "targets": "attn",
-        "hidden": 64,
-        "layers": 2,
-        "seq_len": 16,
-        "batch": 2,
-        "steps": 3,
-        "lr": 1e-3,
-        "seed": 1,
-    },
+    dict(
+        _SEED,
+        adapter="dora",
+        zero_init=False,
+        dtype="float32",
+        ckpt_kwargs="release_default",
+        lora_r=8,
+        targets="attn",
+        seed=1,
+    ),
     # The seed again, with the adapters cast to the model dtype (bf16). peft >= 0.12 keeps adapters in
     # fp32 by default (autocast_adapter_dtype=True); under zero.Init + bf16 DeepSpeed does not cast them,
     # and ZeRO-3 0.19.2 then all-gathers persistent params of mixed dtype (see the module docstring).
-    {
-        "path": "loop",
-        "adapter": "lora",
-        "zero_init": True,
-        "dtype": "bfloat16",
-        "ckpt_kwargs": "use_reentrant=False",
-        "adapter_dtype": "model",
-        "lora_r": 32,
-        "lora_alpha": 16,
-        "targets": "all",
-        "hidden": 64,
-        "layers": 2,
-        "seq_len": 16,
-        "batch": 2,
-        "steps": 3,
-        "lr": 1e-3,
-        "seed": 0,
-    },
+    dict(_SEED, adapter_dtype="model"),
     # HF Trainer(deepspeed=dict) as trl#2514 / most HF users run it.
-    {
-        "path": "trainer",
-        "adapter": "lora",
-        "zero_init": True,
-        "dtype": "bfloat16",
-        "ckpt_kwargs": "use_reentrant=False",
-        "adapter_dtype": "peft_default",
-        "lora_r": 16,
-        "lora_alpha": 32,
-        "targets": "all",
-        "hidden": 64,
-        "layers": 2,
-        "seq_len": 16,
-        "batch": 2,
-        "steps": 3,
-        "lr": 1e-3,
-        "seed": 2,
-    },
+    dict(_SEED, path="trainer", lora_r=16, lora_alpha=32, seed=2),
 ]
 
-_DEFAULTS = dict(EXAMPLES[0])
+_DEFAULTS = dict(_SEED)
 
 
 # --------------------------------------------------------------------------------------------
 # helpers (stack imported lazily)
-
-
-def _fixes(variant: str) -> set[str]:
-    if variant == "baseline":
-        return set()
-    names = set(variant.split("+"))
-    unknown = names - set(_FIXES)
-    if unknown:
-        raise ValueError(f"unknown fix(es) {sorted(unknown)} in variant {variant!r}")
-    return names
 
 
 def _release_default_reentrant() -> bool:
@@ -565,7 +515,7 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
     import torch
 
     config = {**_DEFAULTS, **config}
-    fixes = _fixes(variant)
+    fixes = compat.parse_variant(variant, _FIXES)
     stage = 2 if "zero2" in fixes else 3
     if "use_reentrant" in fixes:
         reentrant: bool | None = True

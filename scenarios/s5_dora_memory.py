@@ -355,7 +355,7 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
 
     from scenarios import s2_qlora_grad_flags as s2
 
-    fixes = s2._parse_variant(variant, FIXES)
+    fixes = compat.parse_variant(variant, FIXES)
     device = ctx.get("device", "cpu")
     metrics: dict = {}
     with tempfile.TemporaryDirectory(dir=ctx.get("workdir")) as directory:
