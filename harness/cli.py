@@ -78,6 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CONFIG_ID",
         help="only this config id (repeatable), e.g. to re-run one config after fixing a scenario",
     )
+    matrix.add_argument(
+        "--hypothesis-profile",
+        choices=["ci", "explore"],
+        help="ci: the profile's example count and a short shrink budget; explore: 10x the draws and a long "
+        "shrink budget (default: the profile's hypothesis_profile)",
+    )
+    matrix.add_argument(
+        "--example-db",
+        type=Path,
+        metavar="DIR",
+        help="Hypothesis example database: failures shrunk in earlier runs are tried first, new ones are saved "
+        "(default: <results-dir>/hypothesis-db)",
+    )
+    matrix.add_argument("--no-example-db", action="store_true", help="neither read nor save failure memory")
     matrix.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where runs and tables go")
     matrix.add_argument(
         "--envs-dir",
@@ -171,6 +185,8 @@ def _matrix(args: argparse.Namespace) -> int:
         cell_patterns=tuple(args.cells) if args.cells else None,
         examples=args.examples,
         config_ids=tuple(args.config_ids) if args.config_ids else None,
+        example_db=None if args.no_example_db else (args.example_db or args.results_dir / "hypothesis-db"),
+        hypothesis_profile=args.hypothesis_profile,
     )
     summary = run_matrix(profile, options)
     print(
@@ -201,6 +217,10 @@ def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | No
     output = output or results_dir / "COMPATIBILITY.md"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
+    if output == results_dir / "COMPATIBILITY.md":
+        from harness.repro import sync_repros
+
+        sync_repros(selection.records, {s.id: s for s in known}, results_dir / "repros")
     return output
 
 

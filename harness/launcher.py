@@ -57,31 +57,97 @@ class LaunchSpec:
     stop_after_failure: bool = True
 
 
-def run_jobs(spec: LaunchSpec, jobs: list[Job]) -> Iterator[JobResult]:
-    """Yield one JobResult per job, in order, relaunching workers as needed."""
-    remaining = list(jobs)
-    attempt = 0
-    while remaining:
-        attempt += 1
+class JobQueue:
+    """The jobs of one launch series. More may be added between results (the consumer of `run_jobs`
+    runs between yields), and they go to the warm worker through its feed file."""
+
+    def __init__(self, jobs: list[Job] | None = None) -> None:
+        self.jobs: list[Job] = list(jobs or [])
+        self.done: set[int] = set()
+        self.launches = 0
+
+    def add(self, job: Job) -> None:
+        self.jobs.append(job)
+
+    def remaining(self) -> list[Job]:
+        return [j for j in self.jobs if j.index not in self.done]
+
+
+def run_jobs(spec: LaunchSpec, jobs: list[Job] | JobQueue) -> Iterator[JobResult]:
+    """Yield one JobResult per job, in order, relaunching workers as needed.
+
+    With a JobQueue, jobs added after a result is yielded run in the same worker. The generator ends
+    when it is resumed with nothing left to run.
+    """
+    queue = jobs if isinstance(jobs, JobQueue) else JobQueue(jobs)
+    while queue.remaining():
+        queue.launches += 1
         produced = 0
-        for result in _launch_once(spec, remaining, attempt):
+        for result in _launch_once(spec, queue, queue.launches):
             produced += 1
-            remaining = [j for j in remaining if j.index != result.index]
+            queue.done.add(result.index)
             yield result
             if result.status == "env-broken":
-                for job in remaining:
+                while queue.remaining():
+                    job = queue.remaining()[0]
+                    queue.done.add(job.index)
                     yield JobResult(job.index, "env-broken", result.detail)
                 return
+        remaining = queue.remaining()
         if produced == 0 and remaining:
             # A worker that made no progress at all would loop forever: report and stop.
-            job = remaining.pop(0)
-            yield JobResult(job.index, "crash", {"message": "worker exited without running any job"})
+            queue.done.add(remaining[0].index)
+            yield JobResult(remaining[0].index, "crash", {"message": "worker exited without running any job"})
 
 
-def _launch_once(spec: LaunchSpec, jobs: list[Job], attempt: int) -> Iterator[JobResult]:
+class WorkerSession:
+    """A warm worker for one cell x scenario: batches of jobs, or one job at a time (the shrinker
+    asks for its next candidate only after seeing the last result). Results come back in order."""
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+        self.queue = JobQueue()
+        self._results: Iterator[JobResult] | None = None
+
+    def run(self, items: list[tuple[dict[str, Any], str]]) -> Iterator[JobResult]:
+        """Queue (config, variant) jobs; yield their results in order. Consume them all before the next call."""
+        count = len(items)
+        for config, variant in items:
+            self.queue.add(Job(len(self.queue.jobs), config, variant))
+        for _ in range(count):
+            yield self._next()
+
+    def run_one(self, config: dict[str, Any], variant: str) -> JobResult:
+        return next(self.run([(config, variant)]))
+
+    def _next(self) -> JobResult:
+        if self._results is not None:
+            try:
+                return next(self._results)
+            except StopIteration:
+                pass
+        self._results = run_jobs(self.spec, self.queue)
+        return next(self._results)
+
+    def close(self) -> None:
+        """Stop the worker (its whole process tree)."""
+        if self._results is not None:
+            self._results.close()  # type: ignore[attr-defined]
+            self._results = None
+
+    def __enter__(self) -> WorkerSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _launch_once(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Iterator[JobResult]:
     out_dir = spec.workdir / f"launch-{attempt:03d}"
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs_file = out_dir / "jobs.json"
+    feed = _Feed(out_dir / "feed.jsonl", queue)
+    jobs = queue.remaining()
     jobs_file.write_text(
         json.dumps(
             {
@@ -89,7 +155,8 @@ def _launch_once(spec: LaunchSpec, jobs: list[Job], attempt: int) -> Iterator[Jo
                 "preload": list(spec.preload),
                 "device": spec.device,
                 "stop_after_failure": spec.stop_after_failure,
-                "jobs": [{"index": j.index, "config": j.config, "variant": j.variant} for j in jobs],
+                "jobs": [_job_json(j) for j in jobs],
+                "feed": str(feed.path),
             }
         )
     )
@@ -117,7 +184,7 @@ def _launch_once(spec: LaunchSpec, jobs: list[Job], attempt: int) -> Iterator[Jo
             cwd=str(REPO_ROOT),
         )
     try:
-        yield from _watch(spec, jobs, proc, out_dir, stderr_path)
+        yield from _watch(spec, jobs, feed, proc, out_dir, stderr_path)
     finally:
         kill_token(token)
         if proc.poll() is None:
@@ -141,8 +208,30 @@ def _command(spec: LaunchSpec, jobs_file: Path, out_dir: Path) -> list[str]:
     ]
 
 
+def _job_json(job: Job) -> dict[str, Any]:
+    return {"index": job.index, "config": job.config, "variant": job.variant}
+
+
+class _Feed:
+    """Appends jobs added to the queue after launch to the file the worker tails."""
+
+    def __init__(self, path: Path, queue: JobQueue) -> None:
+        self.path = path
+        self.queue = queue
+        self.sent = len(queue.jobs)
+        path.write_bytes(b"")
+
+    def new_jobs(self) -> list[int]:
+        fresh = self.queue.jobs[self.sent :]
+        self.sent = len(self.queue.jobs)
+        if fresh:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write("".join(json.dumps(_job_json(j)) + "\n" for j in fresh))
+        return [j.index for j in fresh]
+
+
 def _watch(
-    spec: LaunchSpec, jobs: list[Job], proc: subprocess.Popen, out_dir: Path, stderr_path: Path
+    spec: LaunchSpec, jobs: list[Job], feed: _Feed, proc: subprocess.Popen, out_dir: Path, stderr_path: Path
 ) -> Iterator[JobResult]:
     readers = {rank: _EventReader(out_dir / f"events.rank{rank}.jsonl") for rank in range(max(1, spec.world_size))}
     launched = time.monotonic()
@@ -167,10 +256,13 @@ def _watch(
                     started.setdefault(event["index"], time.monotonic())
                 elif kind == "end":
                     ends.setdefault(event["index"], {})[rank] = event
-        # Emit finished jobs in order.
+        # Emit finished jobs in order; the consumer may queue more jobs while we are suspended.
         while pending and len(ends.get(pending[0], {})) == len(readers):
             index = pending.pop(0)
             yield _combine(index, ends[index])
+            pending.extend(feed.new_jobs())
+            if pending and pending[0] not in started:
+                last_event = time.monotonic()  # idle time while the consumer thought is not a hang
         if not pending:
             return
         current = pending[0]

@@ -10,11 +10,13 @@ from typing import Any, TextIO
 
 from harness import draws, envs, hardware, runs
 from harness.cells import Cell, expand
-from harness.launcher import Job, JobResult, LaunchSpec, run_jobs
+from harness.errors import UsageError
+from harness.launcher import JobResult, LaunchSpec, WorkerSession
 from harness.profile import Profile
 from harness.progress import Progress
 from harness.records import RecordWriter
 from harness.registry import Scenario, select
+from harness.shrink import ShrinkResult, shrink
 from harness.signatures import classify
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +33,10 @@ class MatrixOptions:
     examples: int | None = None
     #: Only these config ids (re-running one config, e.g. after fixing a scenario).
     config_ids: tuple[str, ...] | None = None
+    #: Hypothesis example database (failure memory); None keeps no memory.
+    example_db: Path | None = None
+    #: Overrides the profile's hypothesis_profile ("ci" | "explore").
+    hypothesis_profile: str | None = None
 
 
 @dataclass
@@ -43,24 +49,54 @@ class MatrixSummary:
     interrupted: bool = False
 
 
-def plan(profile: Profile, scenarios: list[Scenario], examples: int | None) -> dict[str, list[dict[str, Any]]]:
-    """The configs each scenario runs in every cell of this run (drawn once, from the profile's seed)."""
-    planned = {}
-    for index, scenario in enumerate(scenarios):
+def hypothesis_settings(profile: Profile, options: MatrixOptions) -> dict[str, float]:
+    name = options.hypothesis_profile or profile.hypothesis_profile
+    if name not in draws.HYPOTHESIS_PROFILES:
+        known = ", ".join(draws.HYPOTHESIS_PROFILES)
+        raise UsageError(f"unknown hypothesis profile {name!r} (known: {known})")
+    return draws.HYPOTHESIS_PROFILES[name]
+
+
+def plan(
+    profile: Profile, scenarios: list[Scenario], options: MatrixOptions
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, int]]]:
+    """The configs each scenario runs in every cell of this run (drawn once, from the profile's seed),
+    and how they were drawn (so the shrinker can replay the draw)."""
+    factor = int(hypothesis_settings(profile, options)["draw_factor"])
+    planned, how = {}, {}
+    for scenario in scenarios:
         settings = profile.settings_for(scenario.id)
-        count = (
-            examples
-            if examples is not None
-            else (settings.examples if settings.examples is not None else profile.examples_per_scenario)
-        )
+        if options.examples is not None:
+            count = options.examples
+        else:
+            count = (settings.examples if settings.examples is not None else profile.examples_per_scenario) * factor
+        draw = draws.draw_plan(profile.hypothesis_seed, scenario.id, count)
+        remembered = draws.remembered_configs(scenario.strategy(), draw, options.example_db, scenario.id)
         planned[scenario.id] = draws.plan_configs(
-            scenario.examples(), list(settings.configs), scenario.strategy(), count, profile.hypothesis_seed + index
+            scenario.examples(), list(settings.configs), scenario.strategy(), draw, remembered
         )
-    return planned
+        how[scenario.id] = {"seed": draw.seed, "max_examples": draw.max_examples, "count": draw.count}
+    return planned, how
+
+
+def variants_for(profile: Profile, scenario: Scenario) -> tuple[str, ...]:
+    """The scenario's variants, or the subset the profile names (an unknown name is a usage error)."""
+    wanted = profile.settings_for(scenario.id).variants
+    if wanted is None:
+        return scenario.variants
+    unknown = [v for v in wanted if v not in scenario.variants]
+    if unknown:
+        raise UsageError(
+            f'{profile.path}: scenario."{scenario.id}".variants: unknown variant(s) {", ".join(unknown)} '
+            f"(known: {', '.join(scenario.variants)})"
+        )
+    return tuple(wanted)
 
 
 def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None = None) -> MatrixSummary:
     scenarios = select(options.scenario_patterns or profile.scenarios)
+    variants = {s.id: variants_for(profile, s) for s in scenarios}
+    hypothesis_settings(profile, options)
     cells = [c for c in expand(profile) if _wanted(c, options.cell_patterns)]
     device = hardware.resolve_device(profile.device)
     machine = hardware.describe(device)
@@ -71,13 +107,16 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     if run_dir is not None:
         meta = runs.read_meta(run_dir)
         configs = meta["configs"]
+        how = meta.setdefault("draws", {})
         if set(s.id for s in scenarios) - set(configs):
             # A resumed run gains scenarios the earlier attempt did not select: plan just those.
-            configs |= plan(profile, [s for s in scenarios if s.id not in configs], options.examples)
+            more, more_how = plan(profile, [s for s in scenarios if s.id not in configs], options)
+            configs |= more
+            how |= more_how
     else:
         run_id = runs.new_run_id(profile.name)
         run_dir = options.results_dir / "runs" / run_id
-        configs = plan(profile, scenarios, options.examples)
+        configs, how = plan(profile, scenarios, options)
         meta = {
             "run_id": run_id,
             "profile": profile.name,
@@ -86,12 +125,14 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
             if profile.path.is_absolute() and profile.path.is_relative_to(REPO_ROOT)
             else str(profile.path),
             "hypothesis_seed": profile.hypothesis_seed,
+            "hypothesis_profile": options.hypothesis_profile or profile.hypothesis_profile,
             "started_at": runs.now_iso(),
             "harness_commit": runs.git_commit(REPO_ROOT),
         }
     meta.update(
         {
             "configs": configs,
+            "draws": how,
             "status": "running",
             "hardware": machine,
             "cells": {
@@ -103,9 +144,12 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     meta.setdefault("attempts", []).append({"started_at": runs.now_iso(), "host": machine["host"]})
     runs.write_meta(run_dir, meta)
 
+    def wanted_configs(sid: str) -> list[dict[str, Any]]:
+        return [c for c in configs[sid] if not options.config_ids or c["config_id"] in options.config_ids]
+
+    # Drawn configs count once (their baseline) until it fails; fix variants are added to the total then.
     jobs_total = sum(
-        len(s.variants)
-        * sum(1 for c in configs[s.id] if not options.config_ids or c["config_id"] in options.config_ids)
+        sum(1 if _drawn_baseline_only(s, c) else len(variants[s.id]) for c in wanted_configs(s.id))
         for cell in cells
         for s in scenarios
         if _selected(profile, s, cell)
@@ -113,11 +157,14 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     progress = Progress(len(cells), jobs_total, stream)
     summary = MatrixSummary(meta["run_id"], run_dir, 0, 0, {})
     writer = RecordWriter(run_dir / "records.jsonl")
+    context = _RunContext(
+        profile, options, machine, meta["run_id"], run_dir, writer, progress, summary, how,
+        hypothesis_settings(profile, options),
+    )  # fmt: skip
     try:
         for cell in cells:
-            _run_cell(
-                cell, profile, scenarios, configs, options, machine, meta["run_id"], run_dir, writer, progress, summary
-            )
+            work = [(s, variants[s.id], wanted_configs(s.id)) for s in scenarios if _selected(profile, s, cell)]
+            _run_cell(cell, work, context)
             progress.cell_done()
         meta["status"] = "complete"
     except KeyboardInterrupt:
@@ -130,6 +177,12 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
         runs.write_meta(run_dir, meta)
         progress.close()
     return summary
+
+
+def _drawn_baseline_only(scenario: Scenario, planned: dict[str, Any]) -> bool:
+    """Drawn configs run the baseline; fix variants follow only where it fails, unless the scenario measures
+    every variant (S3, S5: their variants are measurements, not fixes)."""
+    return draws.is_drawn(planned) and scenario.spec.get("drawn_variants", "failing") == "failing"
 
 
 def _selected(profile: Profile, scenario: Scenario, cell: Cell) -> bool:
@@ -145,37 +198,33 @@ def _wanted_id(cell_id: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(cell_id, p) for p in patterns)
 
 
-def _run_cell(
-    cell: Cell,
-    profile: Profile,
-    scenarios: list[Scenario],
-    configs: dict[str, list[dict[str, Any]]],
-    options: MatrixOptions,
-    machine: dict[str, Any],
-    run_id: str,
-    run_dir: Path,
-    writer: RecordWriter,
-    progress: Progress,
-    summary: MatrixSummary,
-) -> None:
-    base = {"run_id": run_id, "cell": cell.cell_id, "pins": cell.pins}
-    # A scenario the profile scopes to other cells is not part of this cell at all (no record, no skip).
-    todo = [
-        (s, v, c)
-        for s in scenarios
-        if _selected(profile, s, cell)
-        for v in s.variants
-        for c in configs[s.id]
-        if options.config_ids is None or c["config_id"] in options.config_ids
-    ]
-    missing = [(s, v, c) for s, v, c in todo if (cell.cell_id, s.id, v, c["config_id"]) not in writer]
-    for _ in range(len(todo) - len(missing)):
-        summary.resumed += 1
-        progress.job_done(already_recorded=True)
-    if not missing:
-        return
+@dataclass
+class _RunContext:
+    """What every cell of one run shares."""
 
-    install_info: dict[str, Any] = {"mode": options.install.mode(profile), "offline": options.install.offline}
+    profile: Profile
+    options: MatrixOptions
+    machine: dict[str, Any]
+    run_id: str
+    run_dir: Path
+    writer: RecordWriter
+    progress: Progress
+    summary: MatrixSummary
+    draws: dict[str, dict[str, int]]
+    hypothesis: dict[str, float]
+
+
+Work = list[tuple[Scenario, tuple[str, ...], list[dict[str, Any]]]]
+
+
+def _run_cell(cell: Cell, work: Work, ctx: _RunContext) -> None:
+    writer, progress = ctx.writer, ctx.progress
+    base = {"run_id": ctx.run_id, "cell": cell.cell_id, "pins": cell.pins}
+    install = ctx.options.install
+    install_info: dict[str, Any] = {"mode": install.mode(ctx.profile), "offline": install.offline}
+
+    def recorded(scenario: Scenario, variant: str, planned: dict[str, Any]) -> bool:
+        return (cell.cell_id, scenario.id, variant, planned["config_id"]) in writer
 
     def write(
         scenario: Scenario,
@@ -195,31 +244,46 @@ def _run_cell(
                 "config_id": planned["config_id"],
                 "config_source": planned["source"],
                 "versions": versions,
-                "hardware": machine | {"world_size": world_size},
+                "hardware": ctx.machine | {"world_size": world_size},
                 "started_at": runs.now_iso(),
                 "install": dict(install_info),
             }
+            | ({"config_also_from": planned["also_from"]} if planned.get("also_from") else {})
             | outcome
         )
         if writer.append(record):
-            summary.written += 1
-            summary.outcomes[record["outcome"]] = summary.outcomes.get(record["outcome"], 0) + 1
+            ctx.summary.written += 1
+            ctx.summary.outcomes[record["outcome"]] = ctx.summary.outcomes.get(record["outcome"], 0) + 1
         progress.job_done(note=f"{cell.cell_id} {scenario.id} {variant}: {record['outcome']}")
+
+    # Everything this cell would run up front, if nothing fails (drawn configs: the baseline only).
+    first_pass = [
+        (s, v, c)
+        for s, variants, planned in work
+        for c in planned
+        for v in (variants[:1] if _drawn_baseline_only(s, c) else variants)
+    ]
+    missing = [(s, v, c) for s, v, c in first_pass if not recorded(s, v, c)]
+    fixes_due = [
+        (s, variants, c)
+        for s, variants, planned in work
+        for c in planned
+        if _drawn_baseline_only(s, c) and writer.outcome_of((cell.cell_id, s.id, variants[0], c["config_id"])) == "fail"
+    ]
+    for _ in range(len(first_pass) - len(missing)):
+        ctx.summary.resumed += 1
+        progress.job_done(already_recorded=True)
+    if not missing and not any(not recorded(s, v, c) for s, variants, c in fixes_due for v in variants[1:]):
+        return
 
     if cell.excluded_reason:
         for scenario, variant, planned in missing:
-            write(
-                scenario,
-                variant,
-                planned,
-                _plain("skip", "excluded-by-profile", f"excluded: {cell.excluded_reason}"),
-                {},
-                1,
-            )
+            outcome = _plain("skip", "excluded-by-profile", f"excluded: {cell.excluded_reason}")
+            write(scenario, variant, planned, outcome, {}, 1)
         return
 
     progress.start_cell(cell.cell_id, "building environment")
-    env = envs.ensure_env(cell, profile, options.install)
+    env = envs.ensure_env(cell, ctx.profile, ctx.options.install)
     install_info |= {"mode": env.mode, "overlaid": env.overlaid}
     if env.failure:
         progress.message(f"{cell.cell_id}: install-failed: {env.failure.splitlines()[0][:200]}")
@@ -227,35 +291,111 @@ def _run_cell(
             write(scenario, variant, planned, _plain("install-failed", "install-failed", env.failure), {}, 1)
         return
 
-    device = machine["device"]
-    for scenario in scenarios:
+    device = ctx.machine["device"]
+    for scenario, variants, _ in work:
         pending = [(v, c) for s, v, c in missing if s is scenario]
-        if not pending:
+        resumed_fixes = [(variants, c) for s, variants, c in fixes_due if s is scenario]
+        if not pending and not resumed_fixes:
             continue
-        world_size = _world_size(scenario, profile, machine)
+        world_size = _world_size(scenario, ctx.profile, ctx.machine)
         skip = _skip_reason(scenario, env.versions, device, world_size)
         if skip:
             for variant, planned in pending:
                 write(scenario, variant, planned, _plain("skip", "not-applicable", skip), env.versions, world_size)
             continue
         progress.start_cell(cell.cell_id, scenario.id)
-        timeout = profile.settings_for(scenario.id).job_timeout_s or profile.job_timeout_s
+        timeout = ctx.profile.settings_for(scenario.id).job_timeout_s or ctx.profile.job_timeout_s
         spec = LaunchSpec(
             python=env.python,
             module=scenario.module_name,
             preload=scenario.preload,
             device=device,
             world_size=world_size,
-            env=_worker_env(device, options, env),
-            workdir=run_dir / "worker" / cell.cell_id / scenario.id,
+            env=_worker_env(device, ctx.options, env),
+            workdir=ctx.run_dir / "worker" / cell.cell_id / scenario.id,
             job_timeout_s=timeout,
-            start_timeout_s=profile.worker_start_timeout_s,
+            start_timeout_s=ctx.profile.worker_start_timeout_s,
             stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
         )
-        jobs = [Job(i, planned["config"], variant) for i, (variant, planned) in enumerate(pending)]
-        for result in run_jobs(spec, jobs):
-            variant, planned = pending[result.index]
-            write(scenario, variant, planned, _observed(result), env.versions, world_size)
+
+        def emit(variant: str, planned: dict[str, Any], fields: dict[str, Any]) -> None:
+            write(scenario, variant, planned, fields, env.versions, world_size)  # noqa: B023 - used in this loop
+
+        with WorkerSession(spec) as session:
+            _run_scenario(scenario, variants, pending, resumed_fixes, session, emit, ctx, cell)
+
+
+def _run_scenario(
+    scenario: Scenario,
+    variants: tuple[str, ...],
+    pending: list[tuple[str, dict[str, Any]]],
+    resumed_fixes: list[tuple[tuple[str, ...], dict[str, Any]]],
+    session: WorkerSession,
+    emit: Any,
+    ctx: _RunContext,
+    cell: Cell,
+) -> None:
+    """Three steps in one warm worker: the planned jobs; shrinking each new drawn failure; then the fix
+    variants of every drawn config whose baseline failed."""
+    baseline = variants[0]
+    failed_drawn: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for (variant, planned), result in zip(pending, session.run([(c["config"], v) for v, c in pending]), strict=True):
+        fields = _observed(result)
+        if variant == baseline and _drawn_baseline_only(scenario, planned) and fields["outcome"] == "fail":
+            failed_drawn.append((planned, fields))  # written once shrunk, so the record holds both configs
+        else:
+            emit(variant, planned, fields)
+
+    shrunk: dict[str, dict[str, Any]] = {}
+    for planned, fields in failed_drawn:
+        signature = fields["signature"]
+        if signature not in shrunk and planned["source"] == "hypothesis":
+            ctx.progress.start_cell(cell.cell_id, f"{scenario.id}: shrinking {signature}")
+            shrunk[signature] = _shrink(scenario, baseline, planned, signature, session, ctx).as_record()
+            shrunk[signature]["shrunk_from"] = planned["config_id"]
+            fields |= {k: v for k, v in shrunk[signature].items() if k != "shrunk_from"}
+        elif signature in shrunk:
+            # Same signature as a config already shrunk in this cell: point at that minimal config.
+            fields |= {k: v for k, v in shrunk[signature].items() if k != "shrink"}
+            fields["shrink"] = {"shared_from": shrunk[signature]["shrunk_from"]}
+        emit(baseline, planned, fields)
+
+    fixes = [(v, c) for c in [p for p, _ in failed_drawn] for v in variants[1:]]
+    fixes += [(v, c) for vs, c in resumed_fixes for v in vs[1:]]
+    fixes = [(v, c) for v, c in fixes if (cell.cell_id, scenario.id, v, c["config_id"]) not in ctx.writer]
+    ctx.progress.add_jobs(len(fixes))
+    for (variant, planned), result in zip(fixes, session.run([(c["config"], v) for v, c in fixes]), strict=True):
+        emit(variant, planned, _observed(result))
+
+
+def _shrink(
+    scenario: Scenario,
+    baseline: str,
+    planned: dict[str, Any],
+    signature: str,
+    session: WorkerSession,
+    ctx: _RunContext,
+) -> ShrinkResult:
+    how = ctx.draws[scenario.id]
+    plan = draws.DrawPlan(int(how["seed"]), int(how["max_examples"]), int(how["count"]))
+    database = (
+        draws.ScenarioDatabase(ctx.options.example_db, scenario.id) if ctx.options.example_db is not None else None
+    )
+
+    def observe(config: dict[str, Any]) -> str | None:
+        fields = _observed(session.run_one(config, baseline))
+        return fields["signature"] if fields["outcome"] == "fail" else None
+
+    return shrink(
+        scenario.strategy(),
+        plan,
+        planned["config"],
+        signature,
+        observe,
+        max_seconds=ctx.hypothesis["shrink_seconds"],
+        max_runs=int(ctx.hypothesis["shrink_calls"]),
+        database=database,
+    )
 
 
 def _world_size(scenario: Scenario, profile: Profile, machine: dict[str, Any]) -> int:

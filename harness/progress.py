@@ -56,6 +56,10 @@ class Progress:
             self.current = note
         self._show()
 
+    def add_jobs(self, count: int) -> None:
+        """Work found on the way (fix variants of a new failure) joins the total."""
+        self.jobs_total += count
+
     def cell_done(self) -> None:
         self.cells_done += 1
         self._show(force=True)

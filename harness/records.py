@@ -64,11 +64,16 @@ class RecordWriter:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         repair_tail(path)
-        self.keys = {record_key(r) for r in read_records(path)}
+        self.outcomes = {record_key(r): str(r.get("outcome")) for r in read_records(path)}
+        self.keys = set(self.outcomes)
         self._handle = open(path, "a", encoding="utf-8")
 
     def __contains__(self, key: tuple[str, ...]) -> bool:
         return key in self.keys
+
+    def outcome_of(self, key: tuple[str, ...]) -> str | None:
+        """The recorded outcome for a key (a resumed run decides from it whether fix variants are due)."""
+        return self.outcomes.get(key)
 
     def append(self, record: dict[str, Any]) -> bool:
         """Write one record unless its key is already there. Returns whether it was written."""
@@ -79,6 +84,7 @@ class RecordWriter:
         self._handle.flush()
         os.fsync(self._handle.fileno())
         self.keys.add(key)
+        self.outcomes[key] = str(record.get("outcome"))
         return True
 
     def close(self) -> None:

@@ -51,7 +51,7 @@ def main(jobs_file: str, out_dir: str) -> int:
         return 3
     emit({"event": "ready", "import_s": round(time.monotonic() - started, 3), "pid": os.getpid()})
 
-    for job in spec["jobs"]:
+    for job in _jobs(spec):
         emit({"event": "start", "index": job["index"]})
         result = _run_one(module, job, spec["device"], rank, local_rank, world_size)
         emit({"event": "end", "index": job["index"], **result})
@@ -66,6 +66,28 @@ def main(jobs_file: str, out_dir: str) -> int:
             dist.barrier()
     _finish_distributed(world_size)
     return 0
+
+
+def _jobs(spec: dict[str, Any]) -> Any:
+    """The jobs file's jobs, then whatever the launcher appends to the feed file (a shrinker's next
+    candidate, fix variants of a new failure) until it kills us: one warm worker serves them all."""
+    yield from spec["jobs"]
+    feed = spec.get("feed")
+    if not feed:
+        return
+    offset = 0
+    while True:
+        with open(feed, "rb") as handle:
+            handle.seek(offset)
+            chunk = handle.read()
+        complete, _, _ = chunk.rpartition(b"\n")
+        if not complete:
+            time.sleep(0.02)
+            continue
+        offset += len(complete) + 1
+        for line in complete.split(b"\n"):
+            if line.strip():
+                yield json.loads(line)
 
 
 def _exit_with_orchestrator(pid_text: str | None) -> None:

@@ -27,6 +27,8 @@ SPEC = {
     "world_size": 1,
     "device": "any",
     "requires": ["torch", "transformers", "peft"],
+    # Every variant is a measurement (not a fix), so drawn configs run them all, failing or not.
+    "drawn_variants": "all",
     "variants": ["baseline", "grad_accum", "grad_clip", "grad_scaler", "grad_accum+grad_clip"],
     # Metrics the table shows per variant.
     "table_metrics": ["c"],

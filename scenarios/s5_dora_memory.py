@@ -52,6 +52,8 @@ SPEC = {
     "world_size": 1,
     "device": "any",
     "requires": ["torch", "transformers", "peft"],
+    # Every variant is a measurement (not a fix), so drawn configs run them all, failing or not.
+    "drawn_variants": "all",
     "variants": ["baseline", "cast_result_to_input_dtype", "autocast_adapter_dtype_false"],
     "table_metrics": ["dora_lora_peak_ratio", "dora_peak_bytes", "lora_peak_bytes"],
 }

@@ -1,30 +1,102 @@
-"""Config drawing: the same seed gives the same configs, so every cell of a run sees the same ones."""
+"""Config drawing, failure memory and shrinking, on a cheap in-process property.
+
+The matrix tests shrink a real scenario failure in a real cell; these pin down the Hypothesis
+mechanics those rely on: the same seed gives the same draws, the shrinker replays the draw to
+reach the failing config, and a shrunk failure saved in the database is drawn first next time.
+"""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from hypothesis import strategies as st
 
-from harness.draws import config_id, draw_configs, plan_configs
+from harness.draws import DrawPlan, config_id, draw_configs, draw_plan, plan_configs, remembered_configs
 from harness.registry import discover
+from harness.shrink import shrink
 
-STRATEGY = st.fixed_dictionaries({"r": st.integers(1, 64), "dtype": st.sampled_from(["float32", "bfloat16"])})
+STRATEGY = st.fixed_dictionaries(
+    {
+        "r": st.integers(1, 64),
+        "dtype": st.sampled_from(["float32", "bfloat16"]),
+        "layers": st.integers(1, 8),
+        "dora": st.booleans(),
+    }
+)
+
+
+def fails(config: dict) -> str | None:
+    """A stand-in for a cell: DoRA in bf16 with r >= 8 fails; more layers change nothing."""
+    if config["dora"] and config["dtype"] == "bfloat16" and config["r"] >= 8:
+        return "checkpoint-recompute-dtype"
+    return None
 
 
 def test_same_seed_same_configs() -> None:
-    assert draw_configs(STRATEGY, 5, 123) == draw_configs(STRATEGY, 5, 123)
-    assert len({config_id(c) for c in draw_configs(STRATEGY, 5, 123)}) == 5
+    plan = DrawPlan(seed=123, max_examples=20, count=5)
+    assert draw_configs(STRATEGY, plan) == draw_configs(STRATEGY, plan)
+    assert len({config_id(c) for c in draw_configs(STRATEGY, plan)}) == 5
 
 
-def test_examples_run_first_and_are_not_duplicated() -> None:
-    example = {"r": 16, "dtype": "float32"}
-    planned = plan_configs([example, example], [], STRATEGY, 3, 1)
+def test_scenario_seed_does_not_depend_on_the_selection() -> None:
+    assert draw_plan(7, "S4-zero3-lora-checkpoint", 3) == draw_plan(7, "S4-zero3-lora-checkpoint", 3)
+    assert draw_plan(7, "S1-x", 3).seed != draw_plan(7, "S4-x", 3).seed
+
+
+def test_examples_run_first_and_a_drawn_duplicate_is_noted() -> None:
+    example = {"r": 16, "dtype": "float32", "layers": 1, "dora": False}
+    plan = DrawPlan(seed=1, max_examples=12, count=3)
+    drawn = draw_configs(STRATEGY, plan)
+    planned = plan_configs([example, example, drawn[0]], [], STRATEGY, plan)
     assert planned[0] == {"config": example, "config_id": config_id(example), "source": "example"}
     assert len({p["config_id"] for p in planned}) == len(planned)
+    assert planned[1]["also_from"] == ["hypothesis"]
 
 
 def test_every_scenario_draws_json_configs() -> None:
     for scenario in discover():
-        for config in draw_configs(scenario.strategy(), 3, 7) + scenario.examples():
+        for config in draw_configs(scenario.strategy(), DrawPlan(7, 12, 3)) + scenario.examples():
             assert json.loads(json.dumps(config)) == config, scenario.id
+
+
+def test_shrink_reaches_the_drawn_failure_and_keeps_its_signature(tmp_path: Path) -> None:
+    plan = DrawPlan(seed=5, max_examples=200, count=50)
+    failing = [c for c in draw_configs(STRATEGY, plan) if fails(c)]
+    original = max(failing, key=lambda c: (c["r"], c["layers"]))
+    calls: list[dict] = []
+
+    def observe(config: dict) -> str | None:
+        calls.append(config)
+        return fails(config)
+
+    result = shrink(STRATEGY, plan, original, "checkpoint-recompute-dtype", observe, max_seconds=60, max_runs=500)
+    assert result.reached and not result.budget_spent
+    assert fails(result.minimal) == "checkpoint-recompute-dtype"
+    assert result.minimal["r"] == 8 and result.minimal["layers"] == 1  # the smallest that still fails
+    assert result.runs == len(calls) <= 500
+
+
+def test_shrink_budget_stops_the_search() -> None:
+    plan = DrawPlan(seed=5, max_examples=200, count=50)
+    original = next(c for c in draw_configs(STRATEGY, plan) if fails(c))
+    result = shrink(STRATEGY, plan, original, "checkpoint-recompute-dtype", fails, max_seconds=60, max_runs=2)
+    assert result.budget_spent and result.runs == 2
+    assert fails(result.minimal) == "checkpoint-recompute-dtype"
+
+
+def test_a_shrunk_failure_is_remembered_and_drawn_first(tmp_path: Path) -> None:
+    from harness.draws import ScenarioDatabase
+
+    plan = DrawPlan(seed=5, max_examples=200, count=50)
+    original = next(c for c in draw_configs(STRATEGY, plan) if fails(c))
+    db_path = tmp_path / "db"
+    result = shrink(
+        STRATEGY, plan, original, "sig", lambda c: "sig" if fails(c) else None,
+        max_seconds=60, max_runs=500, database=ScenarioDatabase(db_path, "S9-toy"),
+    )  # fmt: skip
+    remembered = remembered_configs(STRATEGY, plan, db_path, "S9-toy")
+    assert remembered and remembered[0] == result.minimal
+    assert remembered_configs(STRATEGY, plan, db_path, "S8-other") == []  # scenarios do not share memory
+    planned = plan_configs([], [], STRATEGY, DrawPlan(5, 8, 2), remembered)
+    assert planned[0]["source"] == "memory"

@@ -11,7 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from harness.launcher import Job, LaunchSpec, run_jobs
+from harness.launcher import Job, LaunchSpec, WorkerSession, run_jobs
 from harness.proctree import processes_with_token
 
 TOY = textwrap.dedent(
@@ -53,11 +53,15 @@ def test_pass_fail_hang_abort_in_one_stream(tmp_path: Path) -> None:
 
 
 def test_no_process_outlives_a_timeout(tmp_path: Path) -> None:
-    import os
-
     results = list(run_jobs(spec(tmp_path, timeout=2.0), [Job(0, {}, "hang")]))
     assert results[0].status == "timeout"
-    # Every process the launcher started carried a token; none may be left.
+    assert _orphans() == []
+
+
+def _orphans() -> list[int]:
+    """Every process the launcher started carries our pid in its environment; none may be left."""
+    import os
+
     leftovers = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -67,7 +71,7 @@ def test_no_process_outlives_a_timeout(tmp_path: Path) -> None:
                 continue
             if b"COMPAT_MATRIX_ORCHESTRATOR_PID=" + str(os.getpid()).encode() in environ:
                 leftovers.append(int(entry.name))
-    assert leftovers == []
+    return leftovers
 
 
 def test_stack_that_does_not_import_is_env_broken(tmp_path: Path) -> None:
@@ -78,3 +82,16 @@ def test_stack_that_does_not_import_is_env_broken(tmp_path: Path) -> None:
 
 def test_token_scan_finds_nothing_for_unknown_token() -> None:
     assert processes_with_token("not-a-real-token") == []
+
+
+def test_session_feeds_jobs_to_one_warm_worker(tmp_path: Path) -> None:
+    """The shrinker's path: each next job is decided after the last result, and the worker stays up."""
+    with WorkerSession(spec(tmp_path)) as session:
+        assert session.run_one({}, "pass").status == "pass"
+        statuses = [r.status for r in session.run([({}, "fail"), ({}, "pass")])]
+        assert statuses == ["exception", "pass"]
+        after_abort = [r.status for r in session.run([({}, "abort"), ({}, "pass")])]
+        assert after_abort == ["crash", "pass"]  # the session relaunches a worker after a crash
+        assert session.run_one({"n": 1}, "pass").status == "pass"
+        assert session.queue.launches == 2
+    assert _orphans() == []

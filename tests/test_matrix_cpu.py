@@ -56,12 +56,20 @@ def test_records_are_complete_and_valid(ci_run: Path) -> None:
     schema = json.loads(SCHEMA_PATH.read_text())
     for record in records:
         jsonschema.validate(record, schema)
-    expected = sum(len(configs) for configs in meta["configs"].values())
-    cells = len(meta["cells"])
     from harness.registry import discover
 
-    variants = {s.id: len(s.variants) for s in discover()}
-    expected = sum(len(configs) * variants[sid] for sid, configs in meta["configs"].items()) * cells
+    scenarios = {s.id: s for s in discover()}
+    # Explicit examples run every variant; a drawn config runs its baseline, and its fixes where that failed
+    # (unless the scenario measures every variant).
+    expected = 0
+    for sid, configs in meta["configs"].items():
+        variants = len(scenarios[sid].variants)
+        for cell in meta["cells"]:
+            for planned in configs:
+                every = planned["source"] not in ("hypothesis", "memory") or scenarios[sid].spec.get("drawn_variants")
+                key = (cell, sid, "baseline", planned["config_id"])
+                failed = any(record_key(r) == key and r["outcome"] == "fail" for r in records)
+                expected += variants if (every or failed) else 1
     assert len(records) == expected
     assert len({record_key(r) for r in records}) == len(records)
     assert not [r for r in records if r["outcome"] in ("error", "crash", "timeout", "env-broken", "install-failed")]
@@ -155,3 +163,58 @@ def test_s2_real_failure_and_its_fix_on_the_old_stack(ci_run: Path) -> None:
     assert all(misspelled[c]["signature"] == "no-grad-element-0" for c in failing), "the seed's API does not exist"
     table = (ci_run / "COMPATIBILITY.md").read_text()
     assert "FAIL `no-grad-element-0`" in table and "enable_input_require_grads" in table
+
+
+def test_a_drawn_failure_is_shrunk_in_its_cell(ci_run: Path) -> None:
+    """Issue check: a real failure (S2 on the old stack) shrunk from a larger config, both in the record."""
+    records = read_records(only_run(ci_run) / "records.jsonl")
+    shrunk = [r for r in records if r.get("shrink", {}).get("runs")]
+    assert shrunk, "some drawn S2 config must fail on the old stack and be shrunk"
+    for record in shrunk:
+        assert record["config_source"] == "hypothesis" and record["variant"] == "baseline"
+        assert record["minimal_config"] != record["config"]
+        assert record["minimal_config_id"] != record["config_id"]
+        assert not record["shrink"]["budget_spent"] and record["shrink"]["reached"]
+        # Smaller where it can be: every numeric setting of the minimal config is at most the original's.
+        for key, value in record["minimal_config"].items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                assert value <= record["config"][key], key
+    # The minimal config fails the same way in that cell when it runs as a config of its own (memory, next run).
+
+
+def test_repro_reproduces_the_failure_and_its_fix_passes(ci_run: Path) -> None:
+    """Issue check: every distinct failure has a reproducer; one runs with `uv run` in a fresh environment."""
+    import shutil
+
+    from harness.signatures import classify
+
+    index = json.loads((ci_run / "repros" / "index.json").read_text())
+    records = read_records(only_run(ci_run) / "records.jsonl")
+    distinct = {(r["cell"], r["scenario"], r["variant"], r["signature"]) for r in records if r["outcome"] == "fail"}
+    assert {(e["cell"], e["scenario"], e["variant"], e["signature"]) for e in index} == distinct
+    for entry in index:
+        assert (ci_run / "repros" / entry["file"]).is_file()
+    entry = next(
+        e for e in index
+        if e["scenario"] == "S2-qlora-grad-flags" and e["variant"] == "baseline" and e["minimal_config_id"]
+    )  # fmt: skip
+    assert "enable_input_require_grads" in entry["passing_fixes"]
+    repro = ci_run / "repros" / entry["file"]
+    uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    env = dict(os.environ)
+    if os.environ.get("PIP_FIND_LINKS"):
+        env["UV_FIND_LINKS"] = os.environ["PIP_FIND_LINKS"]
+
+    def run_repro(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [uv, "run", "--quiet", "--script", str(repro), *args],
+            capture_output=True, text=True, env=env, cwd=repro.parent, timeout=900,
+        )  # fmt: skip
+
+    failing = run_repro()
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    result_line = next(line for line in failing.stdout.splitlines() if line.startswith("REPRO-RESULT "))
+    detail = json.loads(result_line.split(" ", 1)[1])
+    assert classify(detail["status"], detail).signature == entry["signature"]
+    fixed = run_repro("--variant", "enable_input_require_grads")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
