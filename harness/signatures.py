@@ -52,6 +52,7 @@ KNOWN_ISSUES: dict[str, list[str]] = {
     "optimizer-bf16-grad-on-fp32-param": ["huggingface/transformers#34702"],
     "fsdp-flatten-mixed-dtype": ["huggingface/peft#1737"],
     "fsdp-flatten-mixed-requires-grad": ["huggingface/peft#1737"],
+    "dora-reads-sharded-lora-weight": ["huggingface/peft#1737"],
     "lora-update-scale": ["huggingface/peft#1893", "pytorch/pytorch#76464"],
 }
 
@@ -90,14 +91,14 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
         return Classified("error", "harness-process-group-backend", classified=False)
     if _is_our_bug(detail, repo_root):
         return Classified("error", "scenario-bug-" + _short_type(detail.get("exc_type", "")), classified=False)
-    signature = exception_signature(detail.get("exc_type", ""), detail.get("message", ""))
+    signature = exception_signature(detail.get("exc_type", ""), detail.get("message", ""), detail.get("traceback", ""))
     family = signature.split("[")[0] if signature.startswith("checkpoint-recompute-dtype") else signature
     known = KNOWN_ISSUES.get(family, [])
     return Classified("fail", signature, known, classified=not signature.startswith("unclassified-"))
 
 
-def exception_signature(exc_type: str, message: str) -> str:
-    """Stable name for an exception from the stack."""
+def exception_signature(exc_type: str, message: str, traceback: str = "") -> str:
+    """Stable name for an exception from the stack (the traceback tells apart generic messages)."""
     short = _short_type(exc_type)
     if "different metadata than during the forward pass" in message or short == "CheckpointError":
         return _checkpoint_signature(message)
@@ -111,7 +112,9 @@ def exception_signature(exc_type: str, message: str) -> str:
         return "fsdp-flatten-mixed-requires-grad"
     if "No backend type associated with device type" in message:
         return "harness-process-group-backend"
-    if "ProcessGroupGloo::allgather: invalid tensor type" in message:
+    if "ProcessGroupGloo::allgather: invalid tensor type" in message or (
+        "output tensor must have the same type as input tensor" in message  # the same, through NCCL
+    ):
         return "zero3-allgather-mixed-dtype"  # deepspeed 0.19.2: fp32 adapters next to bf16 persistent params
     if "zip() argument 2 is longer than argument 1" in message:
         return "zip-length-mismatch"  # transformers 4.41 Trainer + deepspeed 0.19 + torch 2.13 scheduler step
@@ -119,8 +122,14 @@ def exception_signature(exc_type: str, message: str) -> str:
         "Tensors of the same index must be on the same device and the same dtype" in message
     ):
         return "optimizer-bf16-grad-on-fp32-param"
-    if "expected m1 and m2 to have the same dtype" in message:
-        return "matmul-dtype-mismatch"
+    if "expected m1 and m2 to have the same dtype" in message or "expected mat1 and mat2 to have the same dtype" in message:
+        return "matmul-dtype-mismatch"  # CPU and CUDA wordings
+    if short == "IndexError" and "get_lora_weight" in traceback and "lora_A.weight.shape" in traceback:
+        # DoRA reads lora_A.weight outside lora_A's FSDP unit; with use_orig_params it is a flat 1-D shard.
+        return "dora-reads-sharded-lora-weight"
+    if "setStorage:" in message and "storage of size 0" in message and "checkpoint" in traceback:
+        # Recomputation in backward touches a parameter FSDP has already freed (resharded) after forward.
+        return "recompute-uses-freed-fsdp-param"
     if "out of memory" in message.lower() or short in ("OutOfMemoryError", "MemoryError"):
         return "oom"
     return f"unclassified-{short}-{_digest(normalise_message(message))}"

@@ -78,3 +78,19 @@ def test_failures_found_by_the_matrix_have_names() -> None:
     ) == ("optimizer-bf16-grad-on-fp32-param")
     message = "Must flatten tensors with uniform dtype but got torch.bfloat16 and torch.float32"
     assert exception_signature("builtins.ValueError", message) == "fsdp-flatten-mixed-dtype"
+
+
+def test_gpu_wordings_and_traceback_matched_failures() -> None:
+    """Names for failures first seen on the 4 x H200 run (NCCL and CUDA word them differently)."""
+    nccl = "output tensor must have the same type as input tensor"
+    assert exception_signature("builtins.TypeError", nccl) == "zero3-allgather-mixed-dtype"
+    cuda = "expected mat1 and mat2 to have the same dtype, but got: float != c10::BFloat16"
+    assert exception_signature("builtins.RuntimeError", cuda) == "matmul-dtype-mismatch"
+    trace = 'peft/tuners/lora/dora.py", line 97, in get_lora_weight\n    x_eye = torch.eye(lora_A.weight.shape[1], ...'
+    assert exception_signature("builtins.IndexError", "tuple index out of range", trace) == (
+        "dora-reads-sharded-lora-weight"
+    )
+    assert exception_signature("builtins.IndexError", "tuple index out of range", "").startswith("unclassified-")
+    freed = "setStorage: sizes [8, 64], strides [1, 8] ... are out of bounds for storage of size 0"
+    trace = 'torch/utils/checkpoint.py", line 308, in backward'
+    assert exception_signature("builtins.RuntimeError", freed, trace) == "recompute-uses-freed-fsdp-param"
