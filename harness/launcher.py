@@ -55,6 +55,8 @@ class LaunchSpec:
     start_timeout_s: float
     #: Restart the worker group after a failed distributed job (collectives may be out of step).
     stop_after_failure: bool = True
+    #: RLIMIT_AS for the worker tree, in MiB (CPU only; None: no limit).
+    memory_limit_mb: int | None = None
 
 
 class JobQueue:
@@ -182,14 +184,30 @@ def _launch_once(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Iterator[Jo
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             cwd=str(REPO_ROOT),
+            preexec_fn=_address_space_limit(spec.memory_limit_mb),
         )
     try:
-        yield from _watch(spec, jobs, feed, proc, out_dir, stderr_path)
+        yield from _watch(spec, jobs, feed, proc, out_dir)
     finally:
         kill_token(token)
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def _address_space_limit(limit_mb: int | None) -> Any:
+    """A preexec hook capping the worker tree's address space, so a runaway allocation fails in the worker
+    (and is recorded as an OOM crash) instead of dragging the whole machine into the kernel's OOM killer."""
+    if limit_mb is None:
+        return None
+
+    def apply() -> None:
+        import resource
+
+        limit = limit_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return apply
 
 
 def _command(spec: LaunchSpec, jobs_file: Path, out_dir: Path) -> list[str]:
@@ -231,7 +249,7 @@ class _Feed:
 
 
 def _watch(
-    spec: LaunchSpec, jobs: list[Job], feed: _Feed, proc: subprocess.Popen, out_dir: Path, stderr_path: Path
+    spec: LaunchSpec, jobs: list[Job], feed: _Feed, proc: subprocess.Popen, out_dir: Path
 ) -> Iterator[JobResult]:
     readers = {rank: _EventReader(out_dir / f"events.rank{rank}.jsonl") for rank in range(max(1, spec.world_size))}
     launched = time.monotonic()
@@ -273,10 +291,26 @@ def _watch(
             and any(e["status"] != "pass" for e in partial.values())
             and (exited or now - started.get(current, now) > spec.job_timeout_s)
         ):
-            # Some ranks raised, the others hung or died: the exception is the observation.
+            # Some ranks raised, the others hung or died. A hung peer: the exception is the observation. A
+            # dead peer (the worker group exited without its result): a crash, and the survivors' exception
+            # (typically a collective whose peer vanished) is only its consequence.
             result = _combine(current, partial)
-            result.detail["ranks_without_result"] = sorted(set(readers) - set(partial))
-            result.detail["stderr_tail"] = _tail(stderr_path)
+            missing = sorted(set(readers) - set(partial))
+            result.detail["ranks_without_result"] = missing
+            result.detail["stderr_tail"] = _stderr_tail(out_dir, missing or sorted(partial))
+            if exited and missing:
+                survivors = result.detail.get("message", "")
+                result = JobResult(
+                    current,
+                    "crash",
+                    {
+                        "message": f"rank(s) {missing} died during the job "
+                        f"(worker group {_exit_text(proc.returncode)}); the other ranks then raised: {survivors[:300]}",
+                        "stderr_tail": result.detail["stderr_tail"],
+                        "ranks_without_result": missing,
+                    },
+                    result.duration_s,
+                )
             yield result
             return
         if current in started and now - started[current] > spec.job_timeout_s:
@@ -285,7 +319,7 @@ def _watch(
                 "timeout",
                 {
                     "message": f"job exceeded {spec.job_timeout_s:.0f} s; the whole process tree was killed",
-                    "stderr_tail": _tail(stderr_path),
+                    "stderr_tail": _stderr_tail(out_dir, sorted(readers)),
                 },
                 now - started[current],
             )
@@ -296,7 +330,7 @@ def _watch(
                 "timeout",
                 {
                     "message": f"worker did not become ready within {spec.start_timeout_s:.0f} s",
-                    "stderr_tail": _tail(stderr_path),
+                    "stderr_tail": _stderr_tail(out_dir, sorted(readers)),
                 },
                 now - launched,
             )
@@ -310,7 +344,7 @@ def _watch(
                     "crash",
                     {
                         "message": f"worker exited with {_exit_text(proc.returncode)} during the job",
-                        "stderr_tail": _tail(stderr_path),
+                        "stderr_tail": _stderr_tail(out_dir, sorted(readers)),
                     },
                     now - started.get(current, now),
                 )
@@ -320,7 +354,7 @@ def _watch(
                     "crash",
                     {
                         "message": f"worker exited with {_exit_text(proc.returncode)} before it was ready",
-                        "stderr_tail": _tail(stderr_path),
+                        "stderr_tail": _stderr_tail(out_dir, sorted(readers)),
                     },
                 )
             return  # the worker stopped early on purpose (distributed failure): relaunch for the rest
@@ -336,6 +370,21 @@ def _combine(index: int, by_rank: dict[int, dict[str, Any]]) -> JobResult:
     if len(by_rank) > 1:
         detail["ranks_failed"] = [r for r, _ in failing]
     return JobResult(index, event["status"], detail, max(e.get("duration_s", 0.0) for e in by_rank.values()))
+
+
+def _stderr_tail(out_dir: Path, ranks: list[int]) -> str:
+    """The last stderr lines of the ranks of interest (each rank writes its own file), then the launcher's
+    (torchrun's summary names the rank that died first and how)."""
+    parts = []
+    share = STDERR_TAIL // (len(ranks) + 1)
+    for rank in ranks:
+        text = _tail(out_dir / f"stderr.rank{rank}.log", share).strip()
+        if text:
+            parts.append(f"--- rank {rank} stderr ---\n{text}")
+    text = _tail(out_dir / "stderr.log", share).strip()
+    if text:
+        parts.append(f"--- launcher stderr ---\n{text}")
+    return "\n".join(parts)
 
 
 def _tail(path: Path, limit: int = STDERR_TAIL) -> str:

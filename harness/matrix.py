@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -12,7 +13,7 @@ from harness import draws, envs, hardware, runs
 from harness.cells import Cell, expand
 from harness.errors import UsageError
 from harness.launcher import JobResult, LaunchSpec, WorkerSession
-from harness.profile import Profile
+from harness.profile import Profile, RetryPolicy
 from harness.progress import Progress
 from harness.records import RecordWriter
 from harness.registry import Scenario, select
@@ -316,6 +317,7 @@ def _run_cell(cell: Cell, work: Work, ctx: _RunContext) -> None:
             job_timeout_s=timeout,
             start_timeout_s=ctx.profile.worker_start_timeout_s,
             stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
+            memory_limit_mb=ctx.profile.worker_memory_mb,
         )
 
         def emit(variant: str, planned: dict[str, Any], fields: dict[str, Any]) -> None:
@@ -338,9 +340,10 @@ def _run_scenario(
     """Three steps in one warm worker: the planned jobs; shrinking each new drawn failure; then the fix
     variants of every drawn config whose baseline failed."""
     baseline = variants[0]
+    confirmed: set[str] = set()  # signatures already confirmed by a retry in this cell x scenario
+    retry = ctx.profile.retry
     failed_drawn: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    for (variant, planned), result in zip(pending, session.run([(c["config"], v) for v, c in pending]), strict=True):
-        fields = _observed(result)
+    for variant, planned, fields in _run_batch(session, pending, retry, confirmed):
         if variant == baseline and _drawn_baseline_only(scenario, planned) and fields["outcome"] == "fail":
             failed_drawn.append((planned, fields))  # written once shrunk, so the record holds both configs
         else:
@@ -364,8 +367,45 @@ def _run_scenario(
     fixes += [(v, c) for vs, c in resumed_fixes for v in vs[1:]]
     fixes = [(v, c) for v, c in fixes if (cell.cell_id, scenario.id, v, c["config_id"]) not in ctx.writer]
     ctx.progress.add_jobs(len(fixes))
-    for (variant, planned), result in zip(fixes, session.run([(c["config"], v) for v, c in fixes]), strict=True):
-        emit(variant, planned, _observed(result))
+    for variant, planned, fields in _run_batch(session, fixes, retry, confirmed):
+        emit(variant, planned, fields)
+
+
+def _run_batch(
+    session: WorkerSession, items: list[tuple[str, dict[str, Any]]], retry: RetryPolicy, confirmed: set[str]
+) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Run (variant, planned) jobs and yield their record fields. Failures the retry policy wants confirmed
+    are re-run after the batch (so results stay in order) and come last: if the attempts disagree the
+    outcome is `flaky`, never pass or fail."""
+    held: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    for (variant, planned), result in zip(items, session.run([(c["config"], v) for v, c in items]), strict=True):
+        fields = _observed(result)
+        wanted = retry.times > 0 and fields["outcome"] in retry.outcomes
+        if wanted and (retry.scope == "every-failure" or fields["signature"] not in confirmed):
+            held.append((variant, planned, fields))
+        else:
+            yield variant, planned, fields
+    attempts = [[_attempt(fields)] for _, _, fields in held]
+    for _ in range(retry.times if held else 0):
+        again = session.run([(planned["config"], variant) for variant, planned, _ in held])
+        for seen, result in zip(attempts, again, strict=True):
+            seen.append(_attempt(_observed(result)))
+    for (variant, planned, fields), seen in zip(held, attempts, strict=True):
+        fields["attempts"] = seen
+        if len({(a["outcome"], a["signature"]) for a in seen}) > 1:
+            fields["outcome"] = "flaky"
+            fields["message"] = f"attempts disagree: {_attempts_text(seen)}; first: {fields['message']}"
+        else:
+            confirmed.add(fields["signature"])
+        yield variant, planned, fields
+
+
+def _attempt(fields: dict[str, Any]) -> dict[str, Any]:
+    return {"outcome": fields["outcome"], "signature": fields["signature"]}
+
+
+def _attempts_text(attempts: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{a['outcome']}" + (f" {a['signature']}" if a["signature"] else "") for a in attempts)
 
 
 def _shrink(

@@ -27,7 +27,11 @@ SYSTEM = "system"
 INSTALL_MODES = ("uv", "system")
 DEVICES = ("cpu", "cuda", "auto")
 
-PROFILE_KEYS = {"profile", "axes", "stacks", "implied", "exclude", "timeouts", "install", "scenario"}
+PROFILE_KEYS = {"profile", "axes", "stacks", "implied", "exclude", "timeouts", "install", "scenario", "retry", "limits"}
+RETRY_KEYS = {"times", "outcomes", "scope"}
+RETRY_OUTCOMES = ("fail", "crash", "timeout")
+RETRY_SCOPES = ("first-per-signature", "every-failure")
+LIMIT_KEYS = {"worker_memory_mb"}
 PROFILE_SECTION_KEYS = {
     "description",
     "python",
@@ -72,6 +76,20 @@ class ScenarioSettings:
 
 
 @dataclass(frozen=True)
+class RetryPolicy:
+    """Re-run failed jobs to tell a real failure from a random one (a disagreement is recorded as flaky).
+
+    `first-per-signature` confirms the first failure of each signature per cell x scenario: a scenario
+    that fails at random usually fails with a signature of its own, and confirming every repeat of a
+    known, deterministic failure would double the cost of a matrix that is mostly failures.
+    """
+
+    times: int = 1
+    outcomes: tuple[str, ...] = RETRY_OUTCOMES
+    scope: str = "first-per-signature"
+
+
+@dataclass(frozen=True)
 class Profile:
     """A validated matrix profile."""
 
@@ -100,6 +118,9 @@ class Profile:
     #: Wheels layered in system mode whenever the node lacks them (deepspeed's hjson, pydantic, ...).
     overlay_support: tuple[str, ...] = ()
     scenario_settings: dict[str, ScenarioSettings] = field(default_factory=dict)
+    retry: RetryPolicy = RetryPolicy()
+    #: Address-space limit per worker process (CPU only): a runaway allocation becomes a recorded OOM crash.
+    worker_memory_mb: int | None = None
 
     def settings_for(self, scenario_id: str) -> ScenarioSettings:
         return self.scenario_settings.get(scenario_id, ScenarioSettings())
@@ -192,7 +213,35 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
         install_mode=install_mode,
         overlay_support=tuple(_str_list(shown, "install.overlay_support", install.get("overlay_support", []))),
         scenario_settings=_parse_scenarios(shown, data.get("scenario", {})),
+        retry=_parse_retry(shown, data.get("retry", {})),
+        worker_memory_mb=_parse_limits(shown, data.get("limits", {}), device),
     )
+
+
+def _parse_retry(shown: str, raw: Any) -> RetryPolicy:
+    table = _table(shown, "retry", raw)
+    _reject_unknown(shown, "retry.", table, RETRY_KEYS)
+    outcomes = tuple(_str_list(shown, "retry.outcomes", table.get("outcomes", list(RETRY_OUTCOMES))))
+    for outcome in outcomes:
+        if outcome not in RETRY_OUTCOMES:
+            raise ProfileError(shown, "retry.outcomes", f"{outcome!r} is not one of {', '.join(RETRY_OUTCOMES)}")
+    scope = _str(shown, "retry.scope", table.get("scope", "first-per-signature"))
+    if scope not in RETRY_SCOPES:
+        raise ProfileError(shown, "retry.scope", f"must be one of {', '.join(RETRY_SCOPES)}, got {scope!r}")
+    return RetryPolicy(_non_negative_int(shown, "retry.times", table.get("times", 1)), outcomes, scope)
+
+
+def _parse_limits(shown: str, raw: Any, device: str) -> int | None:
+    table = _table(shown, "limits", raw)
+    _reject_unknown(shown, "limits.", table, LIMIT_KEYS)
+    if "worker_memory_mb" not in table:
+        return None
+    if device == "cuda":
+        raise ProfileError(shown, "limits.worker_memory_mb", "an address-space limit breaks CUDA; CPU profiles only")
+    value = _non_negative_int(shown, "limits.worker_memory_mb", table["worker_memory_mb"])
+    if value < 512:
+        raise ProfileError(shown, "limits.worker_memory_mb", "must be at least 512 (torch alone needs more)")
+    return value
 
 
 def _all_pins(axes: dict[str, tuple[str, ...]], stacks: dict[str, dict[str, str]]) -> list[tuple[str, str]]:

@@ -16,7 +16,7 @@ from typing import Any
 
 SCHEMA_PATH = Path(__file__).with_name("record.schema.json")
 RECORD_VERSION = 1
-OUTCOMES = ("pass", "fail", "skip", "timeout", "crash", "env-broken", "install-failed", "error")
+OUTCOMES = ("pass", "fail", "flaky", "skip", "timeout", "crash", "env-broken", "install-failed", "error")
 KEY_FIELDS = ("cell", "scenario", "variant", "config_id")
 
 

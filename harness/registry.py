@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -46,11 +47,16 @@ class Scenario:
         return self.module.strategy()
 
 
+#: Extra scenario modules (comma-separated import names, e.g. the fault-injection scenarios of the tests).
+EXTRA_ENV = "COMPAT_MATRIX_EXTRA_SCENARIOS"
+
+
 def discover() -> list[Scenario]:
-    """Every `scenarios/s<N>_*.py`, sorted by id."""
+    """Every `scenarios/s<N>_*.py` plus the modules named in $COMPAT_MATRIX_EXTRA_SCENARIOS, sorted by id."""
     found = []
-    for path in sorted(SCENARIO_DIR.glob("s[0-9]*_*.py")):
-        name = f"scenarios.{path.stem}"
+    names = [f"scenarios.{path.stem}" for path in sorted(SCENARIO_DIR.glob("s[0-9]*_*.py"))]
+    names += [n.strip() for n in os.environ.get(EXTRA_ENV, "").split(",") if n.strip()]
+    for name in names:
         module = importlib.import_module(name)
         spec = module.SPEC
         found.append(Scenario(spec["id"], name, module, spec))

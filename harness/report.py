@@ -17,7 +17,7 @@ from harness import runs
 from harness.cells import PACKAGE_ORDER
 from harness.records import read_records, record_key
 
-BAD = {"fail", "timeout", "crash", "error", "env-broken"}
+BAD = {"fail", "flaky", "timeout", "crash", "error", "env-broken"}
 LEGEND = """\
 - **not reproduced (n)**: the baseline passed the scenario's check on all n configs tried in this cell.
 - **FAIL `signature` (k/n)**: the baseline failed on k of n configs, with that error signature.

@@ -114,8 +114,7 @@ def render(failure: dict[str, Any], scenario: Scenario, fixes: list[str], python
     deps = [f"{name}=={_public(v)}" for name, v in sorted(versions.items()) if name != "python"]
     if "hypothesis" not in versions:
         deps.append("hypothesis")  # scenarios build their strategy at import
-    module_path = SCENARIO_DIR / f"{scenario.module_name.split('.')[-1]}.py"
-    source = module_path.read_text()
+    source = Path(scenario.module.__file__ or "").read_text()
     helpers = _helper_sources(source)
     scenario_code = source.replace("from __future__ import annotations\n", "", 1)
     config = _repro_config(failure)

@@ -89,6 +89,9 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
     if "No backend type associated with device type" in detail.get("message", ""):
         # The worker's process group lacked a backend for that device: our setup, not the stack's failure.
         return Classified("error", "harness-process-group-backend", classified=False)
+    if _is_oom(detail):
+        # Out of memory is a resource fault of this machine, not a verdict on the stack.
+        return Classified("crash", "crash-oom")
     if _is_our_bug(detail, repo_root):
         return Classified("error", "scenario-bug-" + _short_type(detail.get("exc_type", "")), classified=False)
     signature = exception_signature(detail.get("exc_type", ""), detail.get("message", ""), detail.get("traceback", ""))
@@ -130,8 +133,6 @@ def exception_signature(exc_type: str, message: str, traceback: str = "") -> str
     if "setStorage:" in message and "storage of size 0" in message and "checkpoint" in traceback:
         # Recomputation in backward touches a parameter FSDP has already freed (resharded) after forward.
         return "recompute-uses-freed-fsdp-param"
-    if "out of memory" in message.lower() or short in ("OutOfMemoryError", "MemoryError"):
-        return "oom"
     return f"unclassified-{short}-{_digest(normalise_message(message))}"
 
 
@@ -155,13 +156,23 @@ def _checkpoint_signature(message: str) -> str:
     return "checkpoint-recompute-shape"
 
 
+OOM_MARKERS = ("MemoryError", "out of memory", "cannot allocate memory", "can't allocate memory", "std::bad_alloc")
+
+
+def _is_oom(detail: dict[str, Any]) -> bool:
+    text = f"{detail.get('exc_type', '')}\n{detail.get('message', '')}".lower()
+    return any(marker.lower() in text for marker in OOM_MARKERS)
+
+
 def crash_signature(detail: dict[str, Any]) -> str:
     text = f"{detail.get('message', '')}\n{detail.get('stderr_tail', '')}"
-    if "MemoryError" in text or "out of memory" in text.lower() or "Cannot allocate memory" in text:
+    if any(marker.lower() in text.lower() for marker in OOM_MARKERS):
         return "crash-oom"
-    match = re.search(r"signal (SIG[A-Z]+)", text) or re.search(r"Signal (\d+) \((SIG[A-Z]+)\)", text)
+    # torchrun lists every rank it stopped; the "Root Cause" section names the rank that died first.
+    root = text.rsplit("Root Cause", 1)[-1] if "Root Cause" in text else text
+    match = re.search(r"Signal \d+ \((SIG[A-Z]+)\)", root) or re.search(r"signal (SIG[A-Z]+)", text)
     if match:
-        return f"crash-{match.groups()[-1]}"
+        return f"crash-{match.group(1)}"
     match = re.search(r"exit code (-?\d+)", text)
     return f"crash-exit-{match.group(1)}" if match else "crash"
 

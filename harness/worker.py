@@ -31,6 +31,7 @@ def main(jobs_file: str, out_dir: str) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    _stderr_to_file(Path(out_dir) / f"stderr.rank{rank}.log")
     events = open(Path(out_dir) / f"events.rank{rank}.jsonl", "a", buffering=1)
 
     def emit(event: dict[str, Any]) -> None:
@@ -66,6 +67,14 @@ def main(jobs_file: str, out_dir: str) -> int:
             dist.barrier()
     _finish_distributed(world_size)
     return 0
+
+
+def _stderr_to_file(path: Path) -> None:
+    """Each rank's stderr (Python's and native code's, fd 2) goes to a file of its own, so the last lines
+    of a rank that dies are not buried under torchrun's report of the other ranks."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _jobs(spec: dict[str, Any]) -> Any:

@@ -24,3 +24,14 @@ def write_profile(tmp_path: Path, text: str, name: str = "p") -> Path:
     path = tmp_path / f"{name}.toml"
     path.write_text(text)
     return path
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Print the fault-injection counts (issue: faults injected, classified, records lost, orphans)."""
+    from tests.fault_ledger import summary_lines
+
+    lines = summary_lines()
+    if lines:
+        terminalreporter.section("fault injection summary")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from harness.launcher import Job, LaunchSpec, WorkerSession, run_jobs
 from harness.proctree import processes_with_token
+from tests.fault_ledger import record_fault
 
 TOY = textwrap.dedent(
     """
@@ -54,6 +55,7 @@ def test_pass_fail_hang_abort_in_one_stream(tmp_path: Path) -> None:
 
 def test_no_process_outlives_a_timeout(tmp_path: Path) -> None:
     results = list(run_jobs(spec(tmp_path, timeout=2.0), [Job(0, {}, "hang")]))
+    record_fault("hang with a grandchild in its own session", "timeout", results[0].status, orphans=len(_orphans()))
     assert results[0].status == "timeout"
     assert _orphans() == []
 
@@ -76,6 +78,7 @@ def _orphans() -> list[int]:
 
 def test_stack_that_does_not_import_is_env_broken(tmp_path: Path) -> None:
     results = list(run_jobs(spec(tmp_path, module="broken_scenario"), [Job(0, {}, "pass"), Job(1, {}, "pass")]))
+    record_fault("stack fails at import", "env-broken", "/".join(sorted({r.status for r in results})))
     assert [r.status for r in results] == ["env-broken", "env-broken"]
     assert "no_such_package_anywhere" in results[0].detail["message"]
 

@@ -18,6 +18,7 @@ import pytest
 
 from harness.records import SCHEMA_PATH, read_records, record_key
 from tests.conftest import REPO_ROOT
+from tests.fault_ledger import record_fault
 
 pytestmark = pytest.mark.matrix
 
@@ -135,6 +136,9 @@ def test_sigkill_mid_run_loses_and_duplicates_nothing(tmp_path: Path, ci_run: Pa
 
     run_matrix(results)
     final = read_records(records_path)
+    reference_keys = {record_key(r) for r in read_records(only_run(ci_run) / "records.jsonl")}
+    lost = len(reference_keys - {record_key(r) for r in final}) + len(final) - len({record_key(r) for r in final})
+    record_fault("SIGKILL of the orchestrator, rerun", "resumed, complete", "resumed, complete", lost, len(orphans))
     assert final[: len(survived)] == survived, "records written before the kill must be kept as they were"
     assert len({record_key(r) for r in final}) == len(final)
     reference = read_records(only_run(ci_run) / "records.jsonl")

@@ -12,6 +12,7 @@ from harness.cells import expand
 from harness.errors import ProfileError
 from harness.profile import load_profile
 from tests.conftest import REPO_ROOT, write_profile
+from tests.fault_ledger import record_fault
 
 GOOD = """
 [profile]
@@ -90,6 +91,7 @@ def test_bad_profile_cli_one_line_exit_2_nothing_written(tmp_path: Path) -> None
         text=True,
         cwd=REPO_ROOT,
     )
+    record_fault("bad input: malformed profile key", "exit 2", f"exit {proc.returncode}")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert "axes.foo" in proc.stderr and str(path) in proc.stderr
@@ -104,6 +106,7 @@ def test_bad_profile_cli_one_line_exit_2_nothing_written(tmp_path: Path) -> None
         ["matrix", "--profile", "no-such-profile"],
         ["matrix", "--bogus-flag"],
         ["report", "--run", "no-such-run"],
+        ["matrix", "--profile", "ci", "--hypothesis-profile", "sometimes"],
     ],
 )
 def test_bad_cli_input_exit_2(tmp_path: Path, argv: list[str]) -> None:
@@ -113,6 +116,32 @@ def test_bad_cli_input_exit_2(tmp_path: Path, argv: list[str]) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "harness", *argv, *extra], capture_output=True, text=True, cwd=REPO_ROOT
     )
+    record_fault(f"bad input: {' '.join(argv)}", "exit 2", f"exit {proc.returncode}")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().count("\n") == 0, proc.stderr
     assert not (tmp_path / "r" / "runs").exists() or not any((tmp_path / "r" / "runs").iterdir())
+
+
+def test_unknown_variant_in_a_profile_exit_2(tmp_path: Path) -> None:
+    typo = '\n[scenario."S3-lora-sgd-scaling"]\nvariants = ["no_such_fix"]\n'
+    text = (REPO_ROOT / "matrix" / "ci.toml").read_text() + typo
+    path = write_profile(tmp_path, text, "ci-typo")
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "matrix", "--profile", str(path), "--results-dir", str(results)],
+        capture_output=True, text=True, cwd=REPO_ROOT,
+    )  # fmt: skip
+    record_fault("bad input: unknown variant in a profile", "exit 2", f"exit {proc.returncode}")
+    assert proc.returncode == 2 and "no_such_fix" in proc.stderr and proc.stderr.count("\n") == 1
+    assert not results.exists()
+
+
+def test_unwritable_results_dir_exit_2(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")  # root ignores permission bits: a path under a regular file cannot be created at all
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "matrix", "--profile", "ci", "--results-dir", str(not_a_dir / "results")],
+        capture_output=True, text=True, cwd=REPO_ROOT,
+    )  # fmt: skip
+    record_fault("bad input: unwritable results directory", "exit 2", f"exit {proc.returncode}")
+    assert proc.returncode == 2 and "not writable" in proc.stderr and proc.stderr.count("\n") == 1
