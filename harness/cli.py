@@ -112,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(a pip --target overlay first on PYTHONPATH); PYTHON defaults to python3",
     )
     matrix.add_argument("--no-report", action="store_true", help="do not regenerate COMPATIBILITY.md afterwards")
+    matrix.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        help="multi-node: distributed scenarios span this many nodes (the others run `node-agent`); the profile's "
+        "world_size then counts ranks per node",
+    )
+    matrix.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="multi-node: torchrun c10d rendezvous on node 0")
 
     report = sub.add_parser("report", help="regenerate results/COMPATIBILITY.md from records")
     report.add_argument(
@@ -127,6 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
     imports = sub.add_parser("import-run", help="file runs brought back from another machine under results/runs/")
     imports.add_argument("records", nargs="+", type=Path, help="<run-id>.records.jsonl files (meta.json beside)")
     imports.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+
+    agent = sub.add_parser(
+        "node-agent",
+        help="on the other nodes of a multi-node run: join every launch node 0 makes",
+        description="Multi-node runs: node 0 runs `matrix --nnodes N --rdzv-endpoint HOST:PORT` with --results-dir "
+        "(and --envs-dir) on a shared filesystem; every other node runs this with --watch <that results dir>. It "
+        "starts this node's torchrun agent for each launch (c10d rendezvous) and stops it when node 0 is done.",
+    )
+    agent.add_argument("--watch", type=Path, required=True, help="node 0's --results-dir (shared filesystem)")
 
     listing = sub.add_parser("list", help="show profiles, scenarios, or a profile's cells")
     listing.add_argument("what", choices=["profiles", "scenarios", "cells"])
@@ -152,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "import-run":
             return _import_runs(args)
+        if args.command == "node-agent":
+            from harness.node_agent import serve
+
+            if not args.watch.is_dir():
+                raise UsageError(f"--watch {args.watch}: no such directory")
+            return serve(args.watch)
         return _list(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -165,6 +188,8 @@ def _matrix(args: argparse.Namespace) -> int:
 
     if args.examples is not None and args.examples < 0:
         raise UsageError("--examples must be 0 or more")
+    if args.nnodes < 1 or (args.nnodes > 1 and not args.rdzv_endpoint):
+        raise UsageError("--nnodes must be 1 or more, and more than 1 needs --rdzv-endpoint HOST:PORT")
     if args.offline and args.wheelhouse is None:
         raise UsageError("--offline needs --wheelhouse DIR")
     if args.wheelhouse is not None and not args.wheelhouse.is_dir():
@@ -187,6 +212,8 @@ def _matrix(args: argparse.Namespace) -> int:
         config_ids=tuple(args.config_ids) if args.config_ids else None,
         example_db=None if args.no_example_db else (args.example_db or args.results_dir / "hypothesis-db"),
         hypothesis_profile=args.hypothesis_profile,
+        nnodes=args.nnodes,
+        rdzv_endpoint=args.rdzv_endpoint,
     )
     summary = run_matrix(profile, options)
     print(

@@ -57,6 +57,15 @@ class LaunchSpec:
     stop_after_failure: bool = True
     #: RLIMIT_AS for the worker tree, in MiB (CPU only; None: no limit).
     memory_limit_mb: int | None = None
+    #: Multi-node: this many torchrun agents meet at `rdzv_endpoint` (c10d rendezvous). The others are
+    #: started by `python -m harness node-agent` on each node, from the launch.json written here; the
+    #: launch directory must be on a filesystem all nodes share. `world_size` counts ranks per node.
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None
+
+    @property
+    def total_ranks(self) -> int:
+        return max(1, self.world_size) * self.nnodes
 
 
 class JobQueue:
@@ -174,6 +183,11 @@ def _launch_once(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Iterator[Jo
         }
     )
     command = _command(spec, jobs_file, out_dir)
+    if spec.nnodes > 1:
+        # For the node agents: the same command, and the environment the cell needs (not this node's own).
+        shared_env = {k: v for k, v in env.items() if k in spec.env or k in ("PYTHONPATH", "PYTHONUNBUFFERED")}
+        launch = {"command": command, "env": shared_env, "cwd": str(REPO_ROOT)}
+        (out_dir / "launch.json").write_text(json.dumps(launch))
     stderr_path = out_dir / "stderr.log"
     with open(out_dir / "stdout.log", "wb") as stdout, open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen(
@@ -189,6 +203,8 @@ def _launch_once(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Iterator[Jo
     try:
         yield from _watch(spec, jobs, feed, proc, out_dir)
     finally:
+        if spec.nnodes > 1:
+            (out_dir / "stop").write_text("")  # node agents stop their part of this launch
         kill_token(token)
         if proc.poll() is None:
             proc.kill()
@@ -211,13 +227,24 @@ def _address_space_limit(limit_mb: int | None) -> Any:
 
 
 def _command(spec: LaunchSpec, jobs_file: Path, out_dir: Path) -> list[str]:
-    if spec.world_size <= 1:
+    if spec.total_ranks <= 1:
         return [str(spec.python), str(WORKER), str(jobs_file), str(out_dir)]
+    if spec.nnodes > 1:
+        if not spec.rdzv_endpoint:
+            raise ValueError("multi-node launches need a rendezvous endpoint (HOST:PORT)")
+        where = [
+            f"--nnodes={spec.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={spec.rdzv_endpoint}",
+            f"--rdzv-id={out_dir.parent.name}-{out_dir.name}-{uuid.uuid4().hex[:8]}",
+        ]
+    else:
+        where = ["--standalone"]
     return [
         str(spec.python),
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *where,
         f"--nproc-per-node={spec.world_size}",
         "--max-restarts=0",
         str(WORKER),
@@ -251,7 +278,7 @@ class _Feed:
 def _watch(
     spec: LaunchSpec, jobs: list[Job], feed: _Feed, proc: subprocess.Popen, out_dir: Path
 ) -> Iterator[JobResult]:
-    readers = {rank: _EventReader(out_dir / f"events.rank{rank}.jsonl") for rank in range(max(1, spec.world_size))}
+    readers = {rank: _EventReader(out_dir / f"events.rank{rank}.jsonl") for rank in range(spec.total_ranks)}
     launched = time.monotonic()
     ready: set[int] = set()
     started: dict[int, float] = {}  # job index -> monotonic start (first rank)

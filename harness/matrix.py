@@ -38,6 +38,9 @@ class MatrixOptions:
     example_db: Path | None = None
     #: Overrides the profile's hypothesis_profile ("ci" | "explore").
     hypothesis_profile: str | None = None
+    #: Multi-node: distributed scenarios span this many nodes (see harness/node_agent.py).
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None
 
 
 @dataclass
@@ -298,7 +301,8 @@ def _run_cell(cell: Cell, work: Work, ctx: _RunContext) -> None:
         resumed_fixes = [(variants, c) for s, variants, c in fixes_due if s is scenario]
         if not pending and not resumed_fixes:
             continue
-        world_size = _world_size(scenario, ctx.profile, ctx.machine)
+        per_node = _world_size(scenario, ctx.profile, ctx.machine)
+        world_size = per_node * (ctx.options.nnodes if scenario.distributed else 1)  # what records report
         skip = _skip_reason(scenario, env.versions, device, world_size)
         if skip:
             for variant, planned in pending:
@@ -311,13 +315,15 @@ def _run_cell(cell: Cell, work: Work, ctx: _RunContext) -> None:
             module=scenario.module_name,
             preload=scenario.preload,
             device=device,
-            world_size=world_size,
+            world_size=per_node,
             env=_worker_env(device, ctx.options, env),
             workdir=ctx.run_dir / "worker" / cell.cell_id / scenario.id,
             job_timeout_s=timeout,
             start_timeout_s=ctx.profile.worker_start_timeout_s,
             stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
             memory_limit_mb=ctx.profile.worker_memory_mb,
+            nnodes=ctx.options.nnodes if scenario.distributed else 1,
+            rdzv_endpoint=ctx.options.rdzv_endpoint,
         )
 
         def emit(variant: str, planned: dict[str, Any], fields: dict[str, Any]) -> None:
