@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     matrix.add_argument("--no-report", action="store_true", help="do not regenerate COMPATIBILITY.md afterwards")
     matrix.add_argument(
+        "--slots",
+        type=int,
+        metavar="N",
+        help="run single-process scenarios in N concurrent workers (default: one per visible GPU on CUDA, 1 on CPU)",
+    )
+    matrix.add_argument(
         "--nnodes",
         type=int,
         default=1,
@@ -188,6 +194,8 @@ def _matrix(args: argparse.Namespace) -> int:
 
     if args.examples is not None and args.examples < 0:
         raise UsageError("--examples must be 0 or more")
+    if args.slots is not None and args.slots < 1:
+        raise UsageError("--slots must be 1 or more")
     if args.nnodes < 1 or (args.nnodes > 1 and not args.rdzv_endpoint):
         raise UsageError("--nnodes must be 1 or more, and more than 1 needs --rdzv-endpoint HOST:PORT")
     if args.offline and args.wheelhouse is None:
@@ -214,6 +222,7 @@ def _matrix(args: argparse.Namespace) -> int:
         hypothesis_profile=args.hypothesis_profile,
         nnodes=args.nnodes,
         rdzv_endpoint=args.rdzv_endpoint,
+        slots=args.slots,
     )
     summary = run_matrix(profile, options)
     print(

@@ -62,6 +62,8 @@ class LaunchSpec:
     #: launch directory must be on a filesystem all nodes share. `world_size` counts ranks per node.
     nnodes: int = 1
     rdzv_endpoint: str | None = None
+    #: Which packing slot this worker is (e.g. {"cuda_visible_devices": "2"}), for the records.
+    slot: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_ranks(self) -> int:

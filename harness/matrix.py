@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from harness import draws, envs, hardware, runs
 from harness.cells import Cell, expand
 from harness.errors import UsageError
-from harness.launcher import JobResult, LaunchSpec, WorkerSession
-from harness.profile import Profile, RetryPolicy
+from harness.launcher import LaunchSpec, WorkerSession
+from harness.profile import Profile
 from harness.progress import Progress
 from harness.records import RecordWriter
 from harness.registry import Scenario, select
-from harness.shrink import ShrinkResult, shrink
-from harness.signatures import classify
+from harness.scenario_run import RunContext, drawn_baseline_only, plain, run_scenario
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MESSAGE_LIMIT = 600
@@ -38,6 +36,8 @@ class MatrixOptions:
     example_db: Path | None = None
     #: Overrides the profile's hypothesis_profile ("ci" | "explore").
     hypothesis_profile: str | None = None
+    #: Workers a single-process scenario is packed over (default: one per GPU on CUDA, 1 on CPU).
+    slots: int | None = None
     #: Multi-node: distributed scenarios span this many nodes (see harness/node_agent.py).
     nnodes: int = 1
     rdzv_endpoint: str | None = None
@@ -153,7 +153,7 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
 
     # Drawn configs count once (their baseline) until it fails; fix variants are added to the total then.
     jobs_total = sum(
-        sum(1 if _drawn_baseline_only(s, c) else len(variants[s.id]) for c in wanted_configs(s.id))
+        sum(1 if drawn_baseline_only(s, c) else len(variants[s.id]) for c in wanted_configs(s.id))
         for cell in cells
         for s in scenarios
         if _selected(profile, s, cell)
@@ -161,7 +161,7 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     progress = Progress(len(cells), jobs_total, stream)
     summary = MatrixSummary(meta["run_id"], run_dir, 0, 0, {})
     writer = RecordWriter(run_dir / "records.jsonl")
-    context = _RunContext(
+    context = RunContext(
         profile, options, machine, meta["run_id"], run_dir, writer, progress, summary, how,
         hypothesis_settings(profile, options),
     )  # fmt: skip
@@ -183,12 +183,6 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     return summary
 
 
-def _drawn_baseline_only(scenario: Scenario, planned: dict[str, Any]) -> bool:
-    """Drawn configs run the baseline; fix variants follow only where it fails, unless the scenario measures
-    every variant (S3, S5: their variants are measurements, not fixes)."""
-    return draws.is_drawn(planned) and scenario.spec.get("drawn_variants", "failing") == "failing"
-
-
 def _selected(profile: Profile, scenario: Scenario, cell: Cell) -> bool:
     cells = profile.settings_for(scenario.id).cells
     return cells is None or _wanted_id(cell.cell_id, cells)
@@ -202,26 +196,10 @@ def _wanted_id(cell_id: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(cell_id, p) for p in patterns)
 
 
-@dataclass
-class _RunContext:
-    """What every cell of one run shares."""
-
-    profile: Profile
-    options: MatrixOptions
-    machine: dict[str, Any]
-    run_id: str
-    run_dir: Path
-    writer: RecordWriter
-    progress: Progress
-    summary: MatrixSummary
-    draws: dict[str, dict[str, int]]
-    hypothesis: dict[str, float]
-
-
 Work = list[tuple[Scenario, tuple[str, ...], list[dict[str, Any]]]]
 
 
-def _run_cell(cell: Cell, work: Work, ctx: _RunContext) -> None:
+def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
     writer, progress = ctx.writer, ctx.progress
     base = {"run_id": ctx.run_id, "cell": cell.cell_id, "pins": cell.pins}
     install = ctx.options.install
@@ -265,14 +243,14 @@ def _run_cell(cell: Cell, work: Work, ctx: _RunContext) -> None:
         (s, v, c)
         for s, variants, planned in work
         for c in planned
-        for v in (variants[:1] if _drawn_baseline_only(s, c) else variants)
+        for v in (variants[:1] if drawn_baseline_only(s, c) else variants)
     ]
     missing = [(s, v, c) for s, v, c in first_pass if not recorded(s, v, c)]
     fixes_due = [
         (s, variants, c)
         for s, variants, planned in work
         for c in planned
-        if _drawn_baseline_only(s, c) and writer.outcome_of((cell.cell_id, s.id, variants[0], c["config_id"])) == "fail"
+        if drawn_baseline_only(s, c) and writer.outcome_of((cell.cell_id, s.id, variants[0], c["config_id"])) == "fail"
     ]
     for _ in range(len(first_pass) - len(missing)):
         ctx.summary.resumed += 1
@@ -282,7 +260,7 @@ def _run_cell(cell: Cell, work: Work, ctx: _RunContext) -> None:
 
     if cell.excluded_reason:
         for scenario, variant, planned in missing:
-            outcome = _plain("skip", "excluded-by-profile", f"excluded: {cell.excluded_reason}")
+            outcome = plain("skip", "excluded-by-profile", f"excluded: {cell.excluded_reason}")
             write(scenario, variant, planned, outcome, {}, 1)
         return
 
@@ -292,7 +270,7 @@ def _run_cell(cell: Cell, work: Work, ctx: _RunContext) -> None:
     if env.failure:
         progress.message(f"{cell.cell_id}: install-failed: {env.failure.splitlines()[0][:200]}")
         for scenario, variant, planned in missing:
-            write(scenario, variant, planned, _plain("install-failed", "install-failed", env.failure), {}, 1)
+            write(scenario, variant, planned, plain("install-failed", "install-failed", env.failure), {}, 1)
         return
 
     device = ctx.machine["device"]
@@ -306,7 +284,7 @@ def _run_cell(cell: Cell, work: Work, ctx: _RunContext) -> None:
         skip = _skip_reason(scenario, env.versions, device, world_size)
         if skip:
             for variant, planned in pending:
-                write(scenario, variant, planned, _plain("skip", "not-applicable", skip), env.versions, world_size)
+                write(scenario, variant, planned, plain("skip", "not-applicable", skip), env.versions, world_size)
             continue
         progress.start_cell(cell.cell_id, scenario.id)
         timeout = ctx.profile.settings_for(scenario.id).job_timeout_s or ctx.profile.job_timeout_s
@@ -329,119 +307,43 @@ def _run_cell(cell: Cell, work: Work, ctx: _RunContext) -> None:
         def emit(variant: str, planned: dict[str, Any], fields: dict[str, Any]) -> None:
             write(scenario, variant, planned, fields, env.versions, world_size)  # noqa: B023 - used in this loop
 
-        with WorkerSession(spec) as session:
-            _run_scenario(scenario, variants, pending, resumed_fixes, session, emit, ctx, cell)
+        sessions = [WorkerSession(s) for s in _packed_specs(spec, scenario, ctx, len(pending))]
+        try:
+            run_scenario(scenario, variants, pending, resumed_fixes, sessions, emit, ctx, cell)
+        finally:
+            for session in sessions:
+                session.close()
 
 
-def _run_scenario(
-    scenario: Scenario,
-    variants: tuple[str, ...],
-    pending: list[tuple[str, dict[str, Any]]],
-    resumed_fixes: list[tuple[tuple[str, ...], dict[str, Any]]],
-    session: WorkerSession,
-    emit: Any,
-    ctx: _RunContext,
-    cell: Cell,
-) -> None:
-    """Three steps in one warm worker: the planned jobs; shrinking each new drawn failure; then the fix
-    variants of every drawn config whose baseline failed."""
-    baseline = variants[0]
-    confirmed: set[str] = set()  # signatures already confirmed by a retry in this cell x scenario
-    retry = ctx.profile.retry
-    failed_drawn: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    for variant, planned, fields in _run_batch(session, pending, retry, confirmed):
-        if variant == baseline and _drawn_baseline_only(scenario, planned) and fields["outcome"] == "fail":
-            failed_drawn.append((planned, fields))  # written once shrunk, so the record holds both configs
-        else:
-            emit(variant, planned, fields)
-
-    shrunk: dict[str, dict[str, Any]] = {}
-    for planned, fields in failed_drawn:
-        signature = fields["signature"]
-        if signature not in shrunk and planned["source"] == "hypothesis":
-            ctx.progress.start_cell(cell.cell_id, f"{scenario.id}: shrinking {signature}")
-            shrunk[signature] = _shrink(scenario, baseline, planned, signature, session, ctx).as_record()
-            shrunk[signature]["shrunk_from"] = planned["config_id"]
-            fields |= {k: v for k, v in shrunk[signature].items() if k != "shrunk_from"}
-        elif signature in shrunk:
-            # Same signature as a config already shrunk in this cell: point at that minimal config.
-            fields |= {k: v for k, v in shrunk[signature].items() if k != "shrink"}
-            fields["shrink"] = {"shared_from": shrunk[signature]["shrunk_from"]}
-        emit(baseline, planned, fields)
-
-    fixes = [(v, c) for c in [p for p, _ in failed_drawn] for v in variants[1:]]
-    fixes += [(v, c) for vs, c in resumed_fixes for v in vs[1:]]
-    fixes = [(v, c) for v, c in fixes if (cell.cell_id, scenario.id, v, c["config_id"]) not in ctx.writer]
-    ctx.progress.add_jobs(len(fixes))
-    for variant, planned, fields in _run_batch(session, fixes, retry, confirmed):
-        emit(variant, planned, fields)
+def _packed_specs(spec: LaunchSpec, scenario: Scenario, ctx: RunContext, jobs: int) -> list[LaunchSpec]:
+    """One worker per GPU for a single-process scenario (or --slots N on CPU); otherwise just `spec`."""
+    if scenario.distributed:
+        return [spec]
+    if ctx.options.slots is not None:
+        count = ctx.options.slots
+    else:
+        count = int(ctx.machine["gpu_count"]) if spec.device == "cuda" else 1
+    count = max(1, min(count, jobs))
+    if count == 1:
+        return [spec]
+    gpus = _gpu_ids(int(ctx.machine["gpu_count"])) if spec.device == "cuda" else []
+    packed = []
+    for slot in range(count):
+        env = dict(spec.env)
+        described = {}
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
+            described["cuda_visible_devices"] = env["CUDA_VISIBLE_DEVICES"]
+        packed.append(replace(spec, env=env, workdir=spec.workdir / f"slot-{slot}", slot=described))
+    return packed
 
 
-def _run_batch(
-    session: WorkerSession, items: list[tuple[str, dict[str, Any]]], retry: RetryPolicy, confirmed: set[str]
-) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """Run (variant, planned) jobs and yield their record fields. Failures the retry policy wants confirmed
-    are re-run after the batch (so results stay in order) and come last: if the attempts disagree the
-    outcome is `flaky`, never pass or fail."""
-    held: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
-    for (variant, planned), result in zip(items, session.run([(c["config"], v) for v, c in items]), strict=True):
-        fields = _observed(result)
-        wanted = retry.times > 0 and fields["outcome"] in retry.outcomes
-        if wanted and (retry.scope == "every-failure" or fields["signature"] not in confirmed):
-            held.append((variant, planned, fields))
-        else:
-            yield variant, planned, fields
-    attempts = [[_attempt(fields)] for _, _, fields in held]
-    for _ in range(retry.times if held else 0):
-        again = session.run([(planned["config"], variant) for variant, planned, _ in held])
-        for seen, result in zip(attempts, again, strict=True):
-            seen.append(_attempt(_observed(result)))
-    for (variant, planned, fields), seen in zip(held, attempts, strict=True):
-        fields["attempts"] = seen
-        if len({(a["outcome"], a["signature"]) for a in seen}) > 1:
-            fields["outcome"] = "flaky"
-            fields["message"] = f"attempts disagree: {_attempts_text(seen)}; first: {fields['message']}"
-        else:
-            confirmed.add(fields["signature"])
-        yield variant, planned, fields
-
-
-def _attempt(fields: dict[str, Any]) -> dict[str, Any]:
-    return {"outcome": fields["outcome"], "signature": fields["signature"]}
-
-
-def _attempts_text(attempts: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{a['outcome']}" + (f" {a['signature']}" if a["signature"] else "") for a in attempts)
-
-
-def _shrink(
-    scenario: Scenario,
-    baseline: str,
-    planned: dict[str, Any],
-    signature: str,
-    session: WorkerSession,
-    ctx: _RunContext,
-) -> ShrinkResult:
-    how = ctx.draws[scenario.id]
-    plan = draws.DrawPlan(int(how["seed"]), int(how["max_examples"]), int(how["count"]))
-    database = (
-        draws.ScenarioDatabase(ctx.options.example_db, scenario.id) if ctx.options.example_db is not None else None
-    )
-
-    def observe(config: dict[str, Any]) -> str | None:
-        fields = _observed(session.run_one(config, baseline))
-        return fields["signature"] if fields["outcome"] == "fail" else None
-
-    return shrink(
-        scenario.strategy(),
-        plan,
-        planned["config"],
-        signature,
-        observe,
-        max_seconds=ctx.hypothesis["shrink_seconds"],
-        max_runs=int(ctx.hypothesis["shrink_calls"]),
-        database=database,
-    )
+def _gpu_ids(count: int) -> list[str]:
+    """The GPU ids this process may use, in order (respecting an existing CUDA_VISIBLE_DEVICES)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [i.strip() for i in visible.split(",") if i.strip()]
+    return [str(i) for i in range(count)]
 
 
 def _world_size(scenario: Scenario, profile: Profile, machine: dict[str, Any]) -> int:
@@ -489,36 +391,3 @@ def _env_name(env_result: envs.EnvResult) -> str:
     if env_result.pythonpath:
         return Path(env_result.pythonpath).parent.name
     return env_result.python.parent.parent.name if env_result.python else "unknown"
-
-
-def _plain(outcome: str, signature: str, message: str) -> dict[str, Any]:
-    return {
-        "outcome": outcome,
-        "signature": signature,
-        "known_issue": [],
-        "message": message[: MESSAGE_LIMIT * 3],
-        "metrics": {},
-        "duration_s": 0.0,
-        "classified": True,
-    }
-
-
-def _observed(result: JobResult) -> dict[str, Any]:
-    detail = result.detail
-    verdict = classify(result.status, detail, repo_root=str(REPO_ROOT))
-    message = (detail.get("message") or "").strip()
-    fields = {
-        "outcome": verdict.outcome,
-        "signature": verdict.signature,
-        "known_issue": verdict.known_issue,
-        "classified": verdict.classified,
-        "message": message[:MESSAGE_LIMIT],
-        "metrics": detail.get("metrics") or {},
-        "duration_s": round(result.duration_s, 4),
-        "path": detail.get("path"),
-        "exc_type": detail.get("exc_type"),
-    }
-    for optional in ("warnings", "stderr_tail", "traceback", "ranks_failed", "check"):
-        if detail.get(optional):
-            fields[optional] = detail[optional]
-    return fields
