@@ -38,7 +38,10 @@ class Selection:
 
 
 def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Selection:
-    """The named runs, or by default the newest run of each profile."""
+    """The named runs (all their records), or by default the newest evidence per profile: runs of a profile
+    newest first, each contributing the (cell, scenario) pairs no newer run of that profile covers. A run
+    that re-checks one scenario on one cell then updates that entry without hiding the rest. Runs whose
+    meta.json says `superseded_by` are left out."""
     run_root = results_dir / "runs"
     metas = {d.name: runs.read_meta(d) for d in sorted(run_root.glob("*")) if (d / "meta.json").is_file()}
     if run_ids:
@@ -48,14 +51,26 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
             from harness.errors import UsageError
 
             raise UsageError(f"unknown run id(s): {', '.join(unknown)} (known: {', '.join(metas) or 'none'})")
-    else:
-        newest: dict[str, tuple[str, str]] = {}
-        for run_id, meta in metas.items():
-            profile = meta.get("profile", run_id)
-            if profile not in newest or meta.get("started_at", "") > newest[profile][0]:
-                newest[profile] = (meta.get("started_at", ""), run_id)
-        chosen = sorted(r for _, r in newest.values())
-    records = [rec for r in chosen for rec in read_records(run_root / r / "records.jsonl")]
+        records = [rec for r in chosen for rec in read_records(run_root / r / "records.jsonl")]
+        return Selection(chosen, records, [metas[r] for r in chosen])
+    by_profile: dict[str, list[str]] = defaultdict(list)
+    for run_id, meta in metas.items():
+        if not meta.get("superseded_by"):
+            by_profile[meta.get("profile", run_id)].append(run_id)
+    chosen, records = [], []
+    for profile in sorted(by_profile):
+        covered: set[tuple[str, str]] = set()
+        for run_id in sorted(by_profile[profile], key=lambda r: metas[r].get("started_at", ""), reverse=True):
+            fresh = [
+                rec
+                for rec in read_records(run_root / run_id / "records.jsonl")
+                if (rec["cell"], rec["scenario"]) not in covered
+            ]
+            if fresh:
+                chosen.append(run_id)
+                records.extend(fresh)
+                covered |= {(rec["cell"], rec["scenario"]) for rec in fresh}
+    chosen.sort()
     return Selection(chosen, records, [metas[r] for r in chosen])
 
 
