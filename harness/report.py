@@ -25,6 +25,7 @@ LEGEND = """\
   **not fixed by**: variants that failed too (their signature in brackets when it differs).
 - **SKIP**: the scenario cannot run in this cell (reason in the per-scenario section).
   **INSTALL-FAILED**: the cell's pins could not be installed. **ENV-BROKEN**: the stack does not import.
+- **FLAKY**: a retry disagreed with the first attempt (the record's `attempts` list them); never counted as pass.
 - **TIMEOUT / CRASH / ERROR**: the run hung, died, or hit a bug in the harness or scenario (never hidden).
 - Metrics in per-scenario tables are medians over configs.
 """

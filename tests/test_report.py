@@ -1,0 +1,40 @@
+"""Which records the published table uses, and how an entry reads (records built here, no ML stack)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.report import render_markdown, select_runs
+
+
+def write_run(root: Path, run_id: str, profile: str, started: str, records: list[dict], **meta: object) -> None:
+    run = root / "runs" / run_id
+    run.mkdir(parents=True)
+    (run / "meta.json").write_text(json.dumps({"run_id": run_id, "profile": profile, "started_at": started} | meta))
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def rec(run: str, cell: str, scenario: str, outcome: str, variant: str = "baseline", sig: str | None = None) -> dict:
+    return {
+        "run_id": run, "cell": cell, "scenario": scenario, "variant": variant, "config_id": "c1",
+        "config": {}, "outcome": outcome, "signature": sig, "message": "", "metrics": {}, "started_at": run,
+    }  # fmt: skip
+
+
+def test_newer_run_updates_its_cells_without_hiding_the_rest(tmp_path: Path) -> None:
+    older = [rec("gpu-1", "a", "S1-x", "fail", sig="s"), rec("gpu-1", "b", "S4-y", "pass")]
+    write_run(tmp_path, "gpu-1", "gpu", "1", older)
+    write_run(tmp_path, "gpu-2", "gpu", "2", [rec("gpu-2", "a", "S1-x", "pass")])
+    write_run(tmp_path, "gpu-0", "gpu", "0", [rec("gpu-0", "b", "S4-y", "fail", sig="t")], superseded_by=["gpu-1"])
+    selection = select_runs(tmp_path)
+    assert selection.run_ids == ["gpu-1", "gpu-2"]
+    by_pair = {(r["cell"], r["scenario"]): r["outcome"] for r in selection.records}
+    assert by_pair == {("a", "S1-x"): "pass", ("b", "S4-y"): "pass"}
+
+
+def test_flaky_baseline_is_shown_as_flaky_never_as_not_reproduced(tmp_path: Path) -> None:
+    write_run(tmp_path, "cpu-1", "cpu", "1", [rec("cpu-1", "a", "S1-x", "flaky", sig="unclassified-RuntimeError-1")])
+    text = render_markdown(select_runs(tmp_path))
+    summary_row = next(line for line in text.split("## Summary")[1].splitlines() if line.startswith("| `a` |"))
+    assert "FLAKY `unclassified-RuntimeError-1`" in summary_row and "not reproduced" not in summary_row
