@@ -142,6 +142,18 @@ def build_parser() -> argparse.ArgumentParser:
     imports.add_argument("records", nargs="+", type=Path, help="<run-id>.records.jsonl files (meta.json beside)")
     imports.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
 
+    check = sub.add_parser(
+        "check-repros",
+        help="run reproducers with `uv run` and check they still reproduce (and their fixes still pass)",
+        description="Runs results/repros/<id>.py files listed in index.json, each in a fresh uv environment "
+        "built from its PEP 723 pins, and compares the signature with the recorded one; with --fixes also runs one "
+        "passing fix variant per reproducer and expects it to pass. Exit 1 if any check disagrees.",
+    )
+    check.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    check.add_argument("--match", action="append", metavar="GLOB", help="only reproducer files matching (repeatable)")
+    check.add_argument("--limit", type=int, default=0, help="at most this many reproducers (0: all)")
+    check.add_argument("--fixes", action="store_true", help="also run the first passing fix variant of each")
+
     agent = sub.add_parser(
         "node-agent",
         help="on the other nodes of a multi-node run: join every launch node 0 makes",
@@ -175,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "import-run":
             return _import_runs(args)
+        if args.command == "check-repros":
+            return _check_repros(args)
         if args.command == "node-agent":
             from harness.node_agent import serve
 
@@ -258,6 +272,38 @@ def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | No
 
         sync_repros(selection.records, {s.id: s for s in known}, results_dir / "repros")
     return output
+
+
+def _check_repros(args: argparse.Namespace) -> int:
+    import fnmatch
+
+    from harness.repro import check_repro
+
+    folder = args.results_dir / "repros"
+    if not (folder / "index.json").is_file():
+        raise UsageError(f"no {folder / 'index.json'}; run `nox -s report` (or a matrix) first")
+    entries = json.loads((folder / "index.json").read_text())
+    if args.match:
+        entries = [e for e in entries if any(fnmatch.fnmatchcase(e["file"], m) for m in args.match)]
+    if args.limit:
+        entries = entries[: args.limit]
+    bad = skipped = 0
+    gpus = bool(hardware.visible_gpus())
+    for entry in entries:
+        if entry.get("device") == "cuda" and not gpus:
+            skipped += 1
+            print(f"skip {entry['file']}: recorded on cuda, no GPU here", flush=True)
+            continue
+        runs = [None] + (entry["passing_fixes"][:1] if args.fixes else [])
+        for variant in runs:
+            result = check_repro(folder / entry["file"], entry, variant)
+            bad += not result["ok"]
+            mark = "ok " if result["ok"] else "BAD"
+            shown = variant or entry["variant"]
+            print(f"{mark} {entry['file']} --variant {shown}: expected {result['expected']}, "
+                  f"observed {result['observed']} ({result['seconds']} s)", flush=True)  # fmt: skip
+    print(f"{len(entries) - skipped} reproducers checked, {skipped} skipped, {bad} disagreements")
+    return 1 if bad else 0
 
 
 def _import_runs(args: argparse.Namespace) -> int:

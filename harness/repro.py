@@ -21,6 +21,9 @@ from harness.draws import config_id
 from harness.registry import SCENARIO_DIR, Scenario
 
 RESULT_PREFIX = "REPRO-RESULT "
+#: What a reproducer pins for a cell that ran over a GPU node's own python (`--system-torch`).
+SYSTEM_MODE_PINS = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes", "tokenizers",
+                    "huggingface-hub", "safetensors", "hypothesis")  # fmt: skip
 _IMPORT = re.compile(r"^\s*from scenarios(?:\.(\w+))? import (\w+)", re.M)
 
 
@@ -100,6 +103,7 @@ def sync_repros(records: list[dict[str, Any]], scenarios: dict[str, Scenario], o
                     "config_id": failure["config_id"],
                     "minimal_config_id": failure.get("minimal_config_id"),
                     "distributed": int(scenarios[failure["scenario"]].spec.get("world_size", 1)) > 1,
+                    "device": (failure.get("hardware") or {}).get("device", "cpu"),
                     "passing_fixes": [v for v in passing_fixes(records, failure) if v != failure["variant"]],
                 }
             )
@@ -107,9 +111,48 @@ def sync_repros(records: list[dict[str, Any]], scenarios: dict[str, Scenario], o
     return written
 
 
+def check_repro(
+    path: Path, entry: dict[str, Any], variant: str | None = None, timeout_s: float = 1200
+) -> dict[str, Any]:
+    """Run one reproducer with `uv run` (a fresh environment from its PEP 723 pins) and classify what it did.
+
+    Expected: the entry's signature for its own variant, `pass` for a fix variant."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    from harness.signatures import classify
+
+    uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    env = dict(os.environ)
+    if env.get("PIP_FIND_LINKS") and not env.get("UV_FIND_LINKS"):
+        env["UV_FIND_LINKS"] = env["PIP_FIND_LINKS"]
+    command = [uv, "run", "--quiet", "--script", str(path)] + (["--variant", variant] if variant else [])
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s, cwd=path.parent)
+    except subprocess.TimeoutExpired:
+        return {"expected": "?", "observed": "timeout", "ok": False, "seconds": round(time.monotonic() - started, 1)}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if lines:
+        detail = json.loads(lines[-1][len(RESULT_PREFIX) :])
+        verdict = classify(detail["status"], detail)
+        observed = verdict.signature or verdict.outcome
+    else:
+        observed = f"no result (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:] or ''}"
+    expected = entry["signature"] if variant in (None, entry["variant"]) else "pass"
+    return {"expected": expected, "observed": observed, "ok": observed == expected,
+            "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+
+
 def render(failure: dict[str, Any], scenario: Scenario, fixes: list[str], python: str) -> str:
     """The reproducer's text."""
     versions = failure.get("versions") or {}
+    if (failure.get("install") or {}).get("mode") == "system":
+        # A node's preinstalled stack (CUDA builds, local packages) is not on an index: pin what decides it.
+        versions = {k: v for k, v in versions.items() if k in SYSTEM_MODE_PINS}
     # Every distribution the cell had, at its exact version: the reproducer rebuilds the cell, not a cousin.
     deps = [f"{name}=={_public(v)}" for name, v in sorted(versions.items()) if name != "python"]
     if "hypothesis" not in versions:

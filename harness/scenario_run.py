@@ -69,7 +69,7 @@ def run_scenario(
     retry = ctx.profile.retry
     failed_drawn: list[tuple[dict[str, Any], dict[str, Any]]] = []
     for variant, planned, fields in _run_batch(sessions, pending, retry, confirmed):
-        if variant == baseline and drawn_baseline_only(scenario, planned) and fields["outcome"] == "fail":
+        if variant == baseline and draws.is_drawn(planned) and fields["outcome"] == "fail":
             failed_drawn.append((planned, fields))  # written once shrunk, so the record holds both configs
         else:
             emit(variant, planned, fields)
@@ -88,7 +88,8 @@ def run_scenario(
             fields["shrink"] = {"shared_from": shrunk[signature]["shrunk_from"]}
         emit(baseline, planned, fields)
 
-    fixes = [(v, c) for c in [p for p, _ in failed_drawn] for v in variants[1:]]
+    # Scenarios that measure every variant ran them already; the others run their fixes now.
+    fixes = [(v, c) for c in [p for p, _ in failed_drawn if drawn_baseline_only(scenario, p)] for v in variants[1:]]
     fixes += [(v, c) for vs, c in resumed_fixes for v in vs[1:]]
     fixes = [(v, c) for v, c in fixes if (cell.cell_id, scenario.id, v, c["config_id"]) not in ctx.writer]
     ctx.progress.add_jobs(len(fixes))
