@@ -150,7 +150,9 @@ def check_repro(
 def render(failure: dict[str, Any], scenario: Scenario, fixes: list[str], python: str) -> str:
     """The reproducer's text."""
     versions = failure.get("versions") or {}
-    if (failure.get("install") or {}).get("mode") == "system":
+    if versions.get("python"):
+        python = ".".join(versions["python"].split(".")[:2])  # the cell's own interpreter line
+    if str((failure.get("install") or {}).get("mode", "")).startswith("system"):
         # A node's preinstalled stack (CUDA builds, local packages) is not on an index: pin what decides it.
         versions = {k: v for k, v in versions.items() if k in SYSTEM_MODE_PINS}
     # Every distribution the cell had, at its exact version: the reproducer rebuilds the cell, not a cousin.
