@@ -62,23 +62,30 @@ def bench_env_build(workdir: Path) -> dict[str, float]:
     return results
 
 
-def bench_worker(configs: int, workdir: Path) -> dict[str, float]:
-    """S3 jobs: one worker for all configs vs a fresh process per config, same configs, same cell."""
-    profile = load_profile("ci", REPO_ROOT / "matrix")
-    cell = next(c for c in expand(profile) if c.stack == "current")
+def bench_worker(configs: int, workdir: Path, scenario_id: str = "S3", profile_name: str = "ci",
+                 cell_glob: str = "current_*") -> dict[str, float]:  # fmt: skip
+    """One scenario's baseline jobs: one worker for all configs vs a fresh process per config, same configs,
+    same cell (S3: single process; S4: torchrun with 2 ranks and deepspeed, where start-up costs most)."""
+    import fnmatch
+
+    profile = load_profile(profile_name, REPO_ROOT / "matrix")
+    cell = next(c for c in expand(profile) if fnmatch.fnmatchcase(c.cell_id, cell_glob))
     env = envs.ensure_env(cell, profile, envs.InstallOptions(envs_dir=envs.default_envs_dir()))
     if env.failure:
         raise SystemExit(f"cannot build the benchmark cell: {env.failure}")
-    scenario = select(["S3"])[0]
-    from harness.draws import plan_configs
+    scenario = select([scenario_id])[0]
+    from harness.draws import DrawPlan, plan_configs
 
-    planned = plan_configs([], [], scenario.strategy(), configs, 99)
+    planned = plan_configs([], [], scenario.strategy(), DrawPlan(99, configs * 4, configs))
     jobs = [Job(i, p["config"], "baseline") for i, p in enumerate(planned)]
+    world_size = 2 if scenario.distributed else 1
+    extra = {"DS_ACCELERATOR": "cpu"} if scenario.distributed else {}
 
     def spec(tag: str) -> LaunchSpec:
         return LaunchSpec(python=env.python, module=scenario.module_name, preload=scenario.preload, device="cpu",
-                          world_size=1, env={"CUDA_VISIBLE_DEVICES": ""}, workdir=workdir / tag,
-                          job_timeout_s=300, start_timeout_s=300)  # fmt: skip
+                          world_size=world_size, env={"CUDA_VISIBLE_DEVICES": ""} | extra,
+                          workdir=workdir / scenario_id / tag, job_timeout_s=300, start_timeout_s=300,
+                          stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)))  # fmt: skip
 
     def check(results) -> None:
         bad = [r for r in results if r.status != "pass"]
@@ -91,6 +98,8 @@ def bench_worker(configs: int, workdir: Path) -> dict[str, float]:
     marginal_persistent = (persistent - one) / (len(jobs) - 1)
     marginal_process = per_process / len(jobs)
     return {
+        "scenario": scenario.id,
+        "cell": cell.cell_id,
         "configs": len(jobs),
         "one_config_one_worker_s": one,
         "persistent_total_s": persistent,
@@ -101,10 +110,53 @@ def bench_worker(configs: int, workdir: Path) -> dict[str, float]:
     }
 
 
+#: Cells for the growth benchmark: recent accelerate releases (small wheels, so env builds stay cheap).
+GROWTH_ACCELERATE = ["1.8.1", "1.9.0", "1.10.1", "1.11.0", "1.12.0", "1.13.0", "1.14.0", "1.15.0"]
+GROWTH_PROFILE = """
+[profile]
+description = "bench: matrix wall time as cells grow"
+device = "cpu"
+scenarios = ["S3-*"]
+examples_per_scenario = 2
+hypothesis_seed = 1
+[axes]
+torch = ["2.13.0"]
+transformers = ["latest"]
+peft = ["latest"]
+accelerate = {accelerate}
+[install]
+extra = ["hypothesis"]
+"""
+
+
+def bench_growth(workdir: Path, sizes: tuple[int, ...] = (1, 2, 4, 8)) -> dict[str, object]:
+    """`python -m harness matrix` over 1, 2, 4, 8 cells (S3, warm environments): wall = fixed + n x per-cell."""
+
+    def run(n: int) -> float:
+        profile = workdir / f"growth{n}.toml"
+        profile.write_text(GROWTH_PROFILE.format(accelerate=json.dumps(GROWTH_ACCELERATE[:n])))
+        command = [sys.executable, "-m", "harness", "matrix", "--profile", str(profile), "--fresh", "--no-report",
+                   "--no-example-db", "--results-dir", str(workdir / f"results{n}")]  # fmt: skip
+        started = time.perf_counter()
+        subprocess.run(command, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - started
+
+    warmup = run(max(sizes))  # builds (or finds) every cell's environment, so the timed runs compare like with like
+    walls = {n: run(n) for n in sizes}
+    xs, ys = list(walls), list(walls.values())
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum((x - mean_x) ** 2 for x in xs)
+    fixed = mean_y - slope * mean_x
+    worst = max(abs(y - (fixed + slope * x)) / y for x, y in zip(xs, ys, strict=True))
+    return {"warmup_s": warmup, "wall_s": {str(n): w for n, w in walls.items()}, "fixed_s": fixed,
+            "per_cell_s": slope, "worst_fit_error": worst}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--configs", type=int, default=8, help="S3 configs for the worker benchmark (>= 2)")
     parser.add_argument("--skip-env", action="store_true", help="skip the environment-build benchmark")
+    parser.add_argument("--skip-growth", action="store_true", help="skip the cells-growth benchmark")
     parser.add_argument("--output-dir", type=Path, default=REPO_ROOT / "results" / "bench")
     args = parser.parse_args(argv)
     if args.configs < 2:
@@ -114,11 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         work = Path(tmp)
         if not args.skip_env:
-            print("benchmark 1/2: environment build (uv cold, uv warm, pip) ...", flush=True)
+            print("benchmark 1/3: environment build (uv cold, uv warm, pip) ...", flush=True)
             report["env_build"] = bench_env_build(work)
             shutil.rmtree(work / "uv-cache-cold", ignore_errors=True)
-        print(f"benchmark 2/2: persistent worker vs process per config ({args.configs} S3 configs) ...", flush=True)
+        print(f"benchmark 2/3: persistent worker vs process per config ({args.configs} S3 configs) ...", flush=True)
         report["worker"] = bench_worker(args.configs, work)
+        print("benchmark 2b/3: the same for S4 (torchrun, 2 ranks, deepspeed ZeRO-3; 4 configs) ...", flush=True)
+        report["worker_s4"] = bench_worker(4, work, "S4", "cpu", "current_*ds-latest*")
+        if not args.skip_growth:
+            print("benchmark 3/3: matrix wall time over 1, 2, 4, 8 cells (S3, warm environments) ...", flush=True)
+            report["growth"] = bench_growth(work)
     print_table(report)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     out = args.output_dir / f"{dt.date.today().isoformat()}.json"
@@ -136,13 +193,24 @@ def print_table(report: dict) -> None:
                  ("env build: pip", f"{e['pip_s']:.1f} s", ""),
                  ("pip / uv warm", f"{e['pip_over_uv_warm']:.1f}x", "target >= 10x"),
                  ("pip / uv cold", f"{e['pip_over_uv_cold']:.1f}x", "")]  # fmt: skip
-    w = report["worker"]
-    rows += [("S3: one config, one worker", f"{w['one_config_one_worker_s']:.2f} s", ""),
-             (f"S3: {w['configs']} configs, persistent worker", f"{w['persistent_total_s']:.2f} s", ""),
-             (f"S3: {w['configs']} configs, process per config", f"{w['process_per_config_total_s']:.2f} s", ""),
-             ("marginal config, persistent", f"{w['marginal_persistent_s']:.3f} s", ""),
-             ("marginal config, process per config", f"{w['marginal_process_per_config_s']:.3f} s", ""),
-             ("process per config / persistent", f"{w['process_over_persistent']:.1f}x", "target >= 5x")]  # fmt: skip
+    for key in ("worker", "worker_s4"):
+        if key not in report:
+            continue
+        w = report[key]
+        name = w.get("scenario", "S3")[:2]
+        rows += [(f"{name}: one config, one worker", f"{w['one_config_one_worker_s']:.2f} s", ""),
+                 (f"{name}: {w['configs']} configs, persistent worker", f"{w['persistent_total_s']:.2f} s", ""),
+                 (f"{name}: {w['configs']} configs, one process each", f"{w['process_per_config_total_s']:.2f} s", ""),
+                 (f"{name}: marginal config, persistent", f"{w['marginal_persistent_s']:.3f} s", ""),
+                 (f"{name}: marginal config, process per config", f"{w['marginal_process_per_config_s']:.3f} s", ""),
+                 (f"{name}: process per config / persistent", f"{w['process_over_persistent']:.1f}x",
+                  "target >= 5x")]  # fmt: skip
+    if "growth" in report:
+        g = report["growth"]
+        rows += [(f"matrix, {n} cell(s), S3", f"{w:.1f} s", "") for n, w in g["wall_s"].items()]
+        rows += [("fit: fixed overhead", f"{g['fixed_s']:.1f} s", "wall = fixed + n x per-cell"),
+                 ("fit: per cell", f"{g['per_cell_s']:.1f} s", ""),
+                 ("fit: worst relative error", f"{100 * g['worst_fit_error']:.0f} %", "small: linear")]  # fmt: skip
     width = max(len(r[0]) for r in rows)
     print(f"\n{'measure'.ljust(width)} | value      | note")
     print(f"{'-' * width}-|------------|------------")
