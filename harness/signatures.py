@@ -127,7 +127,7 @@ def exception_signature(exc_type: str, message: str, traceback: str = "") -> str
         return "optimizer-bf16-grad-on-fp32-param"
     if re.search(r"expected (m1 and m2|mat1 and mat2) to have the same dtype", message):
         return "matmul-dtype-mismatch"  # CPU and CUDA wordings
-    if short == "IndexError" and "get_lora_weight" in traceback and "lora_A.weight.shape" in traceback:
+    if short == "IndexError" and "dora.py" in traceback and "lora_A.weight.shape" in traceback:
         # DoRA reads lora_A.weight outside lora_A's FSDP unit; with use_orig_params it is a flat 1-D shard.
         return "dora-reads-sharded-lora-weight"
     if "setStorage:" in message and "storage of size 0" in message and "checkpoint" in traceback:

@@ -90,6 +90,10 @@ def test_gpu_wordings_and_traceback_matched_failures() -> None:
     assert exception_signature("builtins.IndexError", "tuple index out of range", trace) == (
         "dora-reads-sharded-lora-weight"
     )
+    older = 'peft/tuners/lora/dora.py", line 74, in forward\n    x_eye = torch.eye(lora_A.weight.shape[1], ...'
+    assert exception_signature("builtins.IndexError", "tuple index out of range", older) == (
+        "dora-reads-sharded-lora-weight"
+    )  # peft 0.12 wording: the same read, in DoraLinearLayer.forward
     assert exception_signature("builtins.IndexError", "tuple index out of range", "").startswith("unclassified-")
     freed = "setStorage: sizes [8, 64], strides [1, 8] ... are out of bounds for storage of size 0"
     trace = 'torch/utils/checkpoint.py", line 308, in backward'
