@@ -70,5 +70,12 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "harness.bench", *session.posargs)
 
 
+@nox.session(default=False)
+def bisect(session: nox.Session) -> None:
+    """First release where a scenario's outcome flips: `nox -s bisect -- --package deepspeed --scenario S4`."""
+    session.install(*HARNESS_DEPS)
+    session.run("python", "-m", "harness", "bisect", *session.posargs)
+
+
 if __name__ == "__main__":
     nox.main()

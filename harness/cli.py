@@ -142,6 +142,26 @@ def build_parser() -> argparse.ArgumentParser:
     imports.add_argument("records", nargs="+", type=Path, help="<run-id>.records.jsonl files (meta.json beside)")
     imports.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
 
+    bis = sub.add_parser(
+        "bisect",
+        help="find the first release of a package where a scenario's outcome flips",
+        description="Holds every other pin of a base cell fixed and bisects one package's releases (from the "
+        "index pip is configured for, or the wheelhouse with --offline). Each probe is a real one-cell run of the "
+        "scenario's explicit configs under one variant; n releases take at most ceil(log2 n) + 1 cell runs. "
+        "Writes results/bisect/<id>/verdict.json with every probe's evidence.",
+    )
+    bis.add_argument("--package", required=True, help="the package to bisect, e.g. deepspeed")
+    bis.add_argument("--scenario", required=True, help="scenario id or prefix, e.g. S4")
+    bis.add_argument("--variant", default="baseline")
+    bis.add_argument("--profile", default="cpu", help="profile whose base cell holds the other pins (default cpu)")
+    bis.add_argument("--cell", metavar="GLOB", help="base cell of that profile (default: its first cell)")
+    bis.add_argument("--good", metavar="VERSION", help="one end of the range (default: the newest release)")
+    bis.add_argument("--bad", metavar="VERSION", help="the other end (default: the oldest the profile pins)")
+    bis.add_argument("--signature", help="count only failures with this signature as failing")
+    bis.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    bis.add_argument("--offline", action="store_true")
+    bis.add_argument("--wheelhouse", type=Path, metavar="DIR")
+
     check = sub.add_parser(
         "check-repros",
         help="run reproducers with `uv run` and check they still reproduce (and their fixes still pass)",
@@ -187,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "import-run":
             return _import_runs(args)
+        if args.command == "bisect":
+            return _bisect(args)
         if args.command == "check-repros":
             return _check_repros(args)
         if args.command == "node-agent":
@@ -272,6 +294,43 @@ def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | No
 
         sync_repros(selection.records, {s.id: s for s in known}, results_dir / "repros")
     return output
+
+
+def _bisect(args: argparse.Namespace) -> int:
+    from packaging.version import InvalidVersion, Version
+
+    from harness.bisect import bisect
+    from harness.envs import InstallOptions, default_envs_dir
+    from harness.matrix import MatrixOptions
+    from harness.profile import load_profile
+
+    if args.offline and args.wheelhouse is None:
+        raise UsageError("--offline needs --wheelhouse DIR")
+    ends = [v for v in (args.good, args.bad) if v]
+    try:
+        ends.sort(key=Version)
+    except InvalidVersion as exc:
+        raise UsageError(f"--good/--bad: {exc}") from None
+    old = ends[0] if len(ends) == 2 or (ends and args.bad) else None
+    new = ends[-1] if len(ends) == 2 or (ends and args.good) else None
+    profile = load_profile(args.profile, MATRIX_DIR)
+    install = InstallOptions(envs_dir=default_envs_dir(), offline=args.offline,
+                             wheelhouse=args.wheelhouse.resolve() if args.wheelhouse else None)  # fmt: skip
+    options = MatrixOptions(results_dir=args.results_dir, install=install)
+    verdict = bisect(
+        profile, args.package, args.scenario, args.variant, options, old=old, new=new, cell_glob=args.cell,
+        signature=args.signature, out_root=args.results_dir / "bisect",
+    )  # fmt: skip
+    print(f"\n{verdict.package} on {verdict.scenario} / {verdict.variant}, base cell {verdict.base_cell}")
+    print(f"releases in range: {', '.join(verdict.candidates)}")
+    for probe in verdict.probes:
+        print(f"  {probe.version:<12} {probe.state:<9} {' '.join(probe.signatures)}  (run {probe.run_id})")
+    if verdict.stepped_over:
+        print(f"stepped over (could not install or import): {', '.join(verdict.stepped_over)}")
+    flip = verdict.first_flip or "none in range"
+    print(f"outcome at {verdict.candidates[0]}: {verdict.old_state}; first release where it flips: {flip}")
+    print(f"cell runs: {verdict.cell_runs} (bound ceil(log2 {len(verdict.candidates)}) + 1 = {verdict.bound})")
+    return 0
 
 
 def _check_repros(args: argparse.Namespace) -> int:
