@@ -299,7 +299,7 @@ def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | No
 def _bisect(args: argparse.Namespace) -> int:
     from packaging.version import InvalidVersion, Version
 
-    from harness.bisect import bisect
+    from harness.bisection import bisect
     from harness.envs import InstallOptions, default_envs_dir
     from harness.matrix import MatrixOptions
     from harness.profile import load_profile

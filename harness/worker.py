@@ -8,10 +8,16 @@ flushed line by line, so the launcher sees progress live and a killed worker los
 
 from __future__ import annotations
 
+import sys
+
+# Run as a script, Python puts harness/ first on sys.path, where module names like profile.py would shadow
+# the standard library for every import below (and the stack's). Drop it before importing anything else.
+if __name__ == "__main__" and sys.path and sys.path[0] == __file__.rpartition("/")[0]:
+    sys.path.pop(0)
+
 import importlib
 import json
 import os
-import sys
 import tempfile
 import threading
 import time

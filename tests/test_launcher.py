@@ -13,6 +13,7 @@ from pathlib import Path
 
 from harness.launcher import Job, LaunchSpec, WorkerSession, run_jobs
 from harness.proctree import processes_with_token
+from tests.conftest import REPO_ROOT
 from tests.fault_ledger import record_fault
 
 TOY = textwrap.dedent(
@@ -98,3 +99,27 @@ def test_session_feeds_jobs_to_one_warm_worker(tmp_path: Path) -> None:
         assert session.run_one({"n": 1}, "pass").status == "pass"
         assert session.queue.launches == 2
     assert _orphans() == []
+
+
+def test_harness_module_names_cannot_shadow_the_standard_library_in_workers(tmp_path: Path) -> None:
+    """The worker runs as a script from harness/: a harness module named like a stdlib one (bisect.py did,
+    profile.py does) must not replace it there. A scenario importing those must get the real ones."""
+    import sys as _sys
+
+    clashes = {p.stem for p in (REPO_ROOT / "harness").glob("*.py") if p.stem in _sys.stdlib_module_names}
+    # Only profile.py, which the worker's own imports never reach, and the worker drops harness/ from sys.path
+    # before importing anything else. A new clash (harness/bisect.py broke every worker: random imports bisect)
+    # must be renamed.
+    assert clashes <= {"profile"}, clashes
+    (tmp_path / "stdlib_user.py").write_text(
+        textwrap.dedent(
+            """
+            import bisect, profile, random
+            def run(config, variant, ctx):
+                assert hasattr(bisect, "insort") and hasattr(profile, "Profile"), (bisect.__file__, profile.__file__)
+                return {"metrics": {}}
+            """
+        )
+    )
+    [result] = run_jobs(spec(tmp_path, module="stdlib_user"), [Job(0, {}, "x")])
+    assert result.status == "pass", result.detail

@@ -102,36 +102,30 @@ def bisect(
     out_dir = out_root / bisect_id
     verdict = Verdict(package, scenario.id, variant, base.cell_id, candidates, "", None)
 
-    def probe(index: int) -> Probe:
-        version = candidates[index]
+    def probe(version: str) -> Probe:
         result = _probe(profile, base, package, version, scenario.id, variant, options, out_dir, signature)
         verdict.probes.append(result)
         print(f"bisect: {package}=={version}: {result.state} {' '.join(result.signatures)}", flush=True)
         return result
 
-    first = probe(0)
+    first = probe(candidates[0])
     if first.state == "unusable":
         raise UsageError(f"{package}=={old} cannot be installed or imported here; choose another --bad/--good bound")
     verdict.old_state = first.state
-    lo, hi = 0, len(candidates)  # candidates[lo] has the old state; hi == len: "no flip in range"
+    usable = list(candidates)
+    lo, hi = 0, len(usable)  # usable[lo] has the old state; hi == len(usable): "no flip in range"
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        result = probe(mid)
-        step = mid
-        while result.state == "unusable":  # step over: try the next release inside (lo, hi)
-            verdict.stepped_over.append(candidates[step])
-            step += 1
-            if step >= hi:
-                break
-            result = probe(step)
+        result = probe(usable[mid])
         if result.state == "unusable":
-            hi = mid  # nothing usable in [mid, hi): the flip, if any, is before mid or unknowable there
-            continue
-        if result.state == verdict.old_state:
-            lo = step
+            # Cannot be the answer: drop it and search the rest (the verdict lists it).
+            verdict.stepped_over.append(usable.pop(mid))
+            hi -= 1
+        elif result.state == verdict.old_state:
+            lo = mid
         else:
-            hi = step
-    verdict.first_flip = candidates[hi] if hi < len(candidates) else None
+            hi = mid
+    verdict.first_flip = usable[hi] if hi < len(usable) else None
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "verdict.json").write_text(json.dumps(verdict.as_json(), indent=1) + "\n")
     return verdict
