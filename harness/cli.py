@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     matrix.add_argument("--no-report", action="store_true", help="do not regenerate COMPATIBILITY.md afterwards")
     matrix.add_argument(
+        "--reduce",
+        choices=["none", "pairwise"],
+        help="pairwise: run only cells that together hold every pair of values of any two dimensions "
+        "(stack and axes); the coverage goes into meta.json (default: the profile's `reduce`, else none)",
+    )
+    matrix.add_argument(
         "--slots",
         type=int,
         metavar="N",
@@ -187,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("what", choices=["profiles", "scenarios", "cells"])
     listing.add_argument("--profile", default=None)
     listing.add_argument("--json", action="store_true", help="machine-readable output")
+    listing.add_argument("--reduce", choices=["none", "pairwise"], help="cells after this reduction")
     return parser
 
 
@@ -259,6 +266,7 @@ def _matrix(args: argparse.Namespace) -> int:
         nnodes=args.nnodes,
         rdzv_endpoint=args.rdzv_endpoint,
         slots=args.slots,
+        reduce=args.reduce,
     )
     summary = run_matrix(profile, options)
     print(
@@ -406,12 +414,16 @@ def _list(args: argparse.Namespace) -> int:
         ]
     else:
         from harness.cells import expand
+        from harness.reduction import reduce_cells
 
         profile = load_profile(args.profile or default_profile(), MATRIX_DIR)
-        items = [
-            {"cell": c.cell_id, "requirements": c.requirements(), "excluded": c.excluded_reason}
-            for c in expand(profile)
-        ]
+        cells, reduction = reduce_cells(expand(profile), args.reduce or profile.reduce)
+        items = [{"cell": c.cell_id, "requirements": c.requirements(), "excluded": c.excluded_reason} for c in cells]
+        if not args.json:
+            print(
+                f"# {reduction.cells} of {reduction.cells_full} cells ({reduction.method}); pairs covered "
+                f"{reduction.pairs_covered}/{reduction.pairs_total}"
+            )
     if args.json:
         print(json.dumps(items, indent=1))
     else:

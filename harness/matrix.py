@@ -15,6 +15,7 @@ from harness.launcher import LaunchSpec, WorkerSession
 from harness.profile import Profile
 from harness.progress import Progress
 from harness.records import RecordWriter
+from harness.reduction import reduce_cells
 from harness.registry import Scenario, select
 from harness.scenario_run import RunContext, drawn_baseline_only, plain, run_scenario
 
@@ -36,6 +37,8 @@ class MatrixOptions:
     example_db: Path | None = None
     #: Overrides the profile's hypothesis_profile ("ci" | "explore").
     hypothesis_profile: str | None = None
+    #: Overrides the profile's `reduce` ("none" | "pairwise").
+    reduce: str | None = None
     #: Workers a single-process scenario is packed over (default: one per GPU on CUDA, 1 on CPU).
     slots: int | None = None
     #: Multi-node: distributed scenarios span this many nodes (see harness/node_agent.py).
@@ -101,7 +104,8 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     scenarios = select(options.scenario_patterns or profile.scenarios)
     variants = {s.id: variants_for(profile, s) for s in scenarios}
     hypothesis_settings(profile, options)
-    cells = [c for c in expand(profile) if _wanted(c, options.cell_patterns)]
+    cells, reduction = reduce_cells(expand(profile), options.reduce or profile.reduce)
+    cells = [c for c in cells if _wanted(c, options.cell_patterns)]
     device = hardware.resolve_device(profile.device)
     machine = hardware.describe(device)
     runs.check_writable(options.results_dir)
@@ -137,6 +141,7 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
         {
             "configs": configs,
             "draws": how,
+            "reduction": reduction.as_json(),
             "status": "running",
             "hardware": machine,
             "cells": {

@@ -41,6 +41,7 @@ PROFILE_SECTION_KEYS = {
     "examples_per_scenario",
     "hypothesis_seed",
     "hypothesis_profile",
+    "reduce",
 }
 TIMEOUT_KEYS = {"install_s", "job_s", "worker_start_s"}
 INSTALL_KEYS = {"no_build_isolation", "build_requires", "extra", "env", "mode", "overlay_support"}
@@ -121,6 +122,8 @@ class Profile:
     retry: RetryPolicy = RetryPolicy()
     #: Address-space limit per worker process (CPU only): a runaway allocation becomes a recorded OOM crash.
     worker_memory_mb: int | None = None
+    #: "none" (the full product) or "pairwise" (every pair of values of two dimensions in some cell).
+    reduce: str = "none"
 
     def settings_for(self, scenario_id: str) -> ScenarioSettings:
         return self.scenario_settings.get(scenario_id, ScenarioSettings())
@@ -214,8 +217,16 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
         overlay_support=tuple(_str_list(shown, "install.overlay_support", install.get("overlay_support", []))),
         scenario_settings=_parse_scenarios(shown, data.get("scenario", {})),
         retry=_parse_retry(shown, data.get("retry", {})),
+        reduce=_reduce_method(shown, head.get("reduce", "none")),
         worker_memory_mb=_parse_limits(shown, data.get("limits", {}), device),
     )
+
+
+def _reduce_method(shown: str, raw: Any) -> str:
+    value = _str(shown, "profile.reduce", raw)
+    if value not in ("none", "pairwise"):
+        raise ProfileError(shown, "profile.reduce", f"must be 'none' or 'pairwise', got {value!r}")
+    return value
 
 
 def _parse_retry(shown: str, raw: Any) -> RetryPolicy:
