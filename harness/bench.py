@@ -154,33 +154,66 @@ def bench_growth(workdir: Path, sizes: tuple[int, ...] = (1, 2, 4, 8)) -> dict[s
             "per_cell_s": slope, "worst_fit_error": worst}  # fmt: skip
 
 
+def bench_reduction(results_dir: Path) -> dict[str, object]:
+    """Cells each method needs for the same question: the full product and pairwise on a 4x4x4 matrix, and
+    the newest recorded bisect (real cell runs) against the full sweep of its releases."""
+    from harness.reduction import reduce_cells
+
+    dims = {"torch": ["2.10.0", "2.11.0", "2.12.0", "2.13.0"], "deepspeed": ["0.19.2", "0.19.4", "0.19.6", "0.19.8"],
+            "bitsandbytes": ["0.47.0", "0.48.0", "0.49.0", "0.50.2"]}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        text = '[profile]\ndevice = "cpu"\n[axes]\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in dims.items())
+        path = Path(tmp) / "wide.toml"
+        path.write_text(text)
+        cells = expand(load_profile(str(path), Path(tmp)))
+    _, pairwise = reduce_cells(cells, "pairwise")
+    report: dict[str, object] = {"full_product_cells": len(cells), "pairwise": pairwise.as_json(),
+                                 "dimensions": {k: len(v) for k, v in dims.items()}}  # fmt: skip
+    verdicts = sorted((results_dir / "bisect").glob("*/verdict.json"))
+    if verdicts:
+        verdict = json.loads(verdicts[-1].read_text())
+        report["bisect"] = {"file": str(verdicts[-1].relative_to(REPO_ROOT)) if verdicts[-1].is_relative_to(REPO_ROOT)
+                            else str(verdicts[-1]), "releases": len(verdict["candidates"]),
+                            "cell_runs": verdict["cell_runs"], "full_sweep_cell_runs": len(verdict["candidates"]),
+                            "first_flip": verdict["first_flip"]}  # fmt: skip
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--configs", type=int, default=8, help="S3 configs for the worker benchmark (>= 2)")
     parser.add_argument("--skip-env", action="store_true", help="skip the environment-build benchmark")
     parser.add_argument("--skip-growth", action="store_true", help="skip the cells-growth benchmark")
+    parser.add_argument("--only-reduction", action="store_true", help="only count cells per reduction method")
     parser.add_argument("--output-dir", type=Path, default=REPO_ROOT / "results" / "bench")
     args = parser.parse_args(argv)
     if args.configs < 2:
         parser.error("--configs must be at least 2")
     report: dict[str, object] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                                  "hardware": hardware.describe("cpu")}  # fmt: skip
+    report["reduction"] = bench_reduction(REPO_ROOT / "results")
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         work = Path(tmp)
-        if not args.skip_env:
+        if args.only_reduction:
+            pass
+        elif not args.skip_env:
             print("benchmark 1/3: environment build (uv cold, uv warm, pip) ...", flush=True)
             report["env_build"] = bench_env_build(work)
             shutil.rmtree(work / "uv-cache-cold", ignore_errors=True)
-        print(f"benchmark 2/3: persistent worker vs process per config ({args.configs} S3 configs) ...", flush=True)
-        report["worker"] = bench_worker(args.configs, work)
-        print("benchmark 2b/3: the same for S4 (torchrun, 2 ranks, deepspeed ZeRO-3; 4 configs) ...", flush=True)
-        report["worker_s4"] = bench_worker(4, work, "S4", "cpu", "current_*ds-latest*")
-        if not args.skip_growth:
+        if not args.only_reduction:
+            print(f"benchmark 2/3: persistent worker vs process per config ({args.configs} S3 configs) ...", flush=True)
+            report["worker"] = bench_worker(args.configs, work)
+        if not args.only_reduction:
+            print("benchmark 2b/3: the same for S4 (torchrun, 2 ranks, deepspeed ZeRO-3; 4 configs) ...", flush=True)
+            report["worker_s4"] = bench_worker(4, work, "S4", "cpu", "current_*ds-latest*")
+        if not args.skip_growth and not args.only_reduction:
             print("benchmark 3/3: matrix wall time over 1, 2, 4, 8 cells (S3, warm environments) ...", flush=True)
             report["growth"] = bench_growth(work)
     print_table(report)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     out = args.output_dir / f"{dt.date.today().isoformat()}.json"
+    if out.is_file():  # a partial run (--skip-*, --only-reduction) updates today's file instead of erasing it
+        report = json.loads(out.read_text()) | report
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
     return 0
@@ -207,6 +240,15 @@ def print_table(report: dict) -> None:
                  (f"{name}: marginal config, process per config", f"{w['marginal_process_per_config_s']:.3f} s", ""),
                  (f"{name}: process per config / persistent", f"{w['process_over_persistent']:.1f}x",
                   "target >= 5x")]  # fmt: skip
+    if "reduction" in report:
+        r = report["reduction"]
+        rows += [("reduction: full product 4x4x4", f"{r['full_product_cells']} cells", ""),
+                 ("reduction: pairwise", f"{r['pairwise']['cells']} cells",
+                  f"pair coverage {100 * r['pairwise']['pair_coverage']:.0f} %")]  # fmt: skip
+        if "bisect" in r:
+            b = r["bisect"]
+            rows += [(f"bisect over {b['releases']} releases", f"{b['cell_runs']} runs",
+                      f"full sweep {b['full_sweep_cell_runs']}; first flip {b['first_flip']}")]  # fmt: skip
     if "growth" in report:
         g = report["growth"]
         rows += [(f"matrix, {n} cell(s), S3", f"{w:.1f} s", "") for n, w in g["wall_s"].items()]
