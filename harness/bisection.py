@@ -87,6 +87,7 @@ def bisect(
     scenario = select([scenario_id])[0]
     if variant not in scenario.variants:
         raise UsageError(f"--variant {variant!r}: {scenario.id} has {', '.join(scenario.variants)}")
+    profile, _ = releases.resolve_axes(profile, options.install.wheelhouse if options.install.offline else None)
     base = _base_cell(profile, cell_glob)
     wheelhouse = options.install.wheelhouse if options.install.offline else None
     available = releases.releases(package, profile.python, wheelhouse)

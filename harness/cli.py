@@ -415,9 +415,12 @@ def _list(args: argparse.Namespace) -> int:
     else:
         from harness.cells import expand
         from harness.reduction import reduce_cells
+        from harness.releases import resolve_axes
 
-        profile = load_profile(args.profile or default_profile(), MATRIX_DIR)
+        profile, resolved = resolve_axes(load_profile(args.profile or default_profile(), MATRIX_DIR))
         cells, reduction = reduce_cells(expand(profile), args.reduce or profile.reduce)
+        if resolved and not args.json:
+            print("# release rules resolved: " + "; ".join(f"{k} = {', '.join(v)}" for k, v in resolved.items()))
         items = [{"cell": c.cell_id, "requirements": c.requirements(), "excluded": c.excluded_reason} for c in cells]
         if not args.json:
             print(

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from harness import draws, envs, hardware, runs
+from harness import draws, envs, hardware, releases, runs
 from harness.cells import Cell, expand
 from harness.errors import UsageError
 from harness.launcher import LaunchSpec, WorkerSession
@@ -104,14 +104,17 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     scenarios = select(options.scenario_patterns or profile.scenarios)
     variants = {s.id: variants_for(profile, s) for s in scenarios}
     hypothesis_settings(profile, options)
-    cells, reduction = reduce_cells(expand(profile), options.reduce or profile.reduce)
-    cells = [c for c in cells if _wanted(c, options.cell_patterns)]
     device = hardware.resolve_device(profile.device)
     machine = hardware.describe(device)
     runs.check_writable(options.results_dir)
 
     digest = runs.profile_digest(profile.path)
     run_dir = None if options.fresh else runs.find_resumable(options.results_dir, profile.name, digest)
+    recorded = runs.read_meta(run_dir).get("resolved_axes") if run_dir is not None else None
+    wheelhouse = options.install.wheelhouse if options.install.offline else None
+    profile, resolved_axes = releases.resolve_axes(profile, wheelhouse, recorded)
+    cells, reduction = reduce_cells(expand(profile), options.reduce or profile.reduce)
+    cells = [c for c in cells if _wanted(c, options.cell_patterns)]
     if run_dir is not None:
         meta = runs.read_meta(run_dir)
         configs = meta["configs"]
@@ -142,6 +145,7 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
             "configs": configs,
             "draws": how,
             "reduction": reduction.as_json(),
+            "resolved_axes": resolved_axes,
             "status": "running",
             "hardware": machine,
             "cells": {

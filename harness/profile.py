@@ -21,6 +21,8 @@ AXIS_PACKAGES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bi
 #: Packages a profile may also pin through `implied` rules or `[install] extra`.
 SUPPORT_PACKAGES = ("tokenizers", "huggingface-hub", "trl", "numpy", "safetensors", "hypothesis")
 LATEST = "latest"
+#: An axis given as a rule (resolved against the index when a run starts) is stored as this prefix + the rule.
+RULE_PREFIX = "rule:"
 ABSENT = "none"
 #: "whatever the node's own python has": only with `[install] mode = "system"` (a preinstalled GPU stack).
 SYSTEM = "system"
@@ -261,11 +263,16 @@ def _all_pins(axes: dict[str, tuple[str, ...]], stacks: dict[str, dict[str, str]
 
 
 def _parse_axes(shown: str, raw: Any) -> dict[str, tuple[str, ...]]:
+    """Versions per package: a list of pins, or a release rule (a string) resolved when the run starts."""
     axes = _table(shown, "axes", raw)
     parsed: dict[str, tuple[str, ...]] = {}
     for package, values in axes.items():
         key = f"axes.{package}"
         _known_package(shown, key, package, AXIS_PACKAGES)
+        if isinstance(values, str) and values not in (LATEST, ABSENT, SYSTEM):
+            parse_rule(shown, key, values)
+            parsed[package] = (RULE_PREFIX + values,)
+            continue
         items = _str_list(shown, key, values, allow_empty=False)
         for item in items:
             _pin_value(shown, key, item)
@@ -273,6 +280,33 @@ def _parse_axes(shown: str, raw: Any) -> dict[str, tuple[str, ...]]:
             raise ProfileError(shown, key, "lists a version twice")
         parsed[package] = tuple(items)
     return parsed
+
+
+@dataclass(frozen=True)
+class ReleaseRule:
+    """`latest N`, or a specifier, optionally followed by `newest-patch` (the newest patch of every minor)."""
+
+    latest: int | None
+    specifier: SpecifierSet | None
+    newest_patch: bool
+
+
+def parse_rule(shown: str, key: str, text: str) -> ReleaseRule:
+    words = text.split()
+    newest_patch = bool(words) and words[-1] == "newest-patch"
+    if newest_patch:
+        words = words[:-1]
+    if len(words) == 2 and words[0] == "latest" and words[1].isdigit() and int(words[1]) > 0:
+        return ReleaseRule(int(words[1]), None, newest_patch)
+    try:
+        return ReleaseRule(None, SpecifierSet(" ".join(words)), newest_patch)
+    except InvalidSpecifier:
+        raise ProfileError(
+            shown,
+            key,
+            f"{text!r} is neither a version list nor a rule ('latest N' or a specifier such as "
+            "'>=4.40,<5', optionally followed by 'newest-patch')",
+        ) from None
 
 
 def _parse_stacks(shown: str, raw: Any, axes: dict[str, tuple[str, ...]]) -> dict[str, dict[str, str]]:

@@ -10,11 +10,15 @@ import json
 import os
 import re
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
+
+from harness.errors import UsageError
+from harness.profile import RULE_PREFIX, Profile, ReleaseRule, parse_rule
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 ACCEPT = "application/vnd.pypi.simple.v1+json"
@@ -87,3 +91,39 @@ def _from_wheelhouse(package: str, wheelhouse: Path) -> list[Version]:
         if name == wanted and not version.is_prerelease:
             found.add(version)
     return sorted(found)
+
+
+def apply_rule(versions: list[Version], rule: ReleaseRule) -> list[Version]:
+    """The releases a rule selects, oldest first."""
+    chosen = [v for v in versions if rule.specifier is None or rule.specifier.contains(v)]
+    if rule.newest_patch:
+        newest: dict[tuple[int, int], Version] = {}
+        for version in chosen:
+            minor = (version.major, version.minor)
+            newest[minor] = max(newest.get(minor, version), version)
+        chosen = sorted(newest.values())
+    if rule.latest is not None:
+        chosen = chosen[-rule.latest :]
+    return chosen
+
+
+def resolve_axes(
+    profile: Profile, wheelhouse: Path | None = None, recorded: dict[str, list[str]] | None = None
+) -> tuple[Profile, dict[str, list[str]]]:
+    """Replace rule axes with concrete versions. `recorded` (a resumed run's meta) wins, so a run is
+    reproduced exactly even after new releases appear."""
+    resolved: dict[str, list[str]] = {}
+    axes = dict(profile.axes)
+    for package, values in profile.axes.items():
+        if len(values) == 1 and values[0].startswith(RULE_PREFIX):
+            text = values[0][len(RULE_PREFIX) :]
+            if recorded and package in recorded:
+                chosen = recorded[package]
+            else:
+                rule = parse_rule(str(profile.path), f"axes.{package}", text)
+                chosen = [str(v) for v in apply_rule(releases(package, profile.python, wheelhouse), rule)]
+            if not chosen:
+                raise UsageError(f"axes.{package} = {text!r} selects no release of {package}")
+            resolved[package] = chosen
+            axes[package] = tuple(chosen)
+    return (replace(profile, axes=axes) if resolved else profile), resolved
