@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     matrix.add_argument("--no-report", action="store_true", help="do not regenerate COMPATIBILITY.md afterwards")
     matrix.add_argument(
+        "--no-prune",
+        action="store_true",
+        help="do not read package metadata (Requires-Dist) to skip cells whose pins cannot work together",
+    )
+    matrix.add_argument(
         "--reduce",
         choices=["none", "pairwise"],
         help="pairwise: run only cells that together hold every pair of values of any two dimensions "
@@ -267,6 +272,7 @@ def _matrix(args: argparse.Namespace) -> int:
         rdzv_endpoint=args.rdzv_endpoint,
         slots=args.slots,
         reduce=args.reduce,
+        no_prune=args.no_prune,
     )
     summary = run_matrix(profile, options)
     print(

@@ -37,6 +37,8 @@ class MatrixOptions:
     example_db: Path | None = None
     #: Overrides the profile's hypothesis_profile ("ci" | "explore").
     hypothesis_profile: str | None = None
+    #: Skip reading package metadata to prune impossible cells.
+    no_prune: bool = False
     #: Overrides the profile's `reduce` ("none" | "pairwise").
     reduce: str | None = None
     #: Workers a single-process scenario is packed over (default: one per GPU on CUDA, 1 on CPU).
@@ -115,6 +117,7 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     profile, resolved_axes = releases.resolve_axes(profile, wheelhouse, recorded)
     cells, reduction = reduce_cells(expand(profile), options.reduce or profile.reduce)
     cells = [c for c in cells if _wanted(c, options.cell_patterns)]
+    pruned = {} if options.no_prune else _prune(cells, profile, wheelhouse)
     if run_dir is not None:
         meta = runs.read_meta(run_dir)
         configs = meta["configs"]
@@ -146,6 +149,7 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
             "draws": how,
             "reduction": reduction.as_json(),
             "resolved_axes": resolved_axes,
+            "pruned": pruned,
             "status": "running",
             "hardware": machine,
             "cells": {
@@ -172,7 +176,7 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     writer = RecordWriter(run_dir / "records.jsonl")
     context = RunContext(
         profile, options, machine, meta["run_id"], run_dir, writer, progress, summary, how,
-        hypothesis_settings(profile, options),
+        hypothesis_settings(profile, options), pruned,
     )  # fmt: skip
     try:
         for cell in cells:
@@ -190,6 +194,20 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
         runs.write_meta(run_dir, meta)
         progress.close()
     return summary
+
+
+def _prune(cells: list[Cell], profile: Profile, wheelhouse: Path | None) -> dict[str, str]:
+    """Cells whose exact pins contradict each other's Requires-Dist (skipped with the reason, never built)."""
+    from harness.pruning import conflict
+
+    found = {}
+    for cell in cells:
+        if cell.excluded_reason or profile.install_mode == "system":
+            continue
+        reason = conflict(cell, profile.python, wheelhouse)
+        if reason:
+            found[cell.cell_id] = reason
+    return found
 
 
 def _selected(profile: Profile, scenario: Scenario, cell: Cell) -> bool:
@@ -270,6 +288,11 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
     if cell.excluded_reason:
         for scenario, variant, planned in missing:
             outcome = plain("skip", "excluded-by-profile", f"excluded: {cell.excluded_reason}")
+            write(scenario, variant, planned, outcome, {}, 1)
+        return
+    if cell.cell_id in ctx.pruned:
+        for scenario, variant, planned in missing:
+            outcome = plain("skip", "pruned-incompatible-pins", f"pruned: {ctx.pruned[cell.cell_id]}")
             write(scenario, variant, planned, outcome, {}, 1)
         return
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ class RunContext:
     summary: Any  # MatrixSummary
     draws: dict[str, dict[str, int]]
     hypothesis: dict[str, float]
+    #: cell id -> why its exact pins cannot work together (from package metadata): skipped, not installed.
+    pruned: dict[str, str] = field(default_factory=dict)
 
 
 def drawn_baseline_only(scenario: Scenario, planned: dict[str, Any]) -> bool:
