@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     matrix.add_argument("--no-report", action="store_true", help="do not regenerate COMPATIBILITY.md afterwards")
     matrix.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run only shard I of N (1-based): every N-th cell, so N machines can split a profile; "
+        "`report` merges the shards (newest evidence per cell and scenario)",
+    )
+    matrix.add_argument(
         "--no-prune",
         action="store_true",
         help="do not read package metadata (Requires-Dist) to skip cells whose pins cannot work together",
@@ -242,6 +248,7 @@ def _matrix(args: argparse.Namespace) -> int:
 
     if args.examples is not None and args.examples < 0:
         raise UsageError("--examples must be 0 or more")
+    shard = _shard(args.shard) if args.shard else None
     if args.slots is not None and args.slots < 1:
         raise UsageError("--slots must be 1 or more")
     if args.nnodes < 1 or (args.nnodes > 1 and not args.rdzv_endpoint):
@@ -273,6 +280,7 @@ def _matrix(args: argparse.Namespace) -> int:
         slots=args.slots,
         reduce=args.reduce,
         no_prune=args.no_prune,
+        shard=shard,
     )
     summary = run_matrix(profile, options)
     print(
@@ -285,6 +293,16 @@ def _matrix(args: argparse.Namespace) -> int:
     if summary.interrupted:
         return 130
     return 1 if summary.outcomes.get("error") else 0
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard {text!r}: expected I/N, e.g. 2/4") from None
+    if not 1 <= index <= count:
+        raise UsageError(f"--shard {text!r}: I must be between 1 and N")
+    return index, count
 
 
 def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | None) -> Path:
@@ -304,9 +322,11 @@ def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | No
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
     if output == results_dir / "COMPATIBILITY.md":
+        from harness.publish import publish
         from harness.repro import sync_repros
 
         sync_repros(selection.records, {s.id: s for s in known}, results_dir / "repros")
+        publish(results_dir, selection)
     return output
 
 

@@ -37,6 +37,8 @@ class MatrixOptions:
     example_db: Path | None = None
     #: Overrides the profile's hypothesis_profile ("ci" | "explore").
     hypothesis_profile: str | None = None
+    #: (I, N): run only every N-th cell starting at the I-th (1-based), for several machines.
+    shard: tuple[int, int] | None = None
     #: Skip reading package metadata to prune impossible cells.
     no_prune: bool = False
     #: Overrides the profile's `reduce` ("none" | "pairwise").
@@ -112,11 +114,16 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
 
     digest = runs.profile_digest(profile.path)
     run_dir = None if options.fresh else runs.find_resumable(options.results_dir, profile.name, digest)
+    if run_dir is not None and runs.read_meta(run_dir).get("shard") != (list(options.shard) if options.shard else None):
+        run_dir = None  # another shard's run: never resume into it
     recorded = runs.read_meta(run_dir).get("resolved_axes") if run_dir is not None else None
     wheelhouse = options.install.wheelhouse if options.install.offline else None
     profile, resolved_axes = releases.resolve_axes(profile, wheelhouse, recorded)
     cells, reduction = reduce_cells(expand(profile), options.reduce or profile.reduce)
     cells = [c for c in cells if _wanted(c, options.cell_patterns)]
+    if options.shard:
+        index, count = options.shard
+        cells = [c for position, c in enumerate(cells) if position % count == index - 1]
     pruned = {} if options.no_prune else _prune(cells, profile, wheelhouse)
     if run_dir is not None:
         meta = runs.read_meta(run_dir)
@@ -150,6 +157,7 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
             "reduction": reduction.as_json(),
             "resolved_axes": resolved_axes,
             "pruned": pruned,
+            "shard": list(options.shard) if options.shard else None,
             "status": "running",
             "hardware": machine,
             "cells": {

@@ -6,6 +6,7 @@ with its signature, and which fixes turn it green across the configs where the b
 
 from __future__ import annotations
 
+import html
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
@@ -281,4 +282,6 @@ def _fmt(value: float) -> str:
 
 
 def _one_line(text: str) -> str:
-    return " ".join((text or "").split())[:300].replace("|", "\\|")
+    """Exception text in a Markdown cell: one line, table pipes and HTML neutralised (GitHub renders HTML)."""
+    flat = " ".join((text or "").split())[:300]
+    return html.escape(flat, quote=False).replace("|", "\\|")

@@ -235,3 +235,29 @@ def test_single_process_scenario_packed_over_two_workers(tmp_path: Path, ci_run:
     by_key = {record_key(r): r["metrics"]["c"] for r in reference}
     for record in packed:
         assert abs(record["metrics"]["c"] - by_key[record_key(record)]) < 1e-6
+
+
+def test_site_json_and_markdown_show_the_facts_of_the_records(ci_run: Path) -> None:
+    """Issue check: regenerated from the run, the site's data, matrix.json and the Markdown agree with the records."""
+    records = read_records(only_run(ci_run) / "records.jsonl")
+    document = json.loads((ci_run / "matrix.json").read_text())
+    assert document["schema"] == "compat-matrix/matrix/v1" and len(document["records"]) == len(records)
+    page = (ci_run / "site" / "index.html").read_text()
+    embedded = json.loads(page.split('type="application/json">', 1)[1].split("</script>", 1)[0])
+    assert embedded["entries"] == document["entries"]
+    markdown = (ci_run / "COMPATIBILITY.md").read_text().split("## Summary", 1)[1].split("###", 1)[0]
+    scenarios = next(line for line in markdown.splitlines() if line.startswith("| cell |")).split("|")[2:-1]
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[2:-1] for line in markdown.splitlines()
+            if line.startswith("| `")}  # fmt: skip
+    for entry in document["entries"]:
+        baseline = [
+            r
+            for r in records
+            if (r["cell"], r["scenario"], r["variant"]) == (entry["cell"], entry["scenario"], "baseline")
+        ]
+        assert sum(entry["baseline"].values()) == len(baseline)
+        for outcome, count in entry["baseline"].items():
+            assert count == sum(1 for r in baseline if r["outcome"] == outcome)
+        shown = rows[entry["cell"]][[s.strip() for s in scenarios].index(entry["scenario"])]
+        assert ("FAIL" in shown) == (entry["state"] in ("fail", "mixed")), (entry, shown)
+    assert list((ci_run / "junit").glob("*.xml"))

