@@ -17,7 +17,7 @@ from typing import Any
 
 from harness import runs
 from harness.records import read_records, record_key
-from harness.report import BAD, Selection, latest_by_key
+from harness.report import BAD, Selection
 
 SCHEMA = "compat-matrix/matrix/v1"
 SITE_TEMPLATE = Path(__file__).with_name("site_template.html")
@@ -27,7 +27,7 @@ VERSION_KEYS = ("python", "torch", "transformers", "peft", "accelerate", "deepsp
 
 def build_matrix(selection: Selection, repro_index: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The document behind matrix.json and the site (schema: docs/matrix-json.md)."""
-    records, flaky = latest_by_key(selection.records)
+    records, flaky = selection.latest()
     repro_by_failure = {
         (e["cell"], e["scenario"], e["variant"], e["signature"]): e["file"] for e in (repro_index or [])
     }

@@ -37,6 +37,12 @@ class Selection:
     run_ids: list[str]
     records: list[dict[str, Any]]
     metas: list[dict[str, Any]]
+    #: Keys whose outcome in an older run of the same profile differs from the one shown: marked flaky.
+    conflicting: frozenset[tuple[str, ...]] = frozenset()
+
+    def latest(self) -> tuple[list[dict[str, Any]], set[tuple[str, ...]]]:
+        records, flaky = latest_by_key(self.records)
+        return records, flaky | set(self.conflicting)
 
 
 def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Selection:
@@ -60,20 +66,24 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
         if not meta.get("superseded_by"):
             by_profile[meta.get("profile", run_id)].append(run_id)
     chosen, records = [], []
+    conflicting: set[tuple[str, ...]] = set()
     for profile in sorted(by_profile):
         covered: set[tuple[str, str]] = set()
+        shown: dict[tuple[str, ...], str] = {}
         for run_id in sorted(by_profile[profile], key=lambda r: metas[r].get("started_at", ""), reverse=True):
-            fresh = [
-                rec
-                for rec in read_records(run_root / run_id / "records.jsonl")
-                if (rec["cell"], rec["scenario"]) not in covered
-            ]
+            fresh = []
+            for rec in read_records(run_root / run_id / "records.jsonl"):
+                if (rec["cell"], rec["scenario"]) not in covered:
+                    fresh.append(rec)
+                elif record_key(rec) in shown and shown[record_key(rec)] != rec["outcome"]:
+                    conflicting.add(record_key(rec))  # an older run disagrees: shown as flaky, never hidden
             if fresh:
                 chosen.append(run_id)
                 records.extend(fresh)
                 covered |= {(rec["cell"], rec["scenario"]) for rec in fresh}
+                shown |= {record_key(rec): rec["outcome"] for rec in fresh}
     chosen.sort()
-    return Selection(chosen, records, [metas[r] for r in chosen])
+    return Selection(chosen, records, [metas[r] for r in chosen], frozenset(conflicting))
 
 
 def latest_by_key(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], set[tuple[str, ...]]]:
@@ -95,7 +105,7 @@ def render_markdown(
 ) -> str:
     table_metrics = table_metrics or {}
     titles = titles or {}
-    records, flaky = latest_by_key(selection.records)
+    records, flaky = selection.latest()
     cells = sorted({r["cell"] for r in records})
     scenarios = sorted({r["scenario"] for r in records}, key=lambda s: (int(s[1:].split("-")[0]), s))
     grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)

@@ -38,3 +38,13 @@ def test_flaky_baseline_is_shown_as_flaky_never_as_not_reproduced(tmp_path: Path
     text = render_markdown(select_runs(tmp_path))
     summary_row = next(line for line in text.split("## Summary")[1].splitlines() if line.startswith("| `a` |"))
     assert "FLAKY `unclassified-RuntimeError-1`" in summary_row and "not reproduced" not in summary_row
+
+
+def test_an_older_run_that_disagrees_is_shown_as_flaky_not_hidden(tmp_path: Path) -> None:
+    write_run(tmp_path, "gpu-1", "gpu", "1", [rec("gpu-1", "a", "S1-x", "fail", sig="s")])
+    write_run(tmp_path, "gpu-2", "gpu", "2", [rec("gpu-2", "a", "S1-x", "pass")])
+    selection = select_runs(tmp_path)
+    assert [r["outcome"] for r in selection.records] == ["pass"]  # the newest evidence is the entry
+    assert selection.conflicting == {("a", "S1-x", "baseline", "c1")}
+    section = render_markdown(selection).split("## S1-x", 1)[1]
+    assert "**flaky**" in section
