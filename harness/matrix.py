@@ -156,6 +156,9 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
             "draws": how,
             "reduction": reduction.as_json(),
             "resolved_axes": resolved_axes,
+            # Which scenario code produced the records: a later run that disagrees under changed code is a
+            # scenario change, not flakiness (see report.select_runs).
+            "scenario_digests": {s.id: _source_digest(s) for s in scenarios},
             "pruned": pruned,
             "shard": list(options.shard) if options.shard else None,
             "status": "running",
@@ -202,6 +205,12 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
         runs.write_meta(run_dir, meta)
         progress.close()
     return summary
+
+
+def _source_digest(scenario: Scenario) -> str:
+    import hashlib
+
+    return hashlib.sha1(Path(scenario.module.__file__ or "").read_bytes()).hexdigest()[:12]
 
 
 def _prune(cells: list[Cell], profile: Profile, wheelhouse: Path | None) -> dict[str, str]:

@@ -70,20 +70,30 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
     for profile in sorted(by_profile):
         covered: set[tuple[str, str]] = set()
         shown: dict[tuple[str, ...], str] = {}
+        shown_by: dict[tuple[str, ...], dict[str, Any]] = {}
         for run_id in sorted(by_profile[profile], key=lambda r: metas[r].get("started_at", ""), reverse=True):
             fresh = []
             for rec in read_records(run_root / run_id / "records.jsonl"):
                 if (rec["cell"], rec["scenario"]) not in covered:
                     fresh.append(rec)
                 elif record_key(rec) in shown and shown[record_key(rec)] != rec["outcome"]:
-                    conflicting.add(record_key(rec))  # an older run disagrees: shown as flaky, never hidden
+                    if _same_code(metas[run_id], shown_by[record_key(rec)], rec["scenario"]):
+                        conflicting.add(record_key(rec))  # an older run disagrees: shown as flaky, never hidden
             if fresh:
                 chosen.append(run_id)
                 records.extend(fresh)
                 covered |= {(rec["cell"], rec["scenario"]) for rec in fresh}
                 shown |= {record_key(rec): rec["outcome"] for rec in fresh}
+                shown_by |= {record_key(rec): metas[run_id] for rec in fresh}
     chosen.sort()
     return Selection(chosen, records, [metas[r] for r in chosen], frozenset(conflicting))
+
+
+def _same_code(older: dict[str, Any], newer: dict[str, Any], scenario: str) -> bool:
+    """Whether two runs ran the same scenario code; unknown (runs before digests were recorded) counts as
+    the same, so a disagreement is shown rather than explained away."""
+    a, b = (older.get("scenario_digests") or {}).get(scenario), (newer.get("scenario_digests") or {}).get(scenario)
+    return a is None or b is None or a == b
 
 
 def latest_by_key(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], set[tuple[str, ...]]]:

@@ -48,3 +48,10 @@ def test_an_older_run_that_disagrees_is_shown_as_flaky_not_hidden(tmp_path: Path
     assert selection.conflicting == {("a", "S1-x", "baseline", "c1")}
     section = render_markdown(selection).split("## S1-x", 1)[1]
     assert "**flaky**" in section
+
+
+def test_a_disagreement_under_changed_scenario_code_is_not_called_flaky(tmp_path: Path) -> None:
+    write_run(tmp_path, "gpu-1", "gpu", "1", [rec("gpu-1", "a", "S1-x", "fail", sig="s")],
+              scenario_digests={"S1-x": "aaa"})  # fmt: skip
+    write_run(tmp_path, "gpu-2", "gpu", "2", [rec("gpu-2", "a", "S1-x", "pass")], scenario_digests={"S1-x": "bbb"})
+    assert select_runs(tmp_path).conflicting == frozenset()
