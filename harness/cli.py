@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
         "`report` merges the shards (newest evidence per cell and scenario)",
     )
     matrix.add_argument(
+        "--no-shrink", action="store_true", help="record drawn failures without shrinking them (faster, less to learn)"
+    )
+    matrix.add_argument(
         "--no-prune",
         action="store_true",
         help="do not read package metadata (Requires-Dist) to skip cells whose pins cannot work together",
@@ -281,6 +284,7 @@ def _matrix(args: argparse.Namespace) -> int:
         reduce=args.reduce,
         no_prune=args.no_prune,
         shard=shard,
+        no_shrink=args.no_shrink,
     )
     summary = run_matrix(profile, options)
     print(

@@ -39,6 +39,8 @@ class MatrixOptions:
     hypothesis_profile: str | None = None
     #: (I, N): run only every N-th cell starting at the I-th (1-based), for several machines.
     shard: tuple[int, int] | None = None
+    #: Record drawn failures without shrinking them (quick runs, benchmarks of the batch itself).
+    no_shrink: bool = False
     #: Skip reading package metadata to prune impossible cells.
     no_prune: bool = False
     #: Overrides the profile's `reduce` ("none" | "pairwise").

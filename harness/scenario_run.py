@@ -79,7 +79,7 @@ def run_scenario(
     shrunk: dict[str, dict[str, Any]] = {}
     for planned, fields in failed_drawn:
         signature = fields["signature"]
-        if signature not in shrunk and planned["source"] == "hypothesis":
+        if signature not in shrunk and planned["source"] == "hypothesis" and not ctx.options.no_shrink:
             ctx.progress.start_cell(cell.cell_id, f"{scenario.id}: shrinking {signature}")
             shrunk[signature] = _shrink(scenario, baseline, planned, signature, session, ctx).as_record()
             shrunk[signature]["shrunk_from"] = planned["config_id"]
