@@ -114,6 +114,8 @@ def _run_batch(
         wanted = retry.times > 0 and fields["outcome"] in retry.outcomes
         if wanted and (retry.scope == "every-failure" or fields["signature"] not in confirmed):
             held.append((variant, planned, fields))
+            if retry.scope == "first-per-signature":
+                confirmed.add(fields["signature"])  # its later failures in this batch are not retried again
         else:
             yield variant, planned, fields
     attempts = [[_attempt(fields)] for _, _, fields in held]
@@ -126,6 +128,7 @@ def _run_batch(
         if len({(a["outcome"], a["signature"]) for a in seen}) > 1:
             fields["outcome"] = "flaky"
             fields["message"] = f"attempts disagree: {_attempts_text(seen)}; first: {fields['message']}"
+            confirmed.discard(fields["signature"])  # not confirmed after all: retry its next failure too
         else:
             confirmed.add(fields["signature"])
         yield variant, planned, fields

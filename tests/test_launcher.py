@@ -123,3 +123,18 @@ def test_harness_module_names_cannot_shadow_the_standard_library_in_workers(tmp_
     )
     [result] = run_jobs(spec(tmp_path, module="stdlib_user"), [Job(0, {}, "x")])
     assert result.status == "pass", result.detail
+
+
+def test_first_per_signature_retries_one_failure_per_signature(tmp_path: Path) -> None:
+    """The default retry scope confirms a signature once per batch, not every failure that has it."""
+    from harness.launcher import WorkerSession
+    from harness.profile import RetryPolicy
+    from harness.scenario_run import _run_batch
+
+    items = [("fail", {"config": {"n": i}, "config_id": str(i), "source": "example"}) for i in range(5)]
+    with WorkerSession(spec(tmp_path)) as session:
+        results = list(_run_batch([session], items, RetryPolicy(times=1), set()))
+        jobs_run = len(session.queue.jobs)
+    assert jobs_run == 6, "five failures, one retry for their one signature"
+    assert sum(1 for _, _, fields in results if "attempts" in fields) == 1
+    assert all(fields["outcome"] == "fail" for _, _, fields in results)
