@@ -322,6 +322,9 @@ def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | No
         {s.id: list(s.spec.get("table_metrics", [])) for s in known},
         {s.id: s.spec.get("title", "") for s in known},
     )
+    from harness.publish import changes_markdown, changes_since_previous
+
+    text += changes_markdown(changes_since_previous(results_dir, selection))
     output = output or results_dir / "COMPATIBILITY.md"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)

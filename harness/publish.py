@@ -126,6 +126,21 @@ def changes_since_previous(results_dir: Path, selection: Selection) -> dict[str,
     return {"newly_failing": newly_failing, "newly_fixed": newly_fixed}
 
 
+def changes_markdown(changes: dict[str, list[dict[str, Any]]]) -> str:
+    """The Markdown section: baselines newly failing / newly fixed against each profile's previous run."""
+    lines = ["## Changed since the previous run", ""]
+    for title, items in (("Newly failing", changes["newly_failing"]), ("Newly fixed", changes["newly_fixed"])):
+        lines.append(f"**{title}:** " + ("none" if not items else f"{len(items)}"))
+        lines += [
+            f"- `{c['cell']}` {c['scenario']} config `{c['config_id']}`: {c['before']} -> {c['after']}"
+            + (f" `{c['signature']}`" if c.get("signature") else "")
+            + f" (run `{c['run']}`, before: `{c['previous_run']}`)"
+            for c in items
+        ]
+        lines.append("")
+    return "\n".join(lines)
+
+
 def write_junit(selection: Selection, out_dir: Path) -> list[Path]:
     """One JUnit file per run: a testsuite per cell x scenario, a testcase per record."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -55,3 +55,19 @@ def test_a_disagreement_under_changed_scenario_code_is_not_called_flaky(tmp_path
               scenario_digests={"S1-x": "aaa"})  # fmt: skip
     write_run(tmp_path, "gpu-2", "gpu", "2", [rec("gpu-2", "a", "S1-x", "pass")], scenario_digests={"S1-x": "bbb"})
     assert select_runs(tmp_path).conflicting == frozenset()
+
+
+def test_changes_since_the_previous_run_of_a_profile(tmp_path: Path) -> None:
+    from harness.publish import changes_markdown, changes_since_previous
+
+    write_run(
+        tmp_path, "cpu-1", "cpu", "1", [rec("cpu-1", "a", "S1-x", "pass"), rec("cpu-1", "b", "S1-x", "fail", sig="s")]
+    )
+    write_run(
+        tmp_path, "cpu-2", "cpu", "2", [rec("cpu-2", "a", "S1-x", "fail", sig="s"), rec("cpu-2", "b", "S1-x", "pass")]
+    )
+    changes = changes_since_previous(tmp_path, select_runs(tmp_path))
+    assert [(c["cell"], c["before"], c["after"]) for c in changes["newly_failing"]] == [("a", "pass", "fail")]
+    assert [(c["cell"], c["before"], c["after"]) for c in changes["newly_fixed"]] == [("b", "fail", "pass")]
+    text = changes_markdown(changes)
+    assert "**Newly failing:** 1" in text and "**Newly fixed:** 1" in text
