@@ -347,13 +347,13 @@ def _bisect(args: argparse.Namespace) -> int:
 
     if args.offline and args.wheelhouse is None:
         raise UsageError("--offline needs --wheelhouse DIR")
-    ends = [v for v in (args.good, args.bad) if v]
+    # Either end may be the good one (a fix or a regression): with both given, the older is where we start.
+    old, new = args.bad, args.good
     try:
-        ends.sort(key=Version)
+        if old and new and Version(new) < Version(old):
+            old, new = new, old
     except InvalidVersion as exc:
         raise UsageError(f"--good/--bad: {exc}") from None
-    old = ends[0] if len(ends) == 2 or (ends and args.bad) else None
-    new = ends[-1] if len(ends) == 2 or (ends and args.good) else None
     profile = load_profile(args.profile, MATRIX_DIR)
     install = InstallOptions(envs_dir=default_envs_dir(), offline=args.offline,
                              wheelhouse=args.wheelhouse.resolve() if args.wheelhouse else None)  # fmt: skip

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.proctree import TOKEN_VAR, kill_token
+from harness.proctree import ORCHESTRATOR_VAR, TOKEN_VAR, kill_token
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "worker.py"
@@ -179,7 +179,7 @@ def _launch_once(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Iterator[Jo
         | spec.env
         | {
             TOKEN_VAR: token,
-            "COMPAT_MATRIX_ORCHESTRATOR_PID": str(os.getpid()),
+            ORCHESTRATOR_VAR: str(os.getpid()),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), spec.env.get("PYTHONPATH", "")])),
             "PYTHONUNBUFFERED": "1",
         }

@@ -109,7 +109,7 @@ def variants_for(profile: Profile, scenario: Scenario) -> tuple[str, ...]:
 def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None = None) -> MatrixSummary:
     scenarios = select(options.scenario_patterns or profile.scenarios)
     variants = {s.id: variants_for(profile, s) for s in scenarios}
-    hypothesis_settings(profile, options)
+    shrink_settings = hypothesis_settings(profile, options)  # validates the name before anything runs
     device = hardware.resolve_device(profile.device)
     machine = hardware.describe(device)
     runs.check_writable(options.results_dir)
@@ -189,7 +189,7 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     writer = RecordWriter(run_dir / "records.jsonl")
     context = RunContext(
         profile, options, machine, meta["run_id"], run_dir, writer, progress, summary, how,
-        hypothesis_settings(profile, options), pruned,
+        shrink_settings, pruned,
     )  # fmt: skip
     try:
         for cell in cells:

@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from harness.proctree import TOKEN_VAR, kill_token
+from harness.proctree import ORCHESTRATOR_VAR, TOKEN_VAR, kill_token
 
 POLL_S = 0.2
 
@@ -50,7 +50,7 @@ class NodeAgent:
     def _start(self, out_dir: Path, info: dict) -> tuple[subprocess.Popen, str]:
         token = uuid.uuid4().hex
         # Our own pid as "orchestrator": the workers' watchdog then stops them if this agent dies.
-        env = os.environ | info["env"] | {TOKEN_VAR: token, "COMPAT_MATRIX_ORCHESTRATOR_PID": str(os.getpid())}
+        env = os.environ | info["env"] | {TOKEN_VAR: token, ORCHESTRATOR_VAR: str(os.getpid())}
         log = open(out_dir / f"agent-{os.uname().nodename}-{os.getpid()}.log", "wb")
         proc = subprocess.Popen(
             info["command"], env=env, cwd=info.get("cwd"), stdout=log, stderr=log,

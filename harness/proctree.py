@@ -15,9 +15,14 @@ from pathlib import Path
 TOKEN_VAR = "COMPAT_MATRIX_RUN_TOKEN"
 
 
-def processes_with_token(token: str) -> list[int]:
-    """PIDs whose environment holds TOKEN_VAR=token (Linux /proc)."""
-    needle = f"{TOKEN_VAR}={token}".encode()
+#: Every launched process also carries the pid of the process that launched it (the orchestrator, or a node
+#: agent): workers watch it, and tests use it to find anything left behind.
+ORCHESTRATOR_VAR = "COMPAT_MATRIX_ORCHESTRATOR_PID"
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """PIDs (other than ours) whose environment holds name=value (Linux /proc)."""
+    needle = f"{name}={value}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -29,6 +34,16 @@ def processes_with_token(token: str) -> list[int]:
         if needle in environ.split(b"\0"):
             found.append(int(entry.name))
     return found
+
+
+def processes_with_token(token: str) -> list[int]:
+    """PIDs whose environment holds TOKEN_VAR=token."""
+    return processes_with_env(TOKEN_VAR, token)
+
+
+def processes_started_by(pid: int) -> list[int]:
+    """PIDs launched (directly or not) by the orchestrator or agent with this pid."""
+    return processes_with_env(ORCHESTRATOR_VAR, str(pid))
 
 
 def kill_token(token: str, grace_s: float = 3.0) -> int:

@@ -23,7 +23,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from harness.cells import Cell
-from harness.releases import ACCEPT, index_url
+from harness.releases import index_files
 
 
 def metadata_cache() -> Path:
@@ -76,11 +76,8 @@ SMALL_WHEEL = 20 * 1024 * 1024
 def _from_index(package: str, version: str) -> str | None:
     """The PEP 658 metadata file if the index serves one; else a small wheel's METADATA; else None."""
     try:
-        request = urllib.request.Request(f"{index_url()}/{canonicalize_name(package)}/", headers={"Accept": ACCEPT})
-        with urllib.request.urlopen(request, timeout=60) as response:
-            files = json.load(response).get("files", [])
         wheels = [
-            item for item in files
+            item for item in index_files(package)
             if item.get("filename", "").endswith(".whl") and str(parse_wheel_filename(item["filename"])[1]) == version
         ]  # fmt: skip
         for item in wheels:

@@ -28,16 +28,20 @@ def index_url() -> str:
     return os.environ.get("PIP_INDEX_URL", DEFAULT_INDEX).rstrip("/")
 
 
+def index_files(package: str) -> list[dict]:
+    """The package's file entries from the simple API's JSON form (filename, url, yanked, requires-python, ...)."""
+    request = urllib.request.Request(f"{index_url()}/{canonicalize_name(package)}/", headers={"Accept": ACCEPT})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response).get("files", [])
+
+
 def releases(package: str, python: str | None = None, wheelhouse: Path | None = None) -> list[Version]:
     """Final releases, oldest first, that have at least one file that is not yanked and (if `python` is given)
     whose Requires-Python admits it."""
     if wheelhouse is not None:
         return _from_wheelhouse(package, wheelhouse)
-    request = urllib.request.Request(f"{index_url()}/{canonicalize_name(package)}/", headers={"Accept": ACCEPT})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        data = json.load(response)
     usable: set[Version] = set()
-    for item in data.get("files", []):
+    for item in index_files(package):
         if item.get("yanked"):
             continue
         version = _version_of(item.get("filename", ""))

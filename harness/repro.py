@@ -143,8 +143,14 @@ def check_repro(
     else:
         observed = f"no result (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:] or ''}"
     expected = entry["signature"] if variant in (None, entry["variant"]) else "pass"
-    return {"expected": expected, "observed": observed, "ok": observed == expected,
-            "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+    return {
+        "expected": expected,
+        "observed": observed,
+        "ok": observed == expected,
+        "returncode": proc.returncode,
+        "seconds": round(time.monotonic() - started, 1),
+        "output": proc.stdout[-2000:] + proc.stderr[-2000:],
+    }
 
 
 def render(failure: dict[str, Any], scenario: Scenario, fixes: list[str], python: str) -> str:

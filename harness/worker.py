@@ -8,16 +8,18 @@ flushed line by line, so the launcher sees progress live and a killed worker los
 
 from __future__ import annotations
 
+import os
 import sys
 
-# Run as a script, Python puts harness/ first on sys.path, where module names like profile.py would shadow
-# the standard library for every import below (and the stack's). Drop it before importing anything else.
-if __name__ == "__main__" and sys.path and sys.path[0] == __file__.rpartition("/")[0]:
-    sys.path.pop(0)
+# Run as a script, Python puts harness/ on sys.path, where module names like profile.py would shadow the
+# standard library for every import below (and the stack's), and scenarios must resolve from the repo root.
+# Drop it before importing anything else.
+if __name__ == "__main__":
+    _HERE = os.path.dirname(os.path.realpath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != _HERE]
 
 import importlib
 import json
-import os
 import tempfile
 import threading
 import time
@@ -30,9 +32,6 @@ MAX_MESSAGE = 4000
 
 
 def main(jobs_file: str, out_dir: str) -> int:
-    # Run as a script, Python puts harness/ first on sys.path; scenarios must resolve from the repo root.
-    here = str(Path(__file__).resolve().parent)
-    sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != here]
     spec = json.loads(Path(jobs_file).read_text())
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -17,6 +17,7 @@ process group is up) and broadcasts the directory to the other ranks.
 from __future__ import annotations
 
 from scenarios import compat
+from scenarios import s2_qlora_grad_flags as s2
 
 SPEC = {
     "id": "S2-qlora-fsdp-grad-flags",
@@ -42,19 +43,8 @@ SPEC = {
     ],
 }
 
-_BASE = {
-    "dtype": "bfloat16",
-    "hidden": 64,
-    "layers": 2,
-    "vocab": 128,
-    "rank": 8,
-    "alpha": 16,
-    "targets": ["q_proj", "v_proj"],
-    "steps": 2,
-    "batch": 2,
-    "seq": 16,
-    "seed": 0,
-}
+# The single-process scenario's seed setup with two steps (each one an FSDP round trip); base and order vary.
+_BASE = {k: v for k, v in s2._SEED.items() if k not in ("base", "order")} | {"steps": 2}
 
 EXAMPLES: list[dict] = [
     dict(_BASE, base="4bit", order="ckpt_then_peft", fsdp="fsdp1"),
@@ -66,8 +56,6 @@ EXAMPLES: list[dict] = [
 
 def strategy():
     from hypothesis import strategies as st
-
-    from scenarios import s2_qlora_grad_flags as s2
 
     return st.fixed_dictionaries(
         {
@@ -94,8 +82,6 @@ def _shared_model_dir(config: dict, ctx: dict) -> str:
     import tempfile
 
     import torch.distributed as dist
-
-    from scenarios import s2_qlora_grad_flags as s2
 
     holder = [None]
     if dist.get_rank() == 0:
@@ -144,8 +130,6 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
 
     import torch
     import torch.distributed as dist
-
-    from scenarios import s2_qlora_grad_flags as s2
 
     fixes = compat.parse_variant(variant, s2.FIXES)
     device = ctx.get("device", "cpu")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.proctree import processes_started_by
 from harness.records import read_records, record_key
 from tests.conftest import REPO_ROOT
 from tests.fault_ledger import record_fault
@@ -31,20 +32,6 @@ EXPECTED = {
     "flaky": ("flaky", None),
     "deterministic_fail": ("fail", None),
 }
-
-
-def orphans_of(pid: int) -> list[int]:
-    """Processes that still carry the orchestrator's pid in their environment (every worker does)."""
-    needle = f"COMPAT_MATRIX_ORCHESTRATOR_PID={pid}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def harness(results: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, str]:
@@ -66,7 +53,7 @@ def fault_run(tmp_path_factory) -> tuple[Path, int, list[dict]]:
     assert proc.returncode == 0, out + err
     time.sleep(2)  # a worker's watchdog would notice a dead orchestrator within a second
     records = read_records(next(results.glob("runs/*/records.jsonl")))
-    return results, len(orphans_of(proc.pid)), records
+    return results, len(processes_started_by(proc.pid)), records
 
 
 @pytest.mark.parametrize("variant", sorted(EXPECTED))
@@ -134,7 +121,7 @@ def test_sigint_stops_cleanly_with_a_partial_table(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     time.sleep(2)
-    orphans = len(orphans_of(proc.pid))
+    orphans = len(processes_started_by(proc.pid))
     meta = json.loads(next(results.glob("runs/*/meta.json")).read_text())
     observed = f"exit {proc.returncode}, {meta['status']}"
     record_fault("SIGINT mid-run", "exit 130, interrupted", observed, orphans=orphans)

@@ -6,13 +6,14 @@ the event protocol, timeouts and process-tree cleanup are the real ones.
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 import time
 from pathlib import Path
 
 from harness.launcher import Job, LaunchSpec, WorkerSession, run_jobs
-from harness.proctree import processes_with_token
+from harness.proctree import processes_started_by, processes_with_token
 from tests.conftest import REPO_ROOT
 from tests.fault_ledger import record_fault
 
@@ -63,18 +64,7 @@ def test_no_process_outlives_a_timeout(tmp_path: Path) -> None:
 
 def _orphans() -> list[int]:
     """Every process the launcher started carries our pid in its environment; none may be left."""
-    import os
-
-    leftovers = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                environ = (entry / "environ").read_bytes()
-            except OSError:
-                continue
-            if b"COMPAT_MATRIX_ORCHESTRATOR_PID=" + str(os.getpid()).encode() in environ:
-                leftovers.append(int(entry.name))
-    return leftovers
+    return processes_started_by(os.getpid())
 
 
 def test_stack_that_does_not_import_is_env_broken(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from harness.proctree import processes_started_by
 from harness.records import SCHEMA_PATH, read_records, record_key
 from tests.conftest import REPO_ROOT
 from tests.fault_ledger import record_fault
@@ -128,10 +129,7 @@ def test_sigkill_mid_run_loses_and_duplicates_nothing(tmp_path: Path, ci_run: Pa
     proc.wait()
     survived = read_records(records_path, warn=False)
     time.sleep(3)  # the worker's watchdog notices the orchestrator is gone
-    orphans = [
-        p for p in Path("/proc").iterdir()
-        if p.name.isdigit() and _environ_has(p, f"COMPAT_MATRIX_ORCHESTRATOR_PID={proc.pid}")
-    ]  # fmt: skip
+    orphans = processes_started_by(proc.pid)
     assert orphans == []
 
     run_matrix(results)
@@ -143,13 +141,6 @@ def test_sigkill_mid_run_loses_and_duplicates_nothing(tmp_path: Path, ci_run: Pa
     assert len({record_key(r) for r in final}) == len(final)
     reference = read_records(only_run(ci_run) / "records.jsonl")
     assert {record_key(r) for r in final} == {record_key(r) for r in reference}
-
-
-def _environ_has(proc_dir: Path, needle: str) -> bool:
-    try:
-        return needle.encode() in (proc_dir / "environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
 
 
 def test_s2_real_failure_and_its_fix_on_the_old_stack(ci_run: Path) -> None:
@@ -188,9 +179,7 @@ def test_a_drawn_failure_is_shrunk_in_its_cell(ci_run: Path) -> None:
 
 def test_repro_reproduces_the_failure_and_its_fix_passes(ci_run: Path) -> None:
     """Issue check: every distinct failure has a reproducer; one runs with `uv run` in a fresh environment."""
-    import shutil
-
-    from harness.signatures import classify
+    from harness.repro import check_repro
 
     index = json.loads((ci_run / "repros" / "index.json").read_text())
     records = read_records(only_run(ci_run) / "records.jsonl")
@@ -204,24 +193,11 @@ def test_repro_reproduces_the_failure_and_its_fix_passes(ci_run: Path) -> None:
     )  # fmt: skip
     assert "enable_input_require_grads" in entry["passing_fixes"]
     repro = ci_run / "repros" / entry["file"]
-    uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
-    env = dict(os.environ)
-    if os.environ.get("PIP_FIND_LINKS"):
-        env["UV_FIND_LINKS"] = os.environ["PIP_FIND_LINKS"]
-
-    def run_repro(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [uv, "run", "--quiet", "--script", str(repro), *args],
-            capture_output=True, text=True, env=env, cwd=repro.parent, timeout=900,
-        )  # fmt: skip
-
-    failing = run_repro()
-    assert failing.returncode == 1, failing.stdout + failing.stderr
-    result_line = next(line for line in failing.stdout.splitlines() if line.startswith("REPRO-RESULT "))
-    detail = json.loads(result_line.split(" ", 1)[1])
-    assert classify(detail["status"], detail).signature == entry["signature"]
-    fixed = run_repro("--variant", "enable_input_require_grads")
-    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    failing = check_repro(repro, entry, timeout_s=900)
+    assert failing["returncode"] == 1, failing["output"]
+    assert failing["observed"] == entry["signature"]
+    fixed = check_repro(repro, entry, "enable_input_require_grads", timeout_s=900)
+    assert fixed["returncode"] == 0 and fixed["observed"] == "pass", fixed["output"]
 
 
 def test_single_process_scenario_packed_over_two_workers(tmp_path: Path, ci_run: Path) -> None:

@@ -7,7 +7,6 @@ agent, in the CI mini matrix's "current" cell environment (torch, gloo), and the
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 from harness.cells import expand
 from harness.envs import InstallOptions, default_envs_dir, ensure_env
 from harness.launcher import LaunchSpec, WorkerSession
+from harness.proctree import processes_started_by
 from harness.profile import load_profile
 from tests.conftest import REPO_ROOT
 
@@ -68,21 +68,7 @@ def test_two_agents_rendezvous_and_share_the_job_feed(tmp_path: Path) -> None:
         assert list(launch.glob("agent-*.log")), "node 1's torchrun agent was started by the node agent"
         assert (launch / "stop").is_file()
         time.sleep(2)
-        assert not _with_token_of(agent.pid), "the node agent stopped its part of the launch"
+        assert not processes_started_by(agent.pid), "the node agent stopped its part of the launch"
     finally:
         agent.terminate()
         agent.wait(timeout=30)
-
-
-def _with_token_of(agent_pid: int) -> list[int]:
-    """Processes started by the agent (they carry its pid as their orchestrator's)."""
-    needle = f"COMPAT_MATRIX_ORCHESTRATOR_PID={agent_pid}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
