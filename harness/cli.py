@@ -40,9 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
         "matrix",
         help="run (or resume) a profile's matrix",
         description=(
-            "Run a profile's matrix. Re-running resumes the newest run of the same profile file and skips what is "
-            "already recorded; --fresh starts a new run. Exit 0 when the run completed (failures of the stack are "
-            "data, not errors), 1 if any record is a harness/scenario error, 2 on bad input, 130 when interrupted."
+            "Run a profile's matrix. A run that did not finish (interrupted by Ctrl-C, SIGTERM or SIGKILL) is "
+            "resumed: what is recorded is kept and only the rest runs. A complete run is never resumed: the next "
+            "invocation starts a new run and resolves 'latest' afresh (--resume RUN_ID continues a chosen run). "
+            "One process writes a run at a time. Exit 0 when the run completed (failures of the stack are data, "
+            "not errors), 1 if any record is a harness/scenario error, 2 on bad input or a run held by another "
+            "process, 130 on Ctrl-C, 143 on SIGTERM."
         ),
     )
     matrix.add_argument(
@@ -50,7 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="profile name in matrix/ or a path to a .toml "
         "(default: gpu when a GPU is visible and matrix/gpu.toml exists, else cpu)",
     )
-    matrix.add_argument("--fresh", action="store_true", help="start a new run instead of resuming")
+    matrix.add_argument("--fresh", action="store_true", help="start a new run even if an unfinished one exists")
+    matrix.add_argument(
+        "--resume",
+        metavar="RUN_ID",
+        dest="resume_run",
+        help="continue this run (an interrupted one, or a complete one to add scenarios or cells to it)",
+    )
     matrix.add_argument(
         "--scenario",
         action="append",
@@ -217,8 +226,21 @@ def default_profile() -> str:
     return "cpu"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: records kept, meta says interrupted, the partial table written."""
+
+    signal_name = "SIGTERM"
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         if args.command == "matrix":
             return _matrix(args)
@@ -242,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        print("interrupted", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
 
 
 def _matrix(args: argparse.Namespace) -> int:
@@ -260,6 +285,8 @@ def _matrix(args: argparse.Namespace) -> int:
         raise UsageError("--offline needs --wheelhouse DIR")
     if args.wheelhouse is not None and not args.wheelhouse.is_dir():
         raise UsageError(f"--wheelhouse {args.wheelhouse}: no such directory")
+    if args.fresh and args.resume_run:
+        raise UsageError("--fresh and --resume exclude each other")
     profile = load_profile(args.profile or default_profile(), MATRIX_DIR)
     install = InstallOptions(
         envs_dir=args.envs_dir or default_envs_dir(),
@@ -272,6 +299,7 @@ def _matrix(args: argparse.Namespace) -> int:
         results_dir=args.results_dir,
         install=install,
         fresh=args.fresh,
+        resume_run=args.resume_run,
         scenario_patterns=tuple(args.scenarios) if args.scenarios else None,
         cell_patterns=tuple(args.cells) if args.cells else None,
         examples=args.examples,
@@ -293,9 +321,12 @@ def _matrix(args: argparse.Namespace) -> int:
     )
     print(f"records: {summary.run_dir / 'records.jsonl'}")
     if not args.no_report:
-        print(f"table: {write_report(args.results_dir, None, None)}")
+        try:
+            print(f"table: {write_report(args.results_dir, None, None)}")
+        except NothingToReport as exc:
+            print(f"table: not written ({exc})")
     if summary.interrupted:
-        return 130
+        return 143 if summary.signal == "SIGTERM" else 130
     return 1 if summary.outcomes.get("error") else 0
 
 
@@ -309,13 +340,26 @@ def _shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+class NothingToReport(UsageError):
+    """No run holds a record yet (e.g. a run interrupted before its first record)."""
+
+
 def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | None) -> Path:
+    """The table, site, JSON, JUnit and reproducers from the selected runs; an unwritable target is bad input."""
+    try:
+        return _write_report(results_dir, run_ids, output)
+    except OSError as exc:
+        where = exc.filename or output or results_dir
+        raise UsageError(f"cannot write the report to {where}: {exc.strerror or exc}") from None
+
+
+def _write_report(results_dir: Path, run_ids: list[str] | None, output: Path | None) -> Path:
     from harness.registry import discover
     from harness.report import render_markdown, select_runs
 
     selection = select_runs(results_dir, run_ids)
     if not selection.run_ids:
-        raise UsageError(f"no runs under {results_dir / 'runs'}; run `nox -s matrix` first")
+        raise NothingToReport(f"no records under {results_dir / 'runs'}; run `nox -s matrix` first")
     known = discover()
     text = render_markdown(
         selection,

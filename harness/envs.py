@@ -23,6 +23,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from harness.cells import Cell
+from harness.errors import UsageError
 from harness.profile import Profile
 
 MARKER = ".compat-matrix-cell.json"
@@ -107,7 +108,14 @@ def default_envs_dir() -> Path:
     base = os.environ.get("COMPAT_MATRIX_ENVS")
     if base:
         return Path(base)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "compat-matrix" / "envs"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "compat-matrix" / "envs"
+    home = os.environ.get("HOME", "")
+    if not home or not os.path.isabs(home):
+        # Path.home() would give "/" or a relative path: a 1.3 GB environment in /.cache, silently.
+        raise UsageError(f"HOME is {home!r}, so there is no cache directory for cell environments: set HOME, "
+                         "XDG_CACHE_HOME or COMPAT_MATRIX_ENVS, or pass --envs-dir")  # fmt: skip
+    return Path(home) / ".cache" / "compat-matrix" / "envs"
 
 
 def env_dir_for(cell: Cell, profile: Profile, options: InstallOptions) -> Path:

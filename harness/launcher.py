@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import guard
 from harness.proctree import ORCHESTRATOR_VAR, TOKEN_VAR, kill_token
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -156,10 +157,11 @@ class WorkerSession:
 
 
 def _launch_once(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Iterator[JobResult]:
-    out_dir = spec.workdir / f"launch-{attempt:03d}"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    guard.ensure_started()
+    token = uuid.uuid4().hex
+    out_dir = _new_launch_dir(spec.workdir, attempt, token)
     jobs_file = out_dir / "jobs.json"
-    feed = _Feed(out_dir / "feed.jsonl", queue)
+    feed = _Feed(out_dir / "feed.jsonl", queue, token)
     jobs = queue.remaining()
     jobs_file.write_text(
         json.dumps(
@@ -168,12 +170,11 @@ def _launch_once(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Iterator[Jo
                 "preload": list(spec.preload),
                 "device": spec.device,
                 "stop_after_failure": spec.stop_after_failure,
-                "jobs": [_job_json(j) for j in jobs],
+                "jobs": [_job_json(j, token) for j in jobs],
                 "feed": str(feed.path),
             }
         )
     )
-    token = uuid.uuid4().hex
     env = (
         dict(os.environ)
         | spec.env
@@ -203,7 +204,7 @@ def _launch_once(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Iterator[Jo
             preexec_fn=_address_space_limit(spec.memory_limit_mb),
         )
     try:
-        yield from _watch(spec, jobs, feed, proc, out_dir)
+        yield from _watch(spec, jobs, feed, proc, out_dir, token)
     finally:
         if spec.nnodes > 1:
             (out_dir / "stop").write_text("")  # node agents stop their part of this launch
@@ -255,16 +256,31 @@ def _command(spec: LaunchSpec, jobs_file: Path, out_dir: Path) -> list[str]:
     ]
 
 
-def _job_json(job: Job) -> dict[str, Any]:
-    return {"index": job.index, "config": job.config, "variant": job.variant}
+def _new_launch_dir(workdir: Path, attempt: int, token: str) -> Path:
+    """A directory no earlier launch used: a resumed run (whose attempt counter starts again at 1) must never
+    read the events an earlier process's workers left behind."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    out_dir = workdir / f"launch-{attempt:03d}-{token[:8]}"
+    out_dir.mkdir()
+    return out_dir
+
+
+def job_uid(token: str, index: int) -> str:
+    """Unique per launch attempt: the launcher accepts only events carrying the ids of the jobs it sent."""
+    return f"{token[:12]}-{index}"
+
+
+def _job_json(job: Job, token: str) -> dict[str, Any]:
+    return {"index": job.index, "uid": job_uid(token, job.index), "config": job.config, "variant": job.variant}
 
 
 class _Feed:
     """Appends jobs added to the queue after launch to the file the worker tails."""
 
-    def __init__(self, path: Path, queue: JobQueue) -> None:
+    def __init__(self, path: Path, queue: JobQueue, token: str) -> None:
         self.path = path
         self.queue = queue
+        self.token = token
         self.sent = len(queue.jobs)
         path.write_bytes(b"")
 
@@ -273,12 +289,12 @@ class _Feed:
         self.sent = len(self.queue.jobs)
         if fresh:
             with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write("".join(json.dumps(_job_json(j)) + "\n" for j in fresh))
+                handle.write("".join(json.dumps(_job_json(j, self.token)) + "\n" for j in fresh))
         return [j.index for j in fresh]
 
 
 def _watch(
-    spec: LaunchSpec, jobs: list[Job], feed: _Feed, proc: subprocess.Popen, out_dir: Path
+    spec: LaunchSpec, jobs: list[Job], feed: _Feed, proc: subprocess.Popen, out_dir: Path, token: str
 ) -> Iterator[JobResult]:
     readers = {rank: _EventReader(out_dir / f"events.rank{rank}.jsonl") for rank in range(spec.total_ranks)}
     launched = time.monotonic()
@@ -299,6 +315,8 @@ def _watch(
                     detail = {k: event.get(k) for k in ("exc_type", "message", "traceback")}
                     yield JobResult(pending[0], "env-broken", detail)
                     return
+                elif event.get("uid") != job_uid(token, event.get("index", -1)):
+                    continue  # not a job of this launch: never match another attempt's result to our job
                 elif kind == "start":
                     started.setdefault(event["index"], time.monotonic())
                 elif kind == "end":
@@ -394,7 +412,7 @@ def _combine(index: int, by_rank: dict[int, dict[str, Any]]) -> JobResult:
     """A distributed job fails if any rank failed; report the first failing rank's exception."""
     failing = [(rank, e) for rank, e in sorted(by_rank.items()) if e["status"] != "pass"]
     rank, event = failing[0] if failing else min(by_rank.items())
-    detail = {k: v for k, v in event.items() if k not in ("event", "index", "status")}
+    detail = {k: v for k, v in event.items() if k not in ("event", "index", "uid", "status")}
     detail["rank"] = rank
     if len(by_rank) > 1:
         detail["ranks_failed"] = [r for r, _ in failing]

@@ -16,7 +16,7 @@ from harness.profile import Profile
 from harness.progress import Progress
 from harness.records import RecordWriter
 from harness.reduction import reduce_cells
-from harness.registry import Scenario, select
+from harness.registry import Scenario, discover, select
 from harness.scenario_run import RunContext, drawn_baseline_only, plain, run_scenario
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -28,6 +28,8 @@ class MatrixOptions:
     results_dir: Path
     install: envs.InstallOptions
     fresh: bool = False
+    #: Continue this run id (even a complete one: nothing recorded is re-run, an attempt entry is added).
+    resume_run: str | None = None
     scenario_patterns: tuple[str, ...] | None = None
     cell_patterns: tuple[str, ...] | None = None
     examples: int | None = None
@@ -60,13 +62,16 @@ class MatrixSummary:
     resumed: int
     outcomes: dict[str, int]
     interrupted: bool = False
+    #: SIGINT or SIGTERM when interrupted.
+    signal: str | None = None
 
 
 def hypothesis_settings(profile: Profile, options: MatrixOptions) -> dict[str, float]:
     name = options.hypothesis_profile or profile.hypothesis_profile
     if name not in draws.HYPOTHESIS_PROFILES:
         known = ", ".join(draws.HYPOTHESIS_PROFILES)
-        raise UsageError(f"unknown hypothesis profile {name!r} (known: {known})")
+        where = "--hypothesis-profile" if options.hypothesis_profile else f"{profile.path}: profile.hypothesis_profile"
+        raise UsageError(f"{where}: unknown hypothesis profile {name!r} (known: {known})")
     return draws.HYPOTHESIS_PROFILES[name]
 
 
@@ -107,43 +112,129 @@ def variants_for(profile: Profile, scenario: Scenario) -> tuple[str, ...]:
 
 
 def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None = None) -> MatrixSummary:
-    scenarios = select(options.scenario_patterns or profile.scenarios)
+    """Run (or resume) a profile's matrix. Everything that can be wrong with the input is checked before a run
+    directory is created or touched; the run directory is written by this process alone (its writer lock)."""
+    where = "--scenario" if options.scenario_patterns else f"{profile.path}: profile.scenarios"
+    scenarios = select(options.scenario_patterns or profile.scenarios, where=where)
+    _check_scenario_sections(profile)
     variants = {s.id: variants_for(profile, s) for s in scenarios}
     shrink_settings = hypothesis_settings(profile, options)  # validates the name before anything runs
     device = hardware.resolve_device(profile.device)
     machine = hardware.describe(device)
-    runs.check_writable(options.results_dir)
-
+    runs.check_writable(options.results_dir / "runs", "results directory")
+    runs.check_writable(options.install.envs_dir, "environments directory")
     digest = runs.profile_digest(profile.path)
-    run_dir = None if options.fresh else runs.find_resumable(options.results_dir, profile.name, digest)
-    if run_dir is not None and runs.read_meta(run_dir).get("shard") != (list(options.shard) if options.shard else None):
-        run_dir = None  # another shard's run: never resume into it
-    recorded = runs.read_meta(run_dir).get("resolved_axes") if run_dir is not None else None
-    wheelhouse = options.install.wheelhouse if options.install.offline else None
-    profile, resolved_axes = releases.resolve_axes(profile, wheelhouse, recorded)
-    cells, reduction = reduce_cells(expand(profile), options.reduce or profile.reduce)
-    cells = [c for c in cells if _wanted(c, options.cell_patterns)]
+    shard = list(options.shard) if options.shard else None
+
+    lock: runs.RunLock | None = None
+    try:
+        with runs.selection_lock(options.results_dir):
+            run_dir = _chosen_run(profile, options, digest, shard)
+            lock = runs.RunLock.acquire(run_dir) if run_dir is not None else None
+            previous = runs.read_meta(run_dir) if run_dir is not None else {}
+            _check_resume_options(previous, options, run_dir)
+            wheelhouse = options.install.wheelhouse if options.install.offline else None
+            profile, resolved_axes = releases.resolve_axes(profile, wheelhouse, previous.get("resolved_axes"))
+            cells, reduction = reduce_cells(expand(profile), options.reduce or profile.reduce)
+            cells = _sliced_cells(cells, options, profile)
+            pruned = {} if options.no_prune else _prune(cells, profile, wheelhouse)
+            digests = {s.id: _source_digest(s) for s in scenarios}
+            if run_dir is None:
+                run_dir = runs.create_run_dir(options.results_dir, profile.name)
+                lock = runs.RunLock.acquire(run_dir)
+            meta = _meta_for_attempt(previous, run_dir, profile, options, scenarios, cells, digests, pruned, machine)
+            meta.setdefault("reduction", reduction.as_json())
+            meta.setdefault("resolved_axes", resolved_axes)
+        runs.write_meta(run_dir, meta)
+        return _execute(profile, options, scenarios, variants, cells, meta, previous.get("status"), run_dir,
+                        machine, shrink_settings, pruned, digests, stream)  # fmt: skip
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _check_scenario_sections(profile: Profile) -> None:
+    """A `[scenario."<id>"]` section must name a real scenario: a typo would silently drop its settings."""
+    known = {s.id for s in discover()}
+    for scenario_id in profile.scenario_settings:
+        if scenario_id not in known:
+            raise UsageError(f'{profile.path}: scenario."{scenario_id}": unknown scenario '
+                             f"(known: {', '.join(sorted(known))})")  # fmt: skip
+
+
+def _chosen_run(profile: Profile, options: MatrixOptions, digest: str, shard: list[int] | None) -> Path | None:
+    """The run this invocation continues: --resume's, else the newest unfinished run of this profile file
+    (never a complete one), else None for a new run."""
+    if options.resume_run:
+        run_dir = options.results_dir / "runs" / options.resume_run
+        meta = runs.read_meta(run_dir)
+        if not meta:
+            raise UsageError(f"--resume {options.resume_run}: no run with meta.json under {run_dir.parent}")
+        if meta.get("profile") != profile.name:
+            raise UsageError(f"--resume {options.resume_run}: that run is of profile {meta.get('profile')!r}, "
+                             f"not {profile.name!r} (pass --profile {meta.get('profile')})")  # fmt: skip
+        return run_dir
+    if options.fresh:
+        return None
+    return runs.find_resumable(options.results_dir, profile.name, digest, shard)
+
+
+def _check_resume_options(previous: dict[str, Any], options: MatrixOptions, run_dir: Path | None) -> None:
+    """Options that would change what an existing run draws are refused, not silently ignored."""
+    if not previous:
+        return
+    recorded_profile = previous.get("hypothesis_profile")
+    if options.hypothesis_profile and recorded_profile and options.hypothesis_profile != recorded_profile:
+        raise UsageError(
+            f"--hypothesis-profile {options.hypothesis_profile}: run {previous.get('run_id')} is being resumed and "
+            f"was drawn with {recorded_profile!r}; add --fresh for a new run"
+        )
+    if options.examples is None:
+        return
+    counts = {how.get("count") for how in (previous.get("draws") or {}).values()}
+    if counts != {options.examples}:
+        shown = ", ".join(str(c) for c in sorted(c for c in counts if c is not None)) or "unknown"
+        raise UsageError(
+            f"--examples {options.examples}: run {previous.get('run_id')} is being resumed with the configs it "
+            f"already drew ({shown} per scenario); add --fresh for a new run"
+        )
+
+
+def _sliced_cells(cells: list[Cell], options: MatrixOptions, profile: Profile) -> list[Cell]:
+    """The cells this attempt runs (--cell globs, --shard); a slice that selects nothing is bad input."""
+    chosen = [c for c in cells if _wanted(c, options.cell_patterns)]
+    if options.cell_patterns and not chosen:
+        known = ", ".join(c.cell_id for c in cells)
+        raise UsageError(f"--cell {' '.join(options.cell_patterns)}: matches no cell of profile {profile.name} "
+                         f"(its cells: {known})")  # fmt: skip
     if options.shard:
         index, count = options.shard
-        cells = [c for position, c in enumerate(cells) if position % count == index - 1]
-    pruned = {} if options.no_prune else _prune(cells, profile, wheelhouse)
-    if run_dir is not None:
-        meta = runs.read_meta(run_dir)
-        configs = meta["configs"]
-        how = meta.setdefault("draws", {})
-        if set(s.id for s in scenarios) - set(configs):
-            # A resumed run gains scenarios the earlier attempt did not select: plan just those.
-            more, more_how = plan(profile, [s for s in scenarios if s.id not in configs], options)
-            configs |= more
-            how |= more_how
-    else:
-        run_id = runs.new_run_id(profile.name)
-        run_dir = options.results_dir / "runs" / run_id
-        configs, how = plan(profile, scenarios, options)
+        chosen = [c for position, c in enumerate(chosen) if position % count == index - 1]
+        if not chosen:
+            raise UsageError(f"--shard {index}/{count}: no cell falls into this shard")
+    return chosen
+
+
+def _meta_for_attempt(
+    previous: dict[str, Any],
+    run_dir: Path,
+    profile: Profile,
+    options: MatrixOptions,
+    scenarios: list[Scenario],
+    cells: list[Cell],
+    digests: dict[str, str],
+    pruned: dict[str, str],
+    machine: dict[str, Any],
+) -> dict[str, Any]:
+    """meta.json is append-only history: facts about records already written never change. A new attempt
+    adds an `attempts` entry (its slice, digests, host, status) and only adds what the run did not have yet
+    (scenarios, cells, their configs)."""
+    meta = dict(previous)
+    if not meta:
         meta = {
-            "run_id": run_id,
+            "run_id": run_dir.name,
             "profile": profile.name,
-            "profile_digest": digest,
+            "profile_digest": runs.profile_digest(profile.path),
             "profile_file": str(profile.path.relative_to(REPO_ROOT))
             if profile.path.is_absolute() and profile.path.is_relative_to(REPO_ROOT)
             else str(profile.path),
@@ -151,28 +242,65 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
             "hypothesis_profile": options.hypothesis_profile or profile.hypothesis_profile,
             "started_at": runs.now_iso(),
             "harness_commit": runs.git_commit(REPO_ROOT),
-        }
-    meta.update(
-        {
-            "configs": configs,
-            "draws": how,
-            "reduction": reduction.as_json(),
-            "resolved_axes": resolved_axes,
-            # Which scenario code produced the records: a later run that disagrees under changed code is a
-            # scenario change, not flakiness (see report.select_runs).
-            "scenario_digests": {s.id: _source_digest(s) for s in scenarios},
-            "pruned": pruned,
             "shard": list(options.shard) if options.shard else None,
-            "status": "running",
             "hardware": machine,
-            "cells": {
-                c.cell_id: {"pins": c.pins, "requirements": c.requirements(), "excluded": c.excluded_reason}
-                for c in cells
-            },
+            "configs": {},
+            "draws": {},
+            "scenario_digests": {},
+            "cells": {},
+            "pruned": {},
+            "attempts": [],
         }
-    )
-    meta.setdefault("attempts", []).append({"started_at": runs.now_iso(), "host": machine["host"]})
-    runs.write_meta(run_dir, meta)
+    new_scenarios = [s for s in scenarios if s.id not in meta["configs"]]
+    if new_scenarios:
+        more, more_how = plan(profile, new_scenarios, options)
+        meta["configs"] = meta["configs"] | more
+        meta["draws"] = meta.get("draws", {}) | more_how
+    # Which scenario code produced the records (per record too): the first code of each scenario stays here.
+    meta["scenario_digests"] = {**digests, **(meta.get("scenario_digests") or {})}
+    known_cells = meta.get("cells") or {}
+    meta["cells"] = known_cells | {
+        c.cell_id: {"pins": c.pins, "requirements": c.requirements(), "excluded": c.excluded_reason}
+        for c in cells
+        if c.cell_id not in known_cells
+    }
+    meta["pruned"] = pruned | (meta.get("pruned") or {})
+    meta["status"] = "running"
+    attempt = {
+        "started_at": runs.now_iso(),
+        "host": machine["host"],
+        "pid": os.getpid(),
+        "harness_commit": runs.git_commit(REPO_ROOT),
+        "slice": {
+            "scenarios": [s.id for s in scenarios],
+            "cells": [c.cell_id for c in cells],
+            "config_ids": list(options.config_ids) if options.config_ids else None,
+        },
+        "scenario_digests": digests,
+        "status": "running",
+    }
+    meta["attempts"] = [*(meta.get("attempts") or []), attempt]
+    return meta
+
+
+def _execute(
+    profile: Profile,
+    options: MatrixOptions,
+    scenarios: list[Scenario],
+    variants: dict[str, tuple[str, ...]],
+    cells: list[Cell],
+    meta: dict[str, Any],
+    previous_status: str | None,
+    run_dir: Path,
+    machine: dict[str, Any],
+    shrink_settings: dict[str, float],
+    pruned: dict[str, str],
+    digests: dict[str, str],
+    stream: TextIO | None,
+) -> MatrixSummary:
+    """Run the attempt's cells; always leave meta.json saying how the attempt ended."""
+    configs, how = meta["configs"], meta["draws"]
+    attempt = meta["attempts"][-1]
 
     def wanted_configs(sid: str) -> list[dict[str, Any]]:
         return [c for c in configs[sid] if not options.config_ids or c["config_id"] in options.config_ids]
@@ -189,21 +317,29 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     writer = RecordWriter(run_dir / "records.jsonl")
     context = RunContext(
         profile, options, machine, meta["run_id"], run_dir, writer, progress, summary, how,
-        shrink_settings, pruned,
+        shrink_settings, pruned, digests,
     )  # fmt: skip
+    status = "interrupted"
     try:
         for cell in cells:
             work = [(s, variants[s.id], wanted_configs(s.id)) for s in scenarios if _selected(profile, s, cell)]
             _run_cell(cell, work, context)
             progress.cell_done()
-        meta["status"] = "complete"
-    except KeyboardInterrupt:
+        status = "complete"
+    except KeyboardInterrupt as exc:
         summary.interrupted = True
-        meta["status"] = "interrupted"
+        summary.signal = attempt["signal"] = getattr(exc, "signal_name", "SIGINT")
         progress.message("interrupted: records written so far are kept; run again to resume")
+    except BaseException as exc:
+        attempt["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        raise
     finally:
         writer.close()
-        meta["finished_at"] = runs.now_iso()
+        now = runs.now_iso()
+        attempt |= {"status": status, "finished_at": now, "records_written": summary.written}
+        if status != previous_status or summary.written:
+            meta["finished_at"] = now
+        meta["status"] = status
         runs.write_meta(run_dir, meta)
         progress.close()
     return summary
@@ -275,6 +411,7 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
                 "hardware": ctx.machine | {"world_size": world_size},
                 "started_at": runs.now_iso(),
                 "install": dict(install_info),
+                "scenario_digest": ctx.scenario_digests.get(scenario.id),
             }
             | ({"config_also_from": planned["also_from"]} if planned.get("also_from") else {})
             | outcome

@@ -46,6 +46,14 @@ def processes_started_by(pid: int) -> list[int]:
     return processes_with_env(ORCHESTRATOR_VAR, str(pid))
 
 
+def kill_started_by(pid: int) -> int:
+    """SIGKILL every living process launched by the orchestrator `pid`; returns how many were still alive."""
+    living = _alive(processes_started_by(pid))
+    for child in living:
+        _signal(child, signal.SIGKILL)
+    return len(living)
+
+
 def kill_token(token: str, grace_s: float = 3.0) -> int:
     """SIGTERM, then SIGKILL after a grace period, everything carrying the token. Returns how many."""
     pids = processes_with_token(token)

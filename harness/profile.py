@@ -410,7 +410,7 @@ def _parse_scenarios(shown: str, raw: Any) -> dict[str, ScenarioSettings]:
             raise ProfileError(shown, f"{key}.configs", "must be an array of tables")
         variants = body.get("variants")
         parsed[scenario_id] = ScenarioSettings(
-            examples=_int(shown, f"{key}.examples", body["examples"]) if "examples" in body else None,
+            examples=_non_negative_int(shown, f"{key}.examples", body["examples"]) if "examples" in body else None,
             job_timeout_s=_positive_number(shown, f"{key}.job_timeout_s", body["job_timeout_s"])
             if "job_timeout_s" in body
             else None,

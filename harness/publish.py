@@ -18,6 +18,7 @@ from typing import Any
 from harness import runs
 from harness.records import read_records, record_key
 from harness.report import BAD, Selection
+from harness.textsafe import md, slug
 
 SCHEMA = "compat-matrix/matrix/v1"
 SITE_TEMPLATE = Path(__file__).with_name("site_template.html")
@@ -132,9 +133,10 @@ def changes_markdown(changes: dict[str, list[dict[str, Any]]]) -> str:
     for title, items in (("Newly failing", changes["newly_failing"]), ("Newly fixed", changes["newly_fixed"])):
         lines.append(f"**{title}:** " + ("none" if not items else f"{len(items)}"))
         lines += [
-            f"- `{c['cell']}` {c['scenario']} config `{c['config_id']}`: {c['before']} -> {c['after']}"
-            + (f" `{c['signature']}`" if c.get("signature") else "")
-            + f" (run `{c['run']}`, before: `{c['previous_run']}`)"
+            f"- `{md(c['cell'])}` {md(c['scenario'])} config `{md(c['config_id'])}`: {md(c['before'])} -> "
+            f"{md(c['after'])}"
+            + (f" `{md(c['signature'])}`" if c.get("signature") else "")
+            + f" (run `{md(c['run'])}`, before: `{md(c['previous_run'])}`)"
             for c in items
         ]
         lines.append("")
@@ -170,7 +172,7 @@ def write_junit(selection: Selection, out_dir: Path) -> list[Path]:
                     node.text = record.get("message") or ""
                 elif outcome in ("skip", "install-failed"):
                     ET.SubElement(case, "skipped", message=(record.get("message") or "")[:300])
-        path = out_dir / f"{run_id}.xml"
+        path = out_dir / f"{slug(run_id, 120)}.xml"
         ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
         written.append(path)
     return written

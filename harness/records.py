@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from harness.errors import UsageError
+
 SCHEMA_PATH = Path(__file__).with_name("record.schema.json")
 RECORD_VERSION = 1
 OUTCOMES = ("pass", "fail", "flaky", "skip", "timeout", "crash", "env-broken", "install-failed", "error")
@@ -36,11 +38,29 @@ def read_records(path: Path, warn: bool = True) -> list[dict[str, Any]]:
             if not line:
                 continue
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
                 if warn:
                     print(f"warning: {path}:{number}: skipping a damaged record line", file=sys.stderr)
+                continue
+            problem = _not_a_record(record)
+            if problem:
+                # Valid JSON that no writer of ours produced: bad input, not damage to step over.
+                raise UsageError(f"{path}:{number}: not a record: {problem}")
+            records.append(record)
     return records
+
+
+def _not_a_record(value: Any) -> str | None:
+    """Why a parsed JSON line cannot be a record, or None when it has what every reader relies on."""
+    if not isinstance(value, dict):
+        return f"expected a JSON object, got {type(value).__name__}"
+    missing = [k for k in (*KEY_FIELDS, "outcome") if not isinstance(value.get(k), str) or not value.get(k)]
+    if missing:
+        return f"missing or non-string key(s) {', '.join(missing)}"
+    if value["outcome"] not in OUTCOMES:
+        return f"key outcome: unknown outcome {value['outcome']!r}"
+    return None
 
 
 def repair_tail(path: Path) -> bool:

@@ -63,14 +63,17 @@ def discover() -> list[Scenario]:
     return sorted(found, key=lambda s: (int(s.id[1:].split("-")[0]), s.id))
 
 
-def select(patterns: tuple[str, ...] | list[str], scenarios: list[Scenario] | None = None) -> list[Scenario]:
-    """Scenarios whose id matches any glob; a pattern matching nothing is a usage error."""
+def select(
+    patterns: tuple[str, ...] | list[str], scenarios: list[Scenario] | None = None, where: str = "scenario"
+) -> list[Scenario]:
+    """Scenarios whose id matches any glob; a pattern matching nothing is a usage error naming `where` the
+    pattern came from (a profile file and key, or a flag)."""
     scenarios = discover() if scenarios is None else scenarios
     chosen = []
     for pattern in patterns:
         hits = [s for s in scenarios if fnmatch.fnmatchcase(s.id, pattern) or s.id.split("-")[0] == pattern]
         if not hits:
             known = ", ".join(s.id for s in scenarios)
-            raise UsageError(f"unknown scenario {pattern!r} (known: {known})")
+            raise UsageError(f"{where}: unknown scenario {pattern!r} (known: {known})")
         chosen.extend(h for h in hits if h not in chosen)
     return sorted(chosen, key=lambda s: (int(s.id[1:].split("-")[0]), s.id))

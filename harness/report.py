@@ -6,7 +6,6 @@ with its signature, and which fixes turn it green across the configs where the b
 
 from __future__ import annotations
 
-import html
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
@@ -17,6 +16,7 @@ from typing import Any
 from harness import runs
 from harness.cells import PACKAGE_ORDER
 from harness.records import read_records, record_key
+from harness.textsafe import md
 
 BAD = {"fail", "flaky", "timeout", "crash", "error", "env-broken"}
 LEGEND = """\
@@ -51,7 +51,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
     that re-checks one scenario on one cell then updates that entry without hiding the rest. Runs whose
     meta.json says `superseded_by` are left out."""
     run_root = results_dir / "runs"
-    metas = {d.name: runs.read_meta(d) for d in sorted(run_root.glob("*")) if (d / "meta.json").is_file()}
+    metas = {d.name: _shown_meta(d) for d in sorted(run_root.glob("*")) if (d / "meta.json").is_file()}
     if run_ids:
         chosen = list(run_ids)
         unknown = [r for r in chosen if r not in metas]
@@ -70,29 +70,44 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
     for profile in sorted(by_profile):
         covered: set[tuple[str, str]] = set()
         shown: dict[tuple[str, ...], str] = {}
-        shown_by: dict[tuple[str, ...], dict[str, Any]] = {}
+        shown_by: dict[tuple[str, ...], Evidence] = {}
         for run_id in sorted(by_profile[profile], key=lambda r: metas[r].get("started_at", ""), reverse=True):
             fresh = []
             for rec in read_records(run_root / run_id / "records.jsonl"):
                 if (rec["cell"], rec["scenario"]) not in covered:
                     fresh.append(rec)
                 elif record_key(rec) in shown and shown[record_key(rec)] != rec["outcome"]:
-                    if _same_code(metas[run_id], shown_by[record_key(rec)], rec["scenario"]):
+                    if _same_code((metas[run_id], rec), shown_by[record_key(rec)]):
                         conflicting.add(record_key(rec))  # an older run disagrees: shown as flaky, never hidden
             if fresh:
                 chosen.append(run_id)
                 records.extend(fresh)
                 covered |= {(rec["cell"], rec["scenario"]) for rec in fresh}
                 shown |= {record_key(rec): rec["outcome"] for rec in fresh}
-                shown_by |= {record_key(rec): metas[run_id] for rec in fresh}
+                shown_by |= {record_key(rec): (metas[run_id], rec) for rec in fresh}
     chosen.sort()
     return Selection(chosen, records, [metas[r] for r in chosen], frozenset(conflicting))
 
 
-def _same_code(older: dict[str, Any], newer: dict[str, Any], scenario: str) -> bool:
-    """Whether two runs ran the same scenario code; unknown (runs before digests were recorded) counts as
-    the same, so a disagreement is shown rather than explained away."""
-    a, b = (older.get("scenario_digests") or {}).get(scenario), (newer.get("scenario_digests") or {}).get(scenario)
+def _shown_meta(run_dir: Path) -> dict[str, Any]:
+    """meta.json with the status a reader should see: a `running` run whose writer died is `interrupted`."""
+    meta = runs.read_meta(run_dir)
+    return meta | {"status": runs.effective_status(run_dir, meta)}
+
+
+Evidence = tuple[dict[str, Any], dict[str, Any]]  # (run meta, record)
+
+
+def _same_code(older: Evidence, newer: Evidence) -> bool:
+    """Whether two records were made by the same scenario code (each record's own digest, else its run's);
+    unknown (runs before digests were recorded) counts as the same, so a disagreement is shown rather than
+    explained away."""
+
+    def digest(evidence: Evidence) -> str | None:
+        meta, record = evidence
+        return record.get("scenario_digest") or (meta.get("scenario_digests") or {}).get(record["scenario"])
+
+    a, b = digest(older), digest(newer)
     return a is None or b is None or a == b
 
 
@@ -130,11 +145,11 @@ def render_markdown(
     ]
     lines += _provenance(selection)
     lines += ["## Summary: baseline outcome and the fixes that work", ""]
-    lines.append("| cell | " + " | ".join(scenarios) + " |")
+    lines.append("| cell | " + " | ".join(md(s) for s in scenarios) + " |")
     lines.append("|---|" + "---|" * len(scenarios))
     for cell in cells:
         entries = [_summary_entry(grouped.get((cell, s), [])) for s in scenarios]
-        lines.append(f"| `{cell}` | " + " | ".join(entries) + " |")
+        lines.append(f"| `{md(cell)}` | " + " | ".join(entries) + " |")
     lines += ["", "### Legend", "", LEGEND]
     lines += _versions_table(cells, records)
     for scenario in scenarios:
@@ -154,11 +169,17 @@ def _provenance(selection: Selection) -> list[str]:
     for meta in selection.metas:
         hw = meta.get("hardware", {})
         gpus = f"{hw.get('gpu_count', 0)} x {hw.get('gpu_name')}" if hw.get("gpu_count") else "0"
-        lines.append(
-            f"| `{meta.get('run_id')}` | {meta.get('profile')} | {hw.get('device')} | {gpus} | "
-            f"{hw.get('host', '')} | {meta.get('started_at', '')} | {meta.get('status', '')} | "
-            f"`{(meta.get('harness_commit') or '')[:10]}` |"
-        )
+        cells = [
+            f"`{md(meta.get('run_id'))}`",
+            meta.get("profile"),
+            hw.get("device"),
+            gpus,
+            hw.get("host", ""),
+            meta.get("started_at", ""),
+            meta.get("status", ""),
+            f"`{md((meta.get('harness_commit') or '')[:10])}`",
+        ]
+        lines.append("| " + " | ".join(c if str(c).startswith("`") else md(c) for c in cells) + " |")
     return [*lines, ""]
 
 
@@ -176,7 +197,7 @@ def _versions_table(cells: list[str], records: list[dict[str, Any]]) -> list[str
     ]
     for cell in cells:
         versions = resolved.get(cell, {})
-        lines.append(f"| `{cell}` | " + " | ".join(versions.get(c, "-") for c in columns) + " |")
+        lines.append(f"| `{md(cell)}` | " + " | ".join(md(versions.get(c, "-")) for c in columns) + " |")
     return [*lines, ""]
 
 
@@ -192,20 +213,20 @@ def _summary_entry(records: list[dict[str, Any]]) -> str:
     if outcomes <= {"install-failed"}:
         return "INSTALL-FAILED"
     if outcomes <= {"env-broken"}:
-        return f"ENV-BROKEN `{base[0]['signature']}`"
+        return f"ENV-BROKEN `{md(base[0]['signature'])}`"
     failing = [r for r in base if r["outcome"] in BAD]
     if not failing:
         return f"not reproduced ({len(base)})"
     signatures = _counts(r["signature"] for r in failing)
-    head = ", ".join(f"{_outcome_word(failing, s)} `{s}`" for s in signatures)
+    head = ", ".join(f"{_outcome_word(failing, s)} `{md(s)}`" for s in signatures)
     text = f"{head} ({len(failing)}/{len(base)})"
     fixed, partly, not_fixed = _fix_verdicts(records, {r["config_id"] for r in failing})
     if fixed:
-        text += " <br>fixed by: " + ", ".join(fixed)
+        text += " <br>fixed by: " + ", ".join(md(v) for v in fixed)
     if partly:
-        text += " <br>partly: " + ", ".join(partly)
+        text += " <br>partly: " + ", ".join(md(v) for v in partly)
     if not_fixed:
-        text += " <br>not fixed by: " + ", ".join(not_fixed)
+        text += " <br>not fixed by: " + ", ".join(md(v) for v in not_fixed)
     return text
 
 
@@ -242,13 +263,13 @@ def _scenario_section(
 ) -> list[str]:
     records = [r for c in cells for r in grouped.get((c, scenario), [])]
     variants = sorted({r["variant"] for r in records}, key=lambda v: (v != "baseline", v.count("+"), v))
-    heading = f"## {scenario}" + (f": {title}" if title else "")
+    heading = f"## {md(scenario)}" + (f": {md(title)}" if title else "")
     lines = [
         heading,
         "",
         f"Per variant, over the configs tried. Metrics shown: {', '.join(metrics) or 'none'}.",
         "",
-        "| cell | " + " | ".join(variants) + " |",
+        "| cell | " + " | ".join(md(v) for v in variants) + " |",
         "|---|" + "---|" * len(variants),
     ]
     for cell in cells:
@@ -259,14 +280,14 @@ def _scenario_section(
         for variant in variants:
             subset = [r for r in row if r["variant"] == variant]
             entries.append(_variant_entry(subset, metrics, flaky))
-        lines.append(f"| `{cell}` | " + " | ".join(entries) + " |")
+        lines.append(f"| `{md(cell)}` | " + " | ".join(entries) + " |")
     notes = sorted({(r["cell"], r["message"]) for r in records if r["outcome"] in ("skip", "install-failed")})
     if notes:
         lines += ["", "Skipped or not installed:", ""]
-        lines += [f"- `{cell}`: {_one_line(message)}" for cell, message in notes]
-    paths = sorted({r.get("path") for r in records if r.get("path")})
+        lines += [f"- `{md(cell)}`: {_one_line(message)}" for cell, message in notes]
+    paths = sorted({str(r.get("path")) for r in records if r.get("path")})
     if paths:
-        lines += ["", "Code paths that ran: " + ", ".join(f"`{p}`" for p in paths)]
+        lines += ["", "Code paths that ran: " + ", ".join(f"`{md(p)}`" for p in paths)]
     return [*lines, ""]
 
 
@@ -277,7 +298,7 @@ def _variant_entry(subset: list[dict[str, Any]], metrics: list[str], flaky: set[
     parts = []
     for outcome, n in counts.items():
         sigs = _counts(r["signature"] for r in subset if r["outcome"] == outcome and r["signature"])
-        sig_text = "".join(f" `{s}`" for s in sigs if outcome not in ("pass", "skip", "install-failed"))
+        sig_text = "".join(f" `{md(s)}`" for s in sigs if outcome not in ("pass", "skip", "install-failed"))
         parts.append(f"{outcome} {n}/{len(subset)}{sig_text}")
     for name in metrics:
         values = [r["metrics"].get(name) for r in subset if isinstance(r.get("metrics", {}).get(name), int | float)]
@@ -302,6 +323,5 @@ def _fmt(value: float) -> str:
 
 
 def _one_line(text: str) -> str:
-    """Exception text in a Markdown cell: one line, table pipes and HTML neutralised (GitHub renders HTML)."""
-    flat = " ".join((text or "").split())[:300]
-    return html.escape(flat, quote=False).replace("|", "\\|")
+    """Exception text in a Markdown cell: one line of at most 300 characters, pipes and HTML neutralised."""
+    return md(" ".join((text or "").split())[:300])

@@ -11,7 +11,6 @@ which is how a fix that worked in the cell is checked to still work.
 from __future__ import annotations
 
 import json
-import pprint
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 from harness.draws import config_id
 from harness.registry import SCENARIO_DIR, Scenario
+from harness.textsafe import slug
 
 RESULT_PREFIX = "REPRO-RESULT "
 #: What a reproducer pins for a cell that ran over a GPU node's own python (`--system-torch`).
@@ -28,11 +28,12 @@ _IMPORT = re.compile(r"^\s*from scenarios(?:\.(\w+))? import (\w+)", re.M)
 
 
 def repro_id(record: dict[str, Any]) -> str:
-    """A readable, filesystem-safe id: scenario, cell, variant, signature, and a short hash of all four."""
-    key = "|".join(record[k] for k in ("cell", "scenario", "variant", "signature"))
+    """A readable, filesystem-safe id: scenario, cell, variant, signature, and a short hash of all four.
+    Every part is slugged: record text never becomes a path separator or `..`."""
+    key = "|".join(str(record[k]) for k in ("cell", "scenario", "variant", "signature"))
     short = config_id({"key": key})[:8]
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", record["signature"]).strip("_")[:48]
-    return f"{record['scenario'].split('-')[0]}-{record['cell']}-{record['variant']}-{slug}-{short}"
+    parts = (str(record["scenario"]).split("-")[0], record["cell"], record["variant"], record["signature"])
+    return "-".join(slug(part, 64 if i == 1 else 48) for i, part in enumerate(parts)) + f"-{short}"
 
 
 def distinct_failures(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -153,41 +154,66 @@ def check_repro(
     }
 
 
+#: What may stand in a PEP 723 dependency line: a distribution name and a version, nothing else.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.!+_-]*$")
+_PYTHON = re.compile(r"^[0-9]+\.[0-9]+$")
+
+
 def render(failure: dict[str, Any], scenario: Scenario, fixes: list[str], python: str) -> str:
-    """The reproducer's text."""
-    versions = failure.get("versions") or {}
-    if versions.get("python"):
-        python = ".".join(versions["python"].split(".")[:2])  # the cell's own interpreter line
+    """The reproducer's text. Record text reaches it only as data: the failing config and the recorded facts
+    are one JSON document embedded as a string literal (parsed at run time), versions are checked against the
+    shape of a version before they become PEP 723 lines, and the docstring gets flattened, quote-free text."""
+    versions = {str(k): str(v) for k, v in (failure.get("versions") or {}).items()}
+    recorded_python = ".".join(versions.get("python", "").split(".")[:2])
+    if _PYTHON.match(recorded_python):
+        python = recorded_python  # the cell's own interpreter line
     if str((failure.get("install") or {}).get("mode", "")).startswith("system"):
         # A node's preinstalled stack (CUDA builds, local packages) is not on an index: pin what decides it.
         versions = {k: v for k, v in versions.items() if k in SYSTEM_MODE_PINS}
     # Every distribution the cell had, at its exact version: the reproducer rebuilds the cell, not a cousin.
-    deps = [f"{name}=={_public(v)}" for name, v in sorted(versions.items()) if name != "python"]
+    deps = [
+        f"{name}=={_public(v)}"
+        for name, v in sorted(versions.items())
+        if name != "python" and _NAME.match(name) and _VERSION.match(_public(v))
+    ]
     if "hypothesis" not in versions:
         deps.append("hypothesis")  # scenarios build their strategy at import
     source = Path(scenario.module.__file__ or "").read_text()
     helpers = _helper_sources(source)
     scenario_code = source.replace("from __future__ import annotations\n", "", 1)
-    config = _repro_config(failure)
     world_size = int(scenario.spec.get("world_size", 1))
-    device = (failure.get("hardware") or {}).get("device", "cpu")
-    launch = (
-        f"uv run {repro_id(failure)}.py  (starts itself under torchrun with {world_size} ranks)"
-        if world_size > 1
-        else f"uv run {repro_id(failure)}.py  (single process)"
+    device = "cuda" if (failure.get("hardware") or {}).get("device") == "cuda" else "cpu"
+    name = repro_id(failure)
+    fix_variants = [slug(v) for v in fixes if v != failure["variant"]]
+    data = {
+        "config": _repro_config(failure),
+        "variant": failure["variant"],
+        "signature": failure["signature"],
+        "world_size": world_size,
+        "device": device,
+        "run_id": failure.get("run_id"),
+        "cell": failure["cell"],
+        "config_id": failure["config_id"],
+        "message": (failure.get("message") or "")[:600],
+        "fixes": fix_variants,
+    }
+    launch = f"uv run {name}.py  " + (
+        f"(starts itself under torchrun with {world_size} ranks)" if world_size > 1 else "(single process)"
     )
     shrunk = (
         f"Config: the minimal one Hypothesis shrank the failure to (from {failure['config_id']})."
         if failure.get("minimal_config")
         else f"Config: {failure.get('config_source', 'example')} config {failure['config_id']}."
     )
-    fix_lines = "\n".join(f"    uv run {repro_id(failure)}.py --variant {v}" for v in fixes if v != failure["variant"])
+    fix_lines = "\n".join(f"    uv run {name}.py --variant {v}" for v in fix_variants)
+    first_line = next(iter((failure.get("message") or "").strip().splitlines()), "")
     docstring = "\n".join(
         [
-            f"Reproducer: {scenario.id}, variant `{failure['variant']}`, fails with `{failure['signature']}`.",
+            f"Reproducer: {scenario.id}, variant {failure['variant']}, fails with {failure['signature']}.",
             "",
             f"Seen in run {failure.get('run_id')} in cell {failure['cell']} on {device}.",
-            f"Message there: {(failure.get('message') or '').splitlines()[0][:300] if failure.get('message') else ''}",
+            f"Message there: {first_line[:300]}",
             shrunk,
             "",
             "Run:",
@@ -202,19 +228,22 @@ def render(failure: dict[str, Any], scenario: Scenario, fixes: list[str], python
             "Generated by the compat-matrix harness from the run's records. Do not edit: regenerate.",
         ]
     )
-    helper_block = "\n".join(f"_HELPERS[{name!r}] = {text!r}" for name, text in helpers.items())
+    helper_block = "\n".join(f"_HELPERS[{module!r}] = {text!r}" for module, text in helpers.items())
     return _TEMPLATE.format(
         python=python,
-        deps="\n".join(f'#   "{d}",' for d in deps),
-        docstring=docstring.replace('"""', "'''"),
+        deps="\n".join(f"#   {json.dumps(d)}," for d in deps),
+        docstring="\n".join(_doc_line(line) for line in docstring.split("\n")),
         helpers=helper_block or "pass",
         scenario_code=scenario_code,
-        config=pprint.pformat(config, sort_dicts=True),
-        variant=failure["variant"],
-        signature=failure["signature"],
-        world_size=world_size,
-        device=device,
+        data=repr(json.dumps(data, sort_keys=True, ensure_ascii=True, default=repr)),
     )
+
+
+def _doc_line(text: str) -> str:
+    """One line of the raw docstring: printable characters only, no double quote (so nothing from a record
+    can close the string), whitespace runs kept as they are for the indented command lines."""
+    kept = "".join(ch if ch.isprintable() else " " for ch in text)
+    return kept.replace('"', "'").rstrip()
 
 
 def _public(version: str) -> str:
@@ -244,7 +273,7 @@ _TEMPLATE = '''#!/usr/bin/env python3
 {deps}
 # ]
 # ///
-"""{docstring}
+r"""{docstring}
 """
 
 from __future__ import annotations
@@ -281,11 +310,13 @@ _install_helpers()
 {scenario_code}
 
 # ------------------------------------------------------------------ the failing config and how to run it
-REPRO_CONFIG = {config}
-REPRO_VARIANT = {variant!r}
-EXPECTED_SIGNATURE = {signature!r}
-REPRO_WORLD_SIZE = {world_size}
-RECORDED_DEVICE = {device!r}
+# The recorded facts, as data: one JSON document, parsed here (never pasted in as code).
+RECORDED = json.loads({data})
+REPRO_CONFIG = RECORDED["config"]
+REPRO_VARIANT = RECORDED["variant"]
+EXPECTED_SIGNATURE = RECORDED["signature"]
+REPRO_WORLD_SIZE = int(RECORDED["world_size"])
+RECORDED_DEVICE = RECORDED["device"]
 
 
 def _device() -> str:

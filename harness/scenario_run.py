@@ -45,6 +45,8 @@ class RunContext:
     hypothesis: dict[str, float]
     #: cell id -> why its exact pins cannot work together (from package metadata): skipped, not installed.
     pruned: dict[str, str] = field(default_factory=dict)
+    #: scenario id -> digest of the code that runs in this attempt (each record carries its own).
+    scenario_digests: dict[str, str] = field(default_factory=dict)
 
 
 def drawn_baseline_only(scenario: Scenario, planned: dict[str, Any]) -> bool:

@@ -37,7 +37,8 @@ def main(jobs_file: str, out_dir: str) -> int:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     _stderr_to_file(Path(out_dir) / f"stderr.rank{rank}.log")
-    events = open(Path(out_dir) / f"events.rank{rank}.jsonl", "a", buffering=1)
+    # "w": a launch directory is never reused, and this file must hold this process's events only.
+    events = open(Path(out_dir) / f"events.rank{rank}.jsonl", "w", buffering=1)
 
     def emit(event: dict[str, Any]) -> None:
         events.write(json.dumps(event, default=repr) + "\n")
@@ -58,9 +59,9 @@ def main(jobs_file: str, out_dir: str) -> int:
     emit({"event": "ready", "import_s": round(time.monotonic() - started, 3), "pid": os.getpid()})
 
     for job in _jobs(spec):
-        emit({"event": "start", "index": job["index"]})
+        emit({"event": "start", "index": job["index"], "uid": job.get("uid")})
         result = _run_one(module, job, spec["device"], rank, local_rank, world_size)
-        emit({"event": "end", "index": job["index"], **result})
+        emit({"event": "end", "index": job["index"], "uid": job.get("uid"), **result})
         if result["status"] != "pass" and world_size > 1:
             if spec.get("stop_after_failure", True):
                 # A failure can leave collectives out of step between ranks: let the launcher restart us.
