@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -14,7 +15,7 @@ from harness.errors import UsageError
 from harness.launcher import LaunchSpec, WorkerSession
 from harness.profile import Profile
 from harness.progress import Progress
-from harness.records import RecordWriter
+from harness.records import RecordWriter, read_records
 from harness.reduction import reduce_cells
 from harness.registry import Scenario, discover, select
 from harness.scenario_run import RunContext, drawn_baseline_only, plain, run_scenario
@@ -133,6 +134,8 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
             lock = runs.RunLock.acquire(run_dir) if run_dir is not None else None
             previous = runs.read_meta(run_dir) if run_dir is not None else {}
             _check_resume_options(previous, options, run_dir)
+            if run_dir is not None:
+                read_records(run_dir / "records.jsonl", warn=False)  # a line that is not a record: exit 2 here
             wheelhouse = options.install.wheelhouse if options.install.offline else None
             profile, resolved_axes = releases.resolve_axes(profile, wheelhouse, previous.get("resolved_axes"))
             cells, reduction = reduce_cells(expand(profile), options.reduce or profile.reduce)
@@ -142,6 +145,13 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
             if run_dir is None:
                 run_dir = runs.create_run_dir(options.results_dir, profile.name)
                 lock = runs.RunLock.acquire(run_dir)
+                why = "--fresh" if options.fresh else f"no unfinished run of profile {profile.name} to resume"
+                _say(stream, f"new run {run_dir.name} ({why})")
+            else:
+                why = "--resume" if options.resume_run else "it did not finish; --fresh starts a new run instead"
+                # We hold its lock now, so a `running` run's writer is gone: it was interrupted.
+                status = "interrupted" if previous.get("status") == "running" else previous.get("status")
+                _say(stream, f"resuming run {run_dir.name}, status {status} ({why})")
             meta = _meta_for_attempt(previous, run_dir, profile, options, scenarios, cells, digests, pruned, machine)
             meta.setdefault("reduction", reduction.as_json())
             meta.setdefault("resolved_axes", resolved_axes)
@@ -151,6 +161,10 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     finally:
         if lock is not None:
             lock.release()
+
+
+def _say(stream: TextIO | None, text: str) -> None:
+    print(text, file=stream or sys.stdout, flush=True)
 
 
 def _check_scenario_sections(profile: Profile) -> None:
@@ -279,7 +293,9 @@ def _meta_for_attempt(
         "scenario_digests": digests,
         "status": "running",
     }
-    meta["attempts"] = [*(meta.get("attempts") or []), attempt]
+    # An earlier attempt still marked running died without a word (SIGKILL, power loss): we hold its lock now.
+    earlier = [a | {"status": "killed"} if a.get("status") == "running" else a for a in meta.get("attempts") or []]
+    meta["attempts"] = [*earlier, attempt]
     return meta
 
 

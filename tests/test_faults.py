@@ -31,6 +31,7 @@ EXPECTED = {
     "oom": ("crash", "crash-oom"),
     "flaky": ("flaky", None),
     "deterministic_fail": ("fail", None),
+    "gil_spin": ("timeout", "timeout"),  # the harness alive: its timeout kills a worker that holds the GIL
 }
 
 
@@ -64,6 +65,7 @@ def test_each_injected_fault_is_classified(fault_run, variant: str) -> None:
     observed = record["outcome"] if signature is None else f"{record['outcome']}/{record['signature']}"
     expected = outcome if signature is None else f"{outcome}/{signature}"
     record_fault(f"F1 {variant}", expected, observed, orphans=orphans if variant == "hang_in_collective" else 0)
+    assert record.get("scenario_digest"), "every record says which scenario code made it"
     assert observed == expected, record
     assert orphans == 0
     if variant in ("rank_abort", "segfault"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ SPEC = {
         "oom",
         "flaky",
         "deterministic_fail",
+        "gil_spin",
     ],
 }
 
@@ -78,5 +80,10 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
             raise RuntimeError("injected failure on the first attempt only")
     elif variant == "deterministic_fail":
         raise RuntimeError("injected failure on every attempt")
+    elif variant == "gil_spin":
+        # Catastrophic backtracking: 2**40 steps inside the regex engine, which never releases the GIL, so no
+        # Python thread of this process (the orchestrator watchdog included) runs again.
+        _say(f"rank {rank}: matching a catastrophic regex, holding the GIL")
+        re.match(r"(a+)+$", "a" * 40 + "b")
     dist.all_reduce(tensor)
     return {"metrics": {"sum": float(tensor.item())}}
