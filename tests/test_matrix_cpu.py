@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,12 +105,29 @@ def test_s3_table_shows_c_for_every_variant(ci_run: Path) -> None:
     assert all(abs(c - 2.0**-10) < 1e-6 for c in by_variant["grad_scaler"])
 
 
-def test_rerun_resumes_and_adds_nothing(ci_run: Path) -> None:
+def test_resume_of_a_complete_run_only_appends_an_attempt(ci_run: Path) -> None:
+    """`--resume` of a complete run runs nothing, keeps every record byte for byte, and leaves meta.json
+    byte-identical apart from one appended attempt entry."""
     run_dir = only_run(ci_run)
-    before = (run_dir / "records.jsonl").read_bytes()
-    proc = run_matrix(ci_run)
-    assert "0 new records" in proc.stdout
-    assert (run_dir / "records.jsonl").read_bytes() == before
+    records_before = (run_dir / "records.jsonl").read_bytes()
+    meta_before = (run_dir / "meta.json").read_text()
+    proc = run_matrix(ci_run, "--resume", run_dir.name, "--no-report")
+    assert "0 new records" in proc.stdout and f"resuming run {run_dir.name}" in proc.stdout
+    assert (run_dir / "records.jsonl").read_bytes() == records_before
+    after = json.loads((run_dir / "meta.json").read_text())
+    appended = after["attempts"].pop()
+    assert json.dumps(after, indent=1, sort_keys=True) + "\n" == meta_before
+    assert appended["status"] == "complete" and appended["records_written"] == 0
+
+
+def test_a_complete_run_is_never_resumed_by_default(tmp_path: Path, ci_run: Path) -> None:
+    """On a fresh clone the committed runs are complete: the README command must do new work, not 'resume'."""
+    shutil.copytree(ci_run / "runs", tmp_path / "runs")
+    proc = run_matrix(tmp_path, "--scenario", "S3", "--cell", "old_*", "--no-report")
+    assert "new run" in proc.stdout.splitlines()[0], proc.stdout
+    runs = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    assert len(runs) == 2
+    assert "0 new records" not in proc.stdout
 
 
 def test_sigkill_mid_run_loses_and_duplicates_nothing(tmp_path: Path, ci_run: Path) -> None:
