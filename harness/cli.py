@@ -453,7 +453,8 @@ def _check_repros(args: argparse.Namespace) -> int:
 def _import_runs(args: argparse.Namespace) -> int:
     """Merge shards into results/runs/<run-id>/: concatenation plus de-duplication, nothing overwritten."""
     from harness.records import merge, read_records
-    from harness.runs import write_meta
+    from harness.runs import RunLock, write_meta
+    from harness.textsafe import slug
 
     for path in args.records:
         if not path.name.endswith(".records.jsonl") or not path.is_file():
@@ -462,13 +463,17 @@ def _import_runs(args: argparse.Namespace) -> int:
         meta_path = path.with_name(f"{run_id}.meta.json")
         if not meta_path.is_file():
             raise UsageError(f"{meta_path}: missing (the run's meta.json travels with its records)")
-        run_dir = args.results_dir / "runs" / run_id
-        existing = read_records(run_dir / "records.jsonl")
-        merged = merge([existing, read_records(path)])
+        run_dir = args.results_dir / "runs" / slug(run_id, 120)
         run_dir.mkdir(parents=True, exist_ok=True)
-        with open(run_dir / "records.jsonl", "w") as handle:
-            handle.writelines(json.dumps(r, sort_keys=True) + "\n" for r in merged)
-        write_meta(run_dir, json.loads(meta_path.read_text()))
+        lock = RunLock.acquire(run_dir)  # never merge into a run another process is writing
+        try:
+            existing = read_records(run_dir / "records.jsonl")
+            merged = merge([existing, read_records(path)])
+            with open(run_dir / "records.jsonl", "w") as handle:
+                handle.writelines(json.dumps(r, sort_keys=True) + "\n" for r in merged)
+            write_meta(run_dir, json.loads(meta_path.read_text()))
+        finally:
+            lock.release()
         print(f"{run_id}: {len(merged) - len(existing)} new records ({len(merged)} in all) -> {run_dir}")
     return 0
 
