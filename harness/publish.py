@@ -18,7 +18,8 @@ from typing import Any
 from harness import runs
 from harness.records import read_records, record_key
 from harness.report import BAD, Selection
-from harness.textsafe import md, slug
+from harness.signatures import rename
+from harness.textsafe import code, md, slug
 
 SCHEMA = "compat-matrix/matrix/v1"
 SITE_TEMPLATE = Path(__file__).with_name("site_template.html")
@@ -110,10 +111,10 @@ def changes_since_previous(results_dir: Path, selection: Selection) -> dict[str,
             continue
         before = {
             record_key(r): r["outcome"]
-            for r in read_records(run_root / older[-1]["run_id"] / "records.jsonl", warn=False)
+            for r in map(rename, read_records(run_root / older[-1]["run_id"] / "records.jsonl", warn=False))
             if r["variant"] == "baseline"
         }
-        for record in read_records(run_root / meta["run_id"] / "records.jsonl", warn=False):
+        for record in map(rename, read_records(run_root / meta["run_id"] / "records.jsonl", warn=False)):
             old = before.get(record_key(record))
             if record["variant"] != "baseline" or old is None:
                 continue
@@ -133,10 +134,10 @@ def changes_markdown(changes: dict[str, list[dict[str, Any]]]) -> str:
     for title, items in (("Newly failing", changes["newly_failing"]), ("Newly fixed", changes["newly_fixed"])):
         lines.append(f"**{title}:** " + ("none" if not items else f"{len(items)}"))
         lines += [
-            f"- `{md(c['cell'])}` {md(c['scenario'])} config `{md(c['config_id'])}`: {md(c['before'])} -> "
+            f"- {code(c['cell'])} {md(c['scenario'])} config {code(c['config_id'])}: {md(c['before'])} -> "
             f"{md(c['after'])}"
-            + (f" `{md(c['signature'])}`" if c.get("signature") else "")
-            + f" (run `{md(c['run'])}`, before: `{md(c['previous_run'])}`)"
+            + (f" {code(c['signature'])}" if c.get("signature") else "")
+            + f" (run {code(c['run'])}, before: {code(c['previous_run'])})"
             for c in items
         ]
         lines.append("")

@@ -16,7 +16,8 @@ from typing import Any
 from harness import runs
 from harness.cells import PACKAGE_ORDER
 from harness.records import read_records, record_key
-from harness.textsafe import md
+from harness.signatures import RULES_DIGEST, rename
+from harness.textsafe import code, md
 
 BAD = {"fail", "flaky", "timeout", "crash", "error", "env-broken"}
 LEGEND = """\
@@ -59,7 +60,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
             from harness.errors import UsageError
 
             raise UsageError(f"unknown run id(s): {', '.join(unknown)} (known: {', '.join(metas) or 'none'})")
-        records = [rec for r in chosen for rec in read_records(run_root / r / "records.jsonl")]
+        records = [rename(rec) for r in chosen for rec in read_records(run_root / r / "records.jsonl")]
         return Selection(chosen, records, [metas[r] for r in chosen])
     by_profile: dict[str, list[str]] = defaultdict(list)
     for run_id, meta in metas.items():
@@ -73,7 +74,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
         shown_by: dict[tuple[str, ...], Evidence] = {}
         for run_id in sorted(by_profile[profile], key=lambda r: metas[r].get("started_at", ""), reverse=True):
             fresh = []
-            for rec in read_records(run_root / run_id / "records.jsonl"):
+            for rec in map(rename, read_records(run_root / run_id / "records.jsonl")):
                 if (rec["cell"], rec["scenario"]) not in covered:
                     fresh.append(rec)
                 elif record_key(rec) in shown and shown[record_key(rec)] != rec["outcome"]:
@@ -149,8 +150,9 @@ def render_markdown(
     lines.append("|---|" + "---|" * len(scenarios))
     for cell in cells:
         entries = [_summary_entry(grouped.get((cell, s), [])) for s in scenarios]
-        lines.append(f"| `{md(cell)}` | " + " | ".join(entries) + " |")
+        lines.append(f"| {code(cell)} | " + " | ".join(entries) + " |")
     lines += ["", "### Legend", "", LEGEND]
+    lines += _renamed_section(records)
     lines += _versions_table(cells, records)
     for scenario in scenarios:
         lines += _scenario_section(
@@ -170,16 +172,34 @@ def _provenance(selection: Selection) -> list[str]:
         hw = meta.get("hardware", {})
         gpus = f"{hw.get('gpu_count', 0)} x {hw.get('gpu_name')}" if hw.get("gpu_count") else "0"
         cells = [
-            f"`{md(meta.get('run_id'))}`",
+            f"{code(meta.get('run_id'))}",
             meta.get("profile"),
             hw.get("device"),
             gpus,
             hw.get("host", ""),
             meta.get("started_at", ""),
             meta.get("status", ""),
-            f"`{md((meta.get('harness_commit') or '')[:10])}`",
+            f"{code((meta.get('harness_commit') or '')[:10])}",
         ]
         lines.append("| " + " | ".join(c if str(c).startswith("`") else md(c) for c in cells) + " |")
+    return [*lines, ""]
+
+
+def _renamed_section(records: list[dict[str, Any]]) -> list[str]:
+    """Where today's signature rules name a failure differently from the rules it was recorded under."""
+    lines = [
+        "## Failure names",
+        "",
+        f"Every failure is named when this table is made, with today's rules (`harness/signatures.py`, digest "
+        f"`{RULES_DIGEST}`), from the exception type, message and traceback its record kept. The record keeps the "
+        "name it got at run time (its `signature_rules` digest says which rules gave it).",
+        "",
+    ]
+    changed = _counts((r["signature_at_run"], r["signature"]) for r in records if r.get("signature_at_run"))
+    if not changed:
+        return [*lines, "No name differs from the one given at run time.", ""]
+    lines += ["| name at run time | name today | records |", "|---|---|---|"]
+    lines += [f"| {code(old)} | {code(new)} | {count} |" for (old, new), count in changed.items()]
     return [*lines, ""]
 
 
@@ -197,7 +217,7 @@ def _versions_table(cells: list[str], records: list[dict[str, Any]]) -> list[str
     ]
     for cell in cells:
         versions = resolved.get(cell, {})
-        lines.append(f"| `{md(cell)}` | " + " | ".join(md(versions.get(c, "-")) for c in columns) + " |")
+        lines.append(f"| {code(cell)} | " + " | ".join(md(versions.get(c, "-")) for c in columns) + " |")
     return [*lines, ""]
 
 
@@ -213,12 +233,12 @@ def _summary_entry(records: list[dict[str, Any]]) -> str:
     if outcomes <= {"install-failed"}:
         return "INSTALL-FAILED"
     if outcomes <= {"env-broken"}:
-        return f"ENV-BROKEN `{md(base[0]['signature'])}`"
+        return f"ENV-BROKEN {code(base[0]['signature'])}"
     failing = [r for r in base if r["outcome"] in BAD]
     if not failing:
         return f"not reproduced ({len(base)})"
     signatures = _counts(r["signature"] for r in failing)
-    head = ", ".join(f"{_outcome_word(failing, s)} `{md(s)}`" for s in signatures)
+    head = ", ".join(f"{_outcome_word(failing, s)} {code(s)}" for s in signatures)
     text = f"{head} ({len(failing)}/{len(base)})"
     fixed, partly, not_fixed = _fix_verdicts(records, {r["config_id"] for r in failing})
     if fixed:
@@ -280,14 +300,14 @@ def _scenario_section(
         for variant in variants:
             subset = [r for r in row if r["variant"] == variant]
             entries.append(_variant_entry(subset, metrics, flaky))
-        lines.append(f"| `{md(cell)}` | " + " | ".join(entries) + " |")
+        lines.append(f"| {code(cell)} | " + " | ".join(entries) + " |")
     notes = sorted({(r["cell"], r["message"]) for r in records if r["outcome"] in ("skip", "install-failed")})
     if notes:
         lines += ["", "Skipped or not installed:", ""]
-        lines += [f"- `{md(cell)}`: {_one_line(message)}" for cell, message in notes]
+        lines += [f"- {code(cell)}: {_one_line(message)}" for cell, message in notes]
     paths = sorted({str(r.get("path")) for r in records if r.get("path")})
     if paths:
-        lines += ["", "Code paths that ran: " + ", ".join(f"`{md(p)}`" for p in paths)]
+        lines += ["", "Code paths that ran: " + ", ".join(f"{code(p)}" for p in paths)]
     return [*lines, ""]
 
 
@@ -298,7 +318,7 @@ def _variant_entry(subset: list[dict[str, Any]], metrics: list[str], flaky: set[
     parts = []
     for outcome, n in counts.items():
         sigs = _counts(r["signature"] for r in subset if r["outcome"] == outcome and r["signature"])
-        sig_text = "".join(f" `{md(s)}`" for s in sigs if outcome not in ("pass", "skip", "install-failed"))
+        sig_text = "".join(f" {code(s)}" for s in sigs if outcome not in ("pass", "skip", "install-failed"))
         parts.append(f"{outcome} {n}/{len(subset)}{sig_text}")
     for name in metrics:
         values = [r["metrics"].get(name) for r in subset if isinstance(r.get("metrics", {}).get(name), int | float)]

@@ -22,7 +22,7 @@ from harness.progress import Progress
 from harness.records import RecordWriter
 from harness.registry import Scenario
 from harness.shrink import ShrinkResult, shrink
-from harness.signatures import classify
+from harness.signatures import RULES_DIGEST, classify
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MESSAGE_LIMIT = 600
@@ -239,6 +239,7 @@ def observed(result: JobResult) -> dict[str, Any]:
     fields = {
         "outcome": verdict.outcome,
         "signature": verdict.signature,
+        "signature_rules": RULES_DIGEST,
         "known_issue": verdict.known_issue,
         "classified": verdict.classified,
         "message": message[:MESSAGE_LIMIT],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 #: Exception types that, raised from our own scenario or harness code, mean a bug of ours.
@@ -67,6 +68,28 @@ class Classified:
     signature: str | None
     known_issue: list[str] = field(default_factory=list)
     classified: bool = True
+
+
+#: Which rule set named a failure: a digest of this file. Records carry it; the report names every failure
+#: again with today's rules and shows where a name changed.
+RULES_DIGEST = hashlib.sha1(Path(__file__).read_bytes()).hexdigest()[:12]
+
+
+def rename(record: dict[str, Any]) -> dict[str, Any]:
+    """The record as today's rules name it. Only failures of the stack are named again (fail, flaky), from the
+    exception type, message and traceback the record kept; a violated check and anything the launcher decided
+    (timeout, crash, skip) keep their names. A changed name keeps the old one in `signature_at_run`."""
+    if record.get("outcome") not in ("fail", "flaky") or not record.get("exc_type") or record.get("check"):
+        return record
+    detail = {k: record.get(k) or "" for k in ("exc_type", "message", "traceback")}
+    verdict = classify("exception", detail)
+    if verdict.signature == record.get("signature"):
+        return record
+    renamed = record | {"signature": verdict.signature, "known_issue": verdict.known_issue,
+                        "classified": verdict.classified, "signature_at_run": record.get("signature")}  # fmt: skip
+    if record["outcome"] == "fail" and verdict.outcome != "skip":
+        renamed["outcome"] = verdict.outcome  # e.g. a failure today's rules know as our own setup's (error)
+    return renamed
 
 
 def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) -> Classified:

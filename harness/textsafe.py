@@ -24,3 +24,10 @@ def md(text: object) -> str:
     raw HTML in Markdown)."""
     flat = " ".join(str(text if text is not None else "").split())
     return html.escape(flat, quote=False).replace("|", "\\|")
+
+
+def code(text: object) -> str:
+    """A Markdown code span for one table cell. Inside a code span nothing is markup (`<img>` shows as text,
+    `->` stays readable), so only what could end the span or the cell is replaced: backticks and `|`."""
+    flat = " ".join(str(text if text is not None else "").split()).replace("`", "'")
+    return "`" + flat.replace("|", "\\|") + "`" if flat else ""

@@ -71,3 +71,23 @@ def test_changes_since_the_previous_run_of_a_profile(tmp_path: Path) -> None:
     assert [(c["cell"], c["before"], c["after"]) for c in changes["newly_fixed"]] == [("b", "fail", "pass")]
     text = changes_markdown(changes)
     assert "**Newly failing:** 1" in text and "**Newly fixed:** 1" in text
+
+
+def test_an_old_record_is_named_by_todays_rules(tmp_path: Path) -> None:
+    """A failure recorded before its rule existed (here peft's DoRA reading a sharded LoRA weight, recorded as
+    unclassified on 2026-11-22) shows under today's name; its record keeps the run-time name."""
+    traceback = (
+        '  File "/opt/torch/.venv/lib/python3.12/site-packages/peft/tuners/lora/dora.py", line 97, in '
+        "get_lora_weight\n    x_eye = torch.eye(lora_A.weight.shape[1], device=lora_A.weight.device)\n"
+        "IndexError: tuple index out of range\n"
+    )
+    old = rec("gpu-1", "a", "S1-x", "fail", sig="unclassified-IndexError-df54036f") | {
+        "exc_type": "builtins.IndexError", "message": "tuple index out of range", "traceback": traceback,
+    }  # fmt: skip
+    write_run(tmp_path, "gpu-1", "gpu", "1", [old])
+    stored = (tmp_path / "runs" / "gpu-1" / "records.jsonl").read_text()
+    text = render_markdown(select_runs(tmp_path))
+    summary_row = next(line for line in text.split("## Summary")[1].splitlines() if line.startswith("| `a` |"))
+    assert "FAIL `dora-reads-sharded-lora-weight`" in summary_row and "unclassified" not in summary_row
+    assert "| `unclassified-IndexError-df54036f` | `dora-reads-sharded-lora-weight` | 1 |" in text
+    assert (tmp_path / "runs" / "gpu-1" / "records.jsonl").read_text() == stored
