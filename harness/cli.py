@@ -361,11 +361,7 @@ def _write_report(results_dir: Path, run_ids: list[str] | None, output: Path | N
     if not selection.run_ids:
         raise NothingToReport(f"no records under {results_dir / 'runs'}; run `nox -s matrix` first")
     known = discover()
-    text = render_markdown(
-        selection,
-        {s.id: list(s.spec.get("table_metrics", [])) for s in known},
-        {s.id: s.spec.get("title", "") for s in known},
-    )
+    text = render_markdown(selection, {s.id: s.spec for s in known})
     from harness.publish import changes_markdown, changes_since_previous
 
     text += changes_markdown(changes_since_previous(results_dir, selection))
@@ -377,7 +373,7 @@ def _write_report(results_dir: Path, run_ids: list[str] | None, output: Path | N
         from harness.repro import sync_repros
 
         sync_repros(selection.records, {s.id: s for s in known}, results_dir / "repros")
-        publish(results_dir, selection)
+        publish(results_dir, selection, {s.id: s.spec for s in known})
     return output
 
 

@@ -17,9 +17,10 @@ from typing import Any
 
 from harness import runs
 from harness.records import read_records, record_key
-from harness.report import BAD, Selection
+from harness.report import Selection
 from harness.signatures import rename
 from harness.textsafe import code, md, slug
+from harness.verdicts import BAD, headline, verdict
 
 SCHEMA = "compat-matrix/matrix/v1"
 SITE_TEMPLATE = Path(__file__).with_name("site_template.html")
@@ -27,9 +28,17 @@ MESSAGE_LIMIT = 1500
 VERSION_KEYS = ("python", "torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes")
 
 
-def build_matrix(selection: Selection, repro_index: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def build_matrix(
+    selection: Selection,
+    repro_index: list[dict[str, Any]] | None = None,
+    specs: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The document behind matrix.json and the site (schema: docs/matrix-json.md)."""
+    specs = specs or {}
     records, flaky = selection.latest()
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        grouped[(record["cell"], record["scenario"])].append(record)
     repro_by_failure = {
         (e["cell"], e["scenario"], e["variant"], e["signature"]): e["file"] for e in (repro_index or [])
     }
@@ -69,9 +78,12 @@ def build_matrix(selection: Selection, repro_index: list[dict[str, Any]] | None 
                 ),
             }
         )
-    for entry in entries.values():
+    for key, entry in entries.items():
         entry["baseline"] = dict(entry["baseline"])
         entry["state"] = _state(entry["baseline"])
+        found = verdict(grouped[key], specs.get(key[1]))
+        entry["target"] = {"state": found.state, "reproduced_on": len(found.target_records), "of": found.candidates}
+        entry["headline"] = headline(found, specs.get(key[1]))
     return {
         "schema": SCHEMA,
         "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -81,6 +93,16 @@ def build_matrix(selection: Selection, repro_index: list[dict[str, Any]] | None 
             for meta in selection.metas
         ],
         "entries": sorted(entries.values(), key=lambda e: (e["cell"], e["scenario"])),
+        "scenarios": {
+            sid: {
+                "title": spec.get("title", ""),
+                "target": list(spec.get("target") or []),
+                "controls": list(spec.get("controls") or []),
+                "variants": {name: {"kind": v[0], "description": v[1]} for name, v in spec["variants"].items()},
+            }
+            for sid, spec in sorted(specs.items())
+            if any(r["scenario"] == sid for r in records)
+        },
         "records": slim,
         "flaky_keys": sorted(list(k) for k in flaky),
     }
@@ -189,11 +211,11 @@ def write_site(document: dict[str, Any], out_dir: Path) -> Path:
     return path
 
 
-def publish(results_dir: Path, selection: Selection) -> dict[str, Path]:
+def publish(results_dir: Path, selection: Selection, specs: dict[str, dict[str, Any]] | None = None) -> dict[str, Path]:
     """matrix.json, site/index.html and junit/<run>.xml next to COMPATIBILITY.md."""
     repro_index_path = results_dir / "repros" / "index.json"
     repro_index = json.loads(repro_index_path.read_text()) if repro_index_path.is_file() else []
-    document = build_matrix(selection, repro_index)
+    document = build_matrix(selection, repro_index, specs)
     document["changes"] = changes_since_previous(results_dir, selection)
     matrix_path = results_dir / "matrix.json"
     matrix_path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")

@@ -18,8 +18,8 @@ from harness.cells import PACKAGE_ORDER
 from harness.records import read_records, record_key
 from harness.signatures import RULES_DIGEST, rename
 from harness.textsafe import code, md
+from harness.verdicts import headline, verdict
 
-BAD = {"fail", "flaky", "timeout", "crash", "error", "env-broken"}
 LEGEND = """\
 - **not reproduced (n)**: the baseline passed the scenario's check on all n configs tried in this cell.
 - **FAIL `signature` (k/n)**: the baseline failed on k of n configs, with that error signature.
@@ -126,11 +126,12 @@ def latest_by_key(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
     return chosen, flaky
 
 
-def render_markdown(
-    selection: Selection, table_metrics: dict[str, list[str]] | None = None, titles: dict[str, str] | None = None
-) -> str:
-    table_metrics = table_metrics or {}
-    titles = titles or {}
+def render_markdown(selection: Selection, specs: dict[str, dict[str, Any]] | None = None) -> str:
+    """The table from the selected records; `specs` (scenario id -> SPEC) supply each scenario's target,
+    controls, variant kinds, title and table metrics. Records of a scenario without a spec are shown plainly."""
+    specs = specs or {}
+    table_metrics = {sid: list(spec.get("table_metrics", [])) for sid, spec in specs.items()}
+    titles = {sid: str(spec.get("title", "")) for sid, spec in specs.items()}
     records, flaky = selection.latest()
     cells = sorted({r["cell"] for r in records})
     scenarios = sorted({r["scenario"] for r in records}, key=lambda s: (int(s[1:].split("-")[0]), s))
@@ -149,7 +150,7 @@ def render_markdown(
     lines.append("| cell | " + " | ".join(md(s) for s in scenarios) + " |")
     lines.append("|---|" + "---|" * len(scenarios))
     for cell in cells:
-        entries = [_summary_entry(grouped.get((cell, s), [])) for s in scenarios]
+        entries = [_summary_entry(grouped.get((cell, s), []), specs.get(s)) for s in scenarios]
         lines.append(f"| {code(cell)} | " + " | ".join(entries) + " |")
     lines += ["", "### Legend", "", LEGEND]
     lines += _renamed_section(records)
@@ -221,56 +222,10 @@ def _versions_table(cells: list[str], records: list[dict[str, Any]]) -> list[str
     return [*lines, ""]
 
 
-def _summary_entry(records: list[dict[str, Any]]) -> str:
-    if not records:
-        return "-"
-    base = [r for r in records if r["variant"] == "baseline"]
-    if not base:
-        return "no baseline"
-    outcomes = {r["outcome"] for r in base}
-    if outcomes == {"skip"}:
-        return "SKIP"
-    if outcomes <= {"install-failed"}:
-        return "INSTALL-FAILED"
-    if outcomes <= {"env-broken"}:
-        return f"ENV-BROKEN {code(base[0]['signature'])}"
-    failing = [r for r in base if r["outcome"] in BAD]
-    if not failing:
-        return f"not reproduced ({len(base)})"
-    signatures = _counts(r["signature"] for r in failing)
-    head = ", ".join(f"{_outcome_word(failing, s)} {code(s)}" for s in signatures)
-    text = f"{head} ({len(failing)}/{len(base)})"
-    fixed, partly, not_fixed = _fix_verdicts(records, {r["config_id"] for r in failing})
-    if fixed:
-        text += " <br>fixed by: " + ", ".join(md(v) for v in fixed)
-    if partly:
-        text += " <br>partly: " + ", ".join(md(v) for v in partly)
-    if not_fixed:
-        text += " <br>not fixed by: " + ", ".join(md(v) for v in not_fixed)
-    return text
-
-
-def _outcome_word(failing: list[dict[str, Any]], signature: str) -> str:
-    outcome = next(r["outcome"] for r in failing if r["signature"] == signature)
-    return outcome.upper()
-
-
-def _fix_verdicts(records: list[dict[str, Any]], failing_configs: set[str]) -> tuple[list[str], list[str], list[str]]:
-    by_variant: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
-    for r in records:
-        if r["variant"] != "baseline" and r["config_id"] in failing_configs:
-            by_variant[r["variant"]][r["config_id"]] = r
-    fixed, partly, not_fixed = [], [], []
-    for variant, results in sorted(by_variant.items()):
-        passed = sum(1 for r in results.values() if r["outcome"] == "pass")
-        if passed == len(failing_configs):
-            fixed.append(variant)
-        elif passed:
-            partly.append(f"{variant} ({passed}/{len(failing_configs)})")
-        else:
-            sigs = sorted({r["signature"] or r["outcome"] for r in results.values()})
-            not_fixed.append(f"{variant} [{', '.join(sigs)}]")
-    return fixed, partly, not_fixed
+def _summary_entry(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> str:
+    """One cell x scenario: the target apart from other failures, the fixes on exactly the target's configs
+    (each marked fix or workaround), the controls, and how it ran."""
+    return " <br>".join(headline(verdict(records, spec), spec, code, md))
 
 
 def _scenario_section(

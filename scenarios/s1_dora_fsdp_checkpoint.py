@@ -54,23 +54,43 @@ SPEC = {
     "restart_after_failure": False,
     "device": "any",
     "requires": ["torch", "transformers", "peft"],
-    "variants": [
-        "baseline",
-        "use_reentrant",
-        "use_reentrant+input_grads",
-        "cast_forward_inputs",
-        "uniform_dtype",
-        "no_autocast",
-        "eval_first",
-        "flip_use_orig_params",
-        "flip_use_orig_params+decoder_layer_wrap",
-        "flip_use_orig_params+decoder_layer_wrap+uniform_dtype",
-        "fsdp2",
-        "fsdp2+use_reentrant",
-        "partial_checkpointing",
-        "use_reentrant+partial_checkpointing",
-        "use_reentrant+input_grads+partial_checkpointing",
-    ],
+    # The failure this scenario exists for (peft#1910), as signature names ("name*": every name starting so).
+    "target": ["checkpoint-recompute-dtype*"],
+    # Configs expected to pass: the LoRA twin of the DoRA seed, and the seed without any checkpointing.
+    "controls": [{"use_dora": False}, {"ckpt_impl": "none"}],
+    "variants": {
+        "baseline": ("baseline", "the config as drawn: what a user of this stack writes by default"),
+        "use_reentrant": ("fix", "gradient_checkpointing_kwargs={'use_reentrant': True}"),
+        "use_reentrant+input_grads": ("fix", "use_reentrant=True plus model.enable_input_require_grads()"),
+        "cast_forward_inputs": ("fix", "FSDP MixedPrecision(cast_forward_inputs=True)"),
+        "uniform_dtype": (
+            "workaround",
+            "one dtype everywhere: model and adapters in the compute dtype (autocast_adapter_dtype=False), no fp32 "
+            "upcast of trainable FSDP params (not the same as only loading the model in bf16)",
+        ),
+        "no_autocast": ("workaround", "no torch.autocast around the forward (FSDP mixed precision alone)"),
+        "eval_first": ("fix", "one no-grad forward before training (e.g. an evaluation before the first step)"),
+        "flip_use_orig_params": ("fix", "FSDP use_orig_params set to the opposite of the config's value"),
+        "flip_use_orig_params+decoder_layer_wrap": (
+            "workaround",
+            "use_orig_params flipped and one FSDP unit per decoder layer instead of peft's fsdp_auto_wrap_policy",
+        ),
+        "flip_use_orig_params+decoder_layer_wrap+uniform_dtype": (
+            "workaround",
+            "use_orig_params flipped, one FSDP unit per decoder layer, and one dtype everywhere (uniform_dtype)",
+        ),
+        "fsdp2": ("workaround", "FSDP2 (fully_shard) instead of FSDP1"),
+        "fsdp2+use_reentrant": ("workaround", "FSDP2 instead of FSDP1, with use_reentrant=True"),
+        "partial_checkpointing": ("workaround", "checkpoint only the first decoder layer (more activation memory)"),
+        "use_reentrant+partial_checkpointing": (
+            "workaround",
+            "use_reentrant=True and checkpoint only the first decoder layer",
+        ),
+        "use_reentrant+input_grads+partial_checkpointing": (
+            "workaround",
+            "use_reentrant=True, enable_input_require_grads() and checkpoint only the first decoder layer",
+        ),
+    },
 }
 
 # Defaults: the seed-like setup (SFTTrainer + accelerate FSDP1, bf16 mixed precision, peft's wrap policy,

@@ -29,7 +29,16 @@ SPEC = {
     "requires": ["torch", "transformers", "peft"],
     # Every variant is a measurement (not a fix), so drawn configs run them all, failing or not.
     "drawn_variants": "all",
-    "variants": ["baseline", "grad_accum", "grad_clip", "grad_scaler", "grad_accum+grad_clip"],
+    # A measurement, not a failure: the factor c between the gradient a hook sees and the applied update.
+    "target": [],
+    "controls": [],
+    "variants": {
+        "baseline": ("baseline", "the config as drawn: what a user of this stack writes by default"),
+        "grad_accum": ("measurement", "gradients accumulated over micro-batches before optimizer.step()"),
+        "grad_clip": ("measurement", "torch.nn.utils.clip_grad_norm_ before optimizer.step()"),
+        "grad_scaler": ("measurement", "torch.amp.GradScaler: the hook sees scaled gradients"),
+        "grad_accum+grad_clip": ("measurement", "accumulation and clipping together"),
+    },
     # Metrics the table shows per variant.
     "table_metrics": ["c"],
 }

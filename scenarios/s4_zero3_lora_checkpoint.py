@@ -65,7 +65,14 @@ SPEC = {
     "restart_after_failure": False,
     "device": "any",
     "requires": ["torch", "transformers", "peft", "deepspeed"],
-    "variants": ["baseline", "use_reentrant", "zero2", "use_reentrant+zero2"],
+    "target": ["checkpoint-recompute-shape[0]"],
+    "controls": [],
+    "variants": {
+        "baseline": ("baseline", "the config as drawn: what a user of this stack writes by default"),
+        "use_reentrant": ("fix", "gradient_checkpointing_kwargs={'use_reentrant': True}"),
+        "zero2": ("workaround", "DeepSpeed ZeRO stage 2 instead of 3: parameters are no longer sharded"),
+        "use_reentrant+zero2": ("workaround", "ZeRO stage 2 instead of 3, with use_reentrant=True"),
+    },
     "table_metrics": ["loss_last", "adapter_max_abs_delta"],
 }
 

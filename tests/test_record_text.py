@@ -107,7 +107,7 @@ def test_markdown_rows_keep_their_cells(texts: list[dict[str, str]]) -> None:
         base = record(text) | {"config_id": f"{i:010d}", "metrics": {"c": 1.0}}
         records += [base, base | {"variant": "baseline", "outcome": "skip", "message": text["message"]}]
     meta = {"run_id": texts[0]["run_id"], "profile": texts[0]["cell"], "hardware": {"host": texts[0]["message"]}}
-    markdown = render_markdown(Selection([meta["run_id"]], records, [meta]), {SCENARIO.id: ["c"]})
+    markdown = render_markdown(Selection([meta["run_id"]], records, [meta]), {SCENARIO.id: SCENARIO.spec})
     table: list[str] = []
     for line in [*markdown.splitlines(), ""]:
         if line.startswith("|"):

@@ -91,3 +91,42 @@ def test_an_old_record_is_named_by_todays_rules(tmp_path: Path) -> None:
     assert "FAIL `dora-reads-sharded-lora-weight`" in summary_row and "unclassified" not in summary_row
     assert "| `unclassified-IndexError-df54036f` | `dora-reads-sharded-lora-weight` | 1 |" in text
     assert (tmp_path / "runs" / "gpu-1" / "records.jsonl").read_text() == stored
+
+
+def test_headline_counts_the_target_apart_from_other_failures(tmp_path: Path) -> None:
+    """The seed's failure on 2 of 3 candidate configs, an unrelated failure on the third, a LoRA control that
+    passes: the target's count and its fixes cover exactly the 2 configs; the setup change is a workaround."""
+    spec = {
+        "target": ["checkpoint-recompute-dtype*"],
+        "controls": [{"use_dora": False}],
+        "variants": {"baseline": ("baseline", "b"), "use_reentrant": ("fix", "f"), "fsdp2": ("workaround", "w")},
+    }
+    hw = {"device": "cpu", "gpu_name": None, "gpu_count": 0, "world_size": 2}
+
+    def r(config_id: str, variant: str, outcome: str, sig: str | None = None, dora: bool = True) -> dict:
+        return rec("cpu-1", "a", "S1-x", outcome, variant, sig) | {
+            "config_id": config_id,
+            "config": {"use_dora": dora},
+            "hardware": hw,
+            "path": "fsdp1-manual/hf",
+        }
+
+    dtype = "checkpoint-recompute-dtype[float32->bfloat16]"
+    records = [
+        r("c1", "baseline", "fail", dtype), r("c2", "baseline", "fail", dtype),
+        r("c3", "baseline", "fail", "optimizer-bf16-grad-on-fp32-param"), r("c4", "baseline", "pass", dora=False),
+        r("c1", "use_reentrant", "pass"), r("c2", "use_reentrant", "fail", "no-grad-element-0"),
+        r("c3", "use_reentrant", "fail", "optimizer-bf16-grad-on-fp32-param"),
+        r("c1", "fsdp2", "pass"), r("c2", "fsdp2", "pass"),
+        r("c3", "fsdp2", "fail", "optimizer-bf16-grad-on-fp32-param"),
+    ]  # fmt: skip
+    write_run(tmp_path, "cpu-1", "cpu", "1", records)
+    text = render_markdown(select_runs(tmp_path), {"S1-x": spec})
+    row = next(line for line in text.split("## Summary")[1].splitlines() if line.startswith("| `a` |"))
+    lines = row.split("|")[2].strip().split(" <br>")
+    assert lines[0] == "FAIL target `checkpoint-recompute-dtype[float32->bfloat16]` (2/3)"
+    assert lines[1] == "fixed by: fsdp2 (workaround)"
+    assert lines[2] == "partly: use_reentrant (1/2)"
+    assert lines[3] == "other failures: `optimizer-bf16-grad-on-fp32-param` (1)"
+    assert lines[4] == "controls: pass 1/1"
+    assert lines[5] == "ran: cpu, world size 2, FSDP1"

@@ -43,10 +43,36 @@ def test_specs_are_well_formed() -> None:
         assert re.match(r"^S\d+-[a-z0-9\-]+$", spec["id"]), spec["id"]
         assert spec["id"] not in ids
         ids.add(spec["id"])
-        assert spec["variants"][0] == "baseline"
+        assert scenario.variants[0] == "baseline"
         assert all(VARIANT.match(v) for v in spec["variants"]), spec["variants"]
-        assert len(set(spec["variants"])) == len(spec["variants"])
+        # The verdict contract: what the scenario exists for, what should pass, and what each variant changes.
+        assert isinstance(spec["target"], list) and isinstance(spec["controls"], list)
+        kinds = {scenario.variant_kind(v) for v in scenario.variants}
+        assert spec["target"] or not kinds & {"fix", "workaround"}, "fixes need a target failure to fix"
+        assert all(scenario.variant_description(v).strip() for v in scenario.variants)
         assert spec.get("device", "any") in ("cpu", "cuda", "any")
         assert int(spec.get("world_size", 1)) >= 1
         assert spec.get("known_issues"), "every scenario links its upstream history"
         assert callable(scenario.module.run)
+
+
+def test_a_spec_that_breaks_the_contract_is_named() -> None:
+    import pytest
+
+    from harness.errors import UsageError
+    from harness.registry import validate_spec
+
+    good = {"id": "S9-x", "title": "t", "target": ["sig"], "controls": [],
+            "variants": {"baseline": ("baseline", "default"), "fix_a": ("fix", "flag a")}}  # fmt: skip
+    validate_spec("scenarios.s9_x", good)
+    broken = [
+        ({"target": "sig"}, "SPEC.target"),
+        ({"variants": {"baseline": ("baseline", "d"), "fix_a": ("cure", "x")}}, "SPEC.variants.fix_a"),
+        ({"variants": {"fix_a": ("fix", "x")}}, "SPEC.variants"),
+        ({"variants": {"baseline": ("baseline", "d"), "fix_a": ("fix", "")}}, "SPEC.variants.fix_a"),
+        ({"target": []}, "SPEC.target"),
+        ({"controls": [{}]}, "SPEC.controls"),
+    ]
+    for change, key in broken:
+        with pytest.raises(UsageError, match=key.replace(".", r"\.")):
+            validate_spec("scenarios.s9_x", good | change)

@@ -23,16 +23,18 @@ SPEC = {
     "restart_after_failure": False,
     "device": "cpu",
     "requires": ["torch"],
-    "variants": [
-        "baseline",
-        "hang_in_collective",
-        "rank_abort",
-        "segfault",
-        "oom",
-        "flaky",
-        "deterministic_fail",
-        "gil_spin",
-    ],
+    "target": [],
+    "controls": [],
+    "variants": {
+        "baseline": ("baseline", "both ranks all_reduce and pass"),
+        "hang_in_collective": ("measurement", "injected fault: hang in collective"),
+        "rank_abort": ("measurement", "injected fault: rank abort"),
+        "segfault": ("measurement", "injected fault: segfault"),
+        "oom": ("measurement", "injected fault: oom"),
+        "flaky": ("measurement", "injected fault: flaky"),
+        "deterministic_fail": ("measurement", "injected fault: deterministic fail"),
+        "gil_spin": ("measurement", "injected fault: gil spin"),
+    },
 }
 
 EXAMPLES = [{"n": 1}]
