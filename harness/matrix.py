@@ -155,7 +155,7 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
             meta = _meta_for_attempt(previous, run_dir, profile, options, scenarios, cells, digests, pruned, machine)
             meta.setdefault("reduction", reduction.as_json())
             meta.setdefault("resolved_axes", resolved_axes)
-        runs.write_meta(run_dir, meta)
+            runs.write_meta(run_dir, meta)  # inside the selection lock: the next invocation sees this run
         return _execute(profile, options, scenarios, variants, cells, meta, previous.get("status"), run_dir,
                         machine, shrink_settings, pruned, digests, stream)  # fmt: skip
     finally:
