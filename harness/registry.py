@@ -56,6 +56,12 @@ def validate_spec(module_name: str, spec: Any) -> None:
             raise bad(f"variants.{name}", "only the baseline is of kind baseline")
     if not target and any(v[0] in ("fix", "workaround") for v in variants.values()):
         raise bad("target", "a scenario with fixes must name the failure they fix")
+    from scenarios.failure_names import KNOWN_ISSUES
+
+    for name in target:
+        family = name.rstrip("*").removeprefix("check-")
+        if not any(known.startswith(family) or family.startswith(known) for known in KNOWN_ISSUES):
+            raise bad("target", f"{name!r} names no failure in scenarios/failure_names.py (a typo?)")
 
 
 @dataclass(frozen=True)

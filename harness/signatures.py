@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scenarios import failure_names
+
 #: Exception types that, raised from our own scenario or harness code, mean a bug of ours.
 PROGRAMMING_ERRORS = {
     "NameError",
@@ -26,41 +28,6 @@ PROGRAMMING_ERRORS = {
     "ModuleNotFoundError",
 }
 
-KNOWN_ISSUES: dict[str, list[str]] = {
-    "checkpoint-recompute-dtype": [
-        "huggingface/peft#1910",
-        "huggingface/transformers#28499",
-        "pytorch/pytorch#148831",
-        "pytorch/pytorch#159359",
-    ],
-    "checkpoint-recompute-shape[0]": [
-        "OpenRLHF/OpenRLHF#569",
-        "huggingface/transformers#47254",
-        "deepspeedai/DeepSpeed#4332",
-        "huggingface/trl#2514",
-        "deepspeedai/DeepSpeed#8148",
-    ],
-    "no-grad-element-0": [
-        "huggingface/peft#1577",
-        "huggingface/peft#2125",
-        "huggingface/transformers#33930",
-        "huggingface/peft#137",
-        "huggingface/transformers#42489",
-    ],
-    "input-weight-not-parameter": ["huggingface/peft#1737", "huggingface/peft#1806"],
-    "dora-output-dtype-upcast": ["huggingface/peft#1692"],
-    # Found by this harness: peft >= 0.14 DoRA under FSDP1 with fp32 adapters gives bf16 grads to fp32 params.
-    "optimizer-bf16-grad-on-fp32-param": ["huggingface/transformers#34702"],
-    "fsdp-flatten-mixed-dtype": ["huggingface/peft#1737"],
-    "fsdp-flatten-mixed-requires-grad": ["huggingface/peft#1737"],
-    "dora-reads-sharded-lora-weight": ["huggingface/peft#1737"],
-    "lora-update-scale": ["huggingface/peft#1893", "pytorch/pytorch#76464"],
-}
-
-_METADATA = re.compile(r"saved metadata: \{(?P<saved>[^}]*)\}\s*recomputed metadata: \{(?P<recomputed>[^}]*)\}", re.S)
-_SHAPE = re.compile(r"'shape': torch\.Size\(\[(?P<dims>[^\]]*)\]\)")
-_DTYPE = re.compile(r"'dtype': torch\.(?P<dtype>\w+)")
-
 
 @dataclass(frozen=True)
 class Classified:
@@ -72,7 +39,9 @@ class Classified:
 
 #: Which rule set named a failure: a digest of this file. Records carry it; the report names every failure
 #: again with today's rules and shows where a name changed.
-RULES_DIGEST = hashlib.sha1(Path(__file__).read_bytes()).hexdigest()[:12]
+RULES_DIGEST = hashlib.sha1(Path(__file__).read_bytes() + Path(failure_names.__file__ or "").read_bytes()).hexdigest()[
+    :12
+]
 
 
 def rename(record: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +77,7 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
         return Classified("skip", "not-applicable")
     if detail.get("check"):
         name = f"check-{detail['check']}"
-        return Classified("fail", name, KNOWN_ISSUES.get(detail["check"], []))
+        return Classified("fail", name, failure_names.upstream(detail["check"]))
     if "No backend type associated with device type" in detail.get("message", ""):
         # The worker's process group lacked a backend for that device: our setup, not the stack's failure.
         return Classified("error", "harness-process-group-backend", classified=False)
@@ -118,65 +87,19 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
     if _is_our_bug(detail, repo_root):
         return Classified("error", "scenario-bug-" + _short_type(detail.get("exc_type", "")), classified=False)
     signature = exception_signature(detail.get("exc_type", ""), detail.get("message", ""), detail.get("traceback", ""))
-    family = signature.split("[")[0] if signature.startswith("checkpoint-recompute-dtype") else signature
-    known = KNOWN_ISSUES.get(family, [])
+    known = failure_names.upstream(signature)
     return Classified("fail", signature, known, classified=not signature.startswith("unclassified-"))
 
 
 def exception_signature(exc_type: str, message: str, traceback: str = "") -> str:
-    """Stable name for an exception from the stack (the traceback tells apart generic messages)."""
-    short = _short_type(exc_type)
-    if "different metadata than during the forward pass" in message or short == "CheckpointError":
-        return _checkpoint_signature(message)
-    if "element 0 of tensors does not require grad" in message:
-        return "no-grad-element-0"
-    if "Input weight should be of type nn.Parameter" in message or "should be of type nn.Parameter" in message:
-        return "input-weight-not-parameter"
-    if "Must flatten tensors with uniform dtype" in message:
-        return "fsdp-flatten-mixed-dtype"
-    if "Must flatten tensors with uniform `requires_grad`" in message:
-        return "fsdp-flatten-mixed-requires-grad"
+    """Stable name for an exception from the stack: the scenarios' failure names first, then our own setup's,
+    else `unclassified-<Type>-<hash of the normalised message>` (never dropped, never merged)."""
+    named = failure_names.name(exc_type, message, traceback)
+    if named:
+        return named
     if "No backend type associated with device type" in message:
         return "harness-process-group-backend"
-    if "ProcessGroupGloo::allgather: invalid tensor type" in message or (
-        "output tensor must have the same type as input tensor" in message  # the same, through NCCL
-    ):
-        return "zero3-allgather-mixed-dtype"  # deepspeed 0.19.2: fp32 adapters next to bf16 persistent params
-    if "zip() argument 2 is longer than argument 1" in message:
-        return "zip-length-mismatch"  # transformers 4.41 Trainer + deepspeed 0.19 + torch 2.13 scheduler step
-    if "expected dtype float for `end` but got dtype c10::BFloat16" in message or (
-        "Tensors of the same index must be on the same device and the same dtype" in message
-    ):
-        return "optimizer-bf16-grad-on-fp32-param"
-    if re.search(r"expected (m1 and m2|mat1 and mat2) to have the same dtype", message):
-        return "matmul-dtype-mismatch"  # CPU and CUDA wordings
-    if short == "IndexError" and "dora.py" in traceback and "lora_A.weight.shape" in traceback:
-        # DoRA reads lora_A.weight outside lora_A's FSDP unit; with use_orig_params it is a flat 1-D shard.
-        return "dora-reads-sharded-lora-weight"
-    if "setStorage:" in message and "storage of size 0" in message and "checkpoint" in traceback:
-        # Recomputation in backward touches a parameter FSDP has already freed (resharded) after forward.
-        return "recompute-uses-freed-fsdp-param"
-    return f"unclassified-{short}-{_digest(normalise_message(message))}"
-
-
-def _checkpoint_signature(message: str) -> str:
-    pairs = _METADATA.findall(message)
-    if not pairs:
-        return "checkpoint-recompute-other"
-    for _saved, recomputed in pairs:
-        shape = _SHAPE.search(recomputed)
-        if shape and shape.group("dims").strip() == "0":
-            return "checkpoint-recompute-shape[0]"
-    dtype_changes = []
-    for saved, recomputed in pairs:
-        a, b = _DTYPE.search(saved), _DTYPE.search(recomputed)
-        if a and b and a.group("dtype") != b.group("dtype"):
-            change = f"{a.group('dtype')}->{b.group('dtype')}"
-            if change not in dtype_changes:
-                dtype_changes.append(change)
-    if dtype_changes:
-        return f"checkpoint-recompute-dtype[{','.join(sorted(dtype_changes))}]"
-    return "checkpoint-recompute-shape"
+    return f"unclassified-{_short_type(exc_type)}-{_digest(normalise_message(message))}"
 
 
 OOM_MARKERS = ("MemoryError", "out of memory", "cannot allocate memory", "can't allocate memory", "std::bad_alloc")

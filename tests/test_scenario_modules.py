@@ -62,11 +62,12 @@ def test_a_spec_that_breaks_the_contract_is_named() -> None:
     from harness.errors import UsageError
     from harness.registry import validate_spec
 
-    good = {"id": "S9-x", "title": "t", "target": ["sig"], "controls": [],
+    good = {"id": "S9-x", "title": "t", "target": ["no-grad-element-0"], "controls": [],
             "variants": {"baseline": ("baseline", "default"), "fix_a": ("fix", "flag a")}}  # fmt: skip
     validate_spec("scenarios.s9_x", good)
     broken = [
         ({"target": "sig"}, "SPEC.target"),
+        ({"target": ["no-such-failure"]}, "SPEC.target"),
         ({"variants": {"baseline": ("baseline", "d"), "fix_a": ("cure", "x")}}, "SPEC.variants.fix_a"),
         ({"variants": {"fix_a": ("fix", "x")}}, "SPEC.variants"),
         ({"variants": {"baseline": ("baseline", "d"), "fix_a": ("fix", "")}}, "SPEC.variants.fix_a"),

@@ -1,0 +1,109 @@
+"""The names of the stack's known failures: message or traceback pattern -> stable name -> upstream links.
+
+These are the scenarios' own rules (the failure modes they reproduce and the other failures they run into),
+kept on the scenario side of the house: `harness/signatures.py` holds only the generic names (timeout,
+crash, OOM, our own bugs, unclassified) and asks this module first. Standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: name (or the family before `[`) -> upstream threads.
+KNOWN_ISSUES: dict[str, list[str]] = {
+    "checkpoint-recompute-dtype": [
+        "huggingface/peft#1910",
+        "huggingface/transformers#28499",
+        "pytorch/pytorch#148831",
+        "pytorch/pytorch#159359",
+    ],
+    "checkpoint-recompute-shape[0]": [
+        "OpenRLHF/OpenRLHF#569",
+        "huggingface/transformers#47254",
+        "deepspeedai/DeepSpeed#4332",
+        "huggingface/trl#2514",
+        "deepspeedai/DeepSpeed#8148",
+    ],
+    "no-grad-element-0": [
+        "huggingface/peft#1577",
+        "huggingface/peft#2125",
+        "huggingface/transformers#33930",
+        "huggingface/peft#137",
+        "huggingface/transformers#42489",
+    ],
+    "input-weight-not-parameter": ["huggingface/peft#1737", "huggingface/peft#1806"],
+    "dora-output-dtype-upcast": ["huggingface/peft#1692"],
+    "dora_layer_output_dtype": ["huggingface/peft#1692"],  # S5's check: fp32 leaves a DoRA layer
+    # Found by this harness: peft >= 0.14 DoRA under FSDP1 with fp32 adapters gives bf16 grads to fp32 params.
+    "optimizer-bf16-grad-on-fp32-param": ["huggingface/transformers#34702"],
+    "fsdp-flatten-mixed-dtype": ["huggingface/peft#1737"],
+    "fsdp-flatten-mixed-requires-grad": ["huggingface/peft#1737"],
+    "dora-reads-sharded-lora-weight": ["huggingface/peft#1737"],
+    "lora-update-scale": ["huggingface/peft#1893", "pytorch/pytorch#76464"],
+}
+
+_METADATA = re.compile(r"saved metadata: \{(?P<saved>[^}]*)\}\s*recomputed metadata: \{(?P<recomputed>[^}]*)\}", re.S)
+_SHAPE = re.compile(r"'shape': torch\.Size\(\[(?P<dims>[^\]]*)\]\)")
+_DTYPE = re.compile(r"'dtype': torch\.(?P<dtype>\w+)")
+
+
+def upstream(signature: str | None) -> list[str]:
+    """Upstream references for a name (a `checkpoint-recompute-dtype[...]` name by its family)."""
+    if not signature:
+        return []
+    family = signature.split("[")[0] if signature.startswith("checkpoint-recompute-dtype") else signature
+    return list(KNOWN_ISSUES.get(family, []))
+
+
+def name(exc_type: str, message: str, traceback: str = "") -> str | None:
+    """The name of a known failure of the stack, or None (the harness then names it unclassified)."""
+    short = exc_type.rsplit(".", 1)[-1]
+    if "different metadata than during the forward pass" in message or short == "CheckpointError":
+        return _checkpoint_signature(message)
+    if "element 0 of tensors does not require grad" in message:
+        return "no-grad-element-0"
+    if "Input weight should be of type nn.Parameter" in message or "should be of type nn.Parameter" in message:
+        return "input-weight-not-parameter"
+    if "Must flatten tensors with uniform dtype" in message:
+        return "fsdp-flatten-mixed-dtype"
+    if "Must flatten tensors with uniform `requires_grad`" in message:
+        return "fsdp-flatten-mixed-requires-grad"
+    if "ProcessGroupGloo::allgather: invalid tensor type" in message or (
+        "output tensor must have the same type as input tensor" in message  # the same, through NCCL
+    ):
+        return "zero3-allgather-mixed-dtype"  # deepspeed 0.19.2: fp32 adapters next to bf16 persistent params
+    if "zip() argument 2 is longer than argument 1" in message:
+        return "zip-length-mismatch"  # transformers 4.41 Trainer + deepspeed 0.19 + torch 2.13 scheduler step
+    if "expected dtype float for `end` but got dtype c10::BFloat16" in message or (
+        "Tensors of the same index must be on the same device and the same dtype" in message
+    ):
+        return "optimizer-bf16-grad-on-fp32-param"
+    if re.search(r"expected (m1 and m2|mat1 and mat2) to have the same dtype", message):
+        return "matmul-dtype-mismatch"  # CPU and CUDA wordings
+    if short == "IndexError" and "dora.py" in traceback and "lora_A.weight.shape" in traceback:
+        # DoRA reads lora_A.weight outside lora_A's FSDP unit; with use_orig_params it is a flat 1-D shard.
+        return "dora-reads-sharded-lora-weight"
+    if "setStorage:" in message and "storage of size 0" in message and "checkpoint" in traceback:
+        # Recomputation in backward touches a parameter FSDP has already freed (resharded) after forward.
+        return "recompute-uses-freed-fsdp-param"
+    return None
+
+
+def _checkpoint_signature(message: str) -> str:
+    pairs = _METADATA.findall(message)
+    if not pairs:
+        return "checkpoint-recompute-other"
+    for _saved, recomputed in pairs:
+        shape = _SHAPE.search(recomputed)
+        if shape and shape.group("dims").strip() == "0":
+            return "checkpoint-recompute-shape[0]"
+    dtype_changes = []
+    for saved, recomputed in pairs:
+        a, b = _DTYPE.search(saved), _DTYPE.search(recomputed)
+        if a and b and a.group("dtype") != b.group("dtype"):
+            change = f"{a.group('dtype')}->{b.group('dtype')}"
+            if change not in dtype_changes:
+                dtype_changes.append(change)
+    if dtype_changes:
+        return f"checkpoint-recompute-dtype[{','.join(sorted(dtype_changes))}]"
+    return "checkpoint-recompute-shape"
