@@ -151,6 +151,11 @@ def _save_tiny_llama(config: dict, directory: str) -> None:
         vocab=config["vocab"],
         dtype=config["dtype"],
         seed=config["seed"],
+        # Optional real-model shape keys (S5 at 8B-class size); absent in the tiny configs.
+        intermediate=config.get("intermediate"),
+        heads=config.get("heads", 4),
+        kv_heads=config.get("kv_heads", 4),
+        max_positions=max(128, int(config.get("seq", 0))),
     )
     model.save_pretrained(directory)
     del model
