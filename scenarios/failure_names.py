@@ -80,6 +80,8 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         return "optimizer-bf16-grad-on-fp32-param"
     if re.search(r"expected (m1 and m2|mat1 and mat2) to have the same dtype", message):
         return "matmul-dtype-mismatch"  # CPU and CUDA wordings
+    if "does not support DoRA yet" in message:
+        return "dora-unsupported-on-quantized-layer"  # peft 0.9 refuses DoRA on bnb Linear4bit/Linear8bitLt
     if short == "IndexError" and "dora.py" in traceback and "lora_A.weight.shape" in traceback:
         # DoRA reads lora_A.weight outside lora_A's FSDP unit; with use_orig_params it is a flat 1-D shard.
         return "dora-reads-sharded-lora-weight"
