@@ -374,6 +374,10 @@ def _write_report(results_dir: Path, run_ids: list[str] | None, output: Path | N
 
         sync_repros(selection.records, {s.id: s for s in known}, results_dir / "repros")
         publish(results_dir, selection, {s.id: s.spec for s in known})
+        from harness.plots import plot_real_size
+        from harness.report import real_size_rows
+
+        plot_real_size(real_size_rows(selection.latest()[0]), results_dir / "s5-real-size.png")
     return output
 
 

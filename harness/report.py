@@ -21,14 +21,23 @@ from harness.textsafe import code, md
 from harness.verdicts import headline, verdict
 
 LEGEND = """\
-- **not reproduced (n)**: the baseline passed the scenario's check on all n configs tried in this cell.
-- **FAIL `signature` (k/n)**: the baseline failed on k of n configs, with that error signature.
-- **fixed by**: variants that passed on every config where the baseline failed. **partly**: passed on some.
-  **not fixed by**: variants that failed too (their signature in brackets when it differs).
+- Each scenario exists for one failure mode, its **target** (named in its file). **FAIL target `signature` (k/n)**:
+  the baseline showed the target on k of the n configs that can show it (controls and skipped configs are not
+  among the n). **target not reproduced (0/n)**: it did not. A scenario without a target (a measurement, S3)
+  shows **FAIL `signature` (k/n)** or **not reproduced (n)** over all its failures.
+- **fixed by**: variants that passed on every config where the baseline showed the target; **partly**: on some;
+  **not fixed by**: on none (what they got instead in brackets); **not applicable here**: they could not run.
+  A variant marked **(workaround)** changes the setup (another ZeRO stage, other dtypes, another FSDP version)
+  at a cost; the others are fixes a user adds to the same setup. Each variant's one-line description is in the
+  site and in the scenario's file.
+- **other failures**: failures of the baseline that are not the target, with their own counts: findings, not
+  noise, never part of the target's count. **controls**: configs expected to pass (e.g. the LoRA twin of a DoRA
+  config). **ran**: device, world size and the FSDP version that really ran.
 - **SKIP**: the scenario cannot run in this cell (reason in the per-scenario section).
   **INSTALL-FAILED**: the cell's pins could not be installed. **ENV-BROKEN**: the stack does not import.
 - **FLAKY**: a retry disagreed with the first attempt (the record's `attempts` list them); never counted as pass.
 - **TIMEOUT / CRASH / ERROR**: the run hung, died, or hit a bug in the harness or scenario (never hidden).
+- Failure names are given when the table is made (section "Failure names").
 - Metrics in per-scenario tables are medians over configs.
 """
 
@@ -155,6 +164,7 @@ def render_markdown(selection: Selection, specs: dict[str, dict[str, Any]] | Non
     lines += ["", "### Legend", "", LEGEND]
     lines += _renamed_section(records)
     lines += _versions_table(cells, records)
+    lines += _real_size_section(records)
     for scenario in scenarios:
         lines += _scenario_section(
             scenario, titles.get(scenario, ""), cells, grouped, table_metrics.get(scenario, []), flaky
@@ -201,6 +211,65 @@ def _renamed_section(records: list[dict[str, Any]]) -> list[str]:
         return [*lines, "No name differs from the one given at run time.", ""]
     lines += ["| name at run time | name today | records |", "|---|---|---|"]
     lines += [f"| {code(old)} | {code(new)} | {count} |" for (old, new), count in changed.items()]
+    return [*lines, ""]
+
+
+def real_size_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """S5 records of real-size configs (an explicit `intermediate`): one row per peft release, base, autocast
+    and variant, with LoRA and DoRA peak MiB, their ratio and step times."""
+    rows = []
+    for r in records:
+        config, metrics = r.get("config") or {}, r.get("metrics") or {}
+        if not r["scenario"].startswith("S5-") or not config.get("intermediate") or "lora_peak_bytes" not in metrics:
+            continue
+        rows.append(
+            {
+                "peft": (r.get("versions") or {}).get("peft", "?"),
+                "shape": f"{config['hidden']}/{config['intermediate']} x{config['layers']}, "
+                f"{config['batch']}x{config['seq']}",
+                "base": "nf4 (QLoRA/QDoRA)" if config.get("base") == "4bit" else f"{config.get('dtype')} (LoRA/DoRA)",
+                "autocast": bool(config.get("autocast")),
+                "variant": r["variant"],
+                "outcome": r["outcome"] if r["outcome"] == "pass" else f"{r['outcome']} {r.get('signature')}",
+                "lora_mib": metrics["lora_peak_bytes"] / 2**20,
+                "dora_mib": metrics["dora_peak_bytes"] / 2**20,
+                "ratio": metrics.get("dora_lora_peak_ratio"),
+                "lora_step_s": metrics.get("lora_step_s"),
+                "dora_step_s": metrics.get("dora_step_s"),
+                "device": ", ".join((r.get("hardware") or {}).get(k) or "" for k in ("gpu_name",)).strip() or "cpu",
+            }
+        )
+    return sorted(rows, key=_real_size_order)
+
+
+def _real_size_order(row: dict[str, Any]) -> tuple:
+    release = tuple(int(x) for x in row["peft"].split(".")[:3] if x.isdigit())
+    return release, row["base"], row["autocast"], row["variant"] != "baseline", row["variant"]
+
+
+def _real_size_section(records: list[dict[str, Any]]) -> list[str]:
+    rows = real_size_rows(records)
+    if not rows:
+        return []
+    lines = [
+        "## S5 at real size: DoRA vs LoRA memory per peft release",
+        "",
+        "Decoder layers of a real model's shape, built in code; peak `torch.cuda.max_memory_allocated` over one "
+        "forward+backward (activations and temporaries, not the weights) and the median step time. A run that "
+        "failed before measuring (e.g. peft 0.9 refusing DoRA on a 4-bit layer) is in the S5 section below. "
+        "Plot: [`results/s5-real-size.png`](s5-real-size.png).",
+        "",
+        "| peft | shape (hidden/intermediate x layers, batch x seq) | base | autocast | variant | outcome | LoRA MiB "
+        "| DoRA MiB | DoRA/LoRA | LoRA step s | DoRA step s | device |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {md(row['peft'])} | {md(row['shape'])} | {md(row['base'])} | {'yes' if row['autocast'] else 'no'} | "
+            f"{md(row['variant'])} | {md(row['outcome'])} | {row['lora_mib']:.0f} | {row['dora_mib']:.0f} | "
+            f"{_fmt(row['ratio']) if row['ratio'] else '-'} | {row['lora_step_s']} | {row['dora_step_s']} | "
+            f"{md(row['device'])} |"
+        )
     return [*lines, ""]
 
 
