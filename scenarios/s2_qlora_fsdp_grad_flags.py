@@ -36,16 +36,8 @@ SPEC = {
     "requires": ["torch", "transformers", "peft", "accelerate", "bitsandbytes"],
     "target": ["no-grad-element-0"],
     "controls": [],
-    "variants": {
-        "baseline": ("baseline", "the config as drawn: what a user of this stack writes by default"),
-        "enable_input_require_grads": ("fix", "model.enable_input_require_grads() before training"),
-        "use_reentrant_false": ("fix", "gradient_checkpointing_kwargs={'use_reentrant': False}"),
-        "prepare_model_for_kbit_training": ("fix", "peft.prepare_model_for_kbit_training(model) before get_peft_model"),
-        "seed_misspelled_api": (
-            "fix",
-            "the seed article's code: a hasattr probe for enable_input_requires_grad, which does not exist",
-        ),
-    },
+    # The same fixes as S2 without FSDP, described once there.
+    "variants": dict(s2.SPEC["variants"]),
 }
 
 # The single-process scenario's seed setup with two steps (each one an FSDP round trip); base and order vary.
