@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -299,6 +300,7 @@ def _watch(
     readers = {rank: _EventReader(out_dir / f"events.rank{rank}.jsonl") for rank in range(spec.total_ranks)}
     launched = time.monotonic()
     ready: set[int] = set()
+    pids: dict[int, int] = {}  # rank -> its worker's pid (from the ready event), to ask for its stack
     started: dict[int, float] = {}  # job index -> monotonic start (first rank)
     ends: dict[int, dict[int, dict[str, Any]]] = {}  # job index -> rank -> end event
     pending = [j.index for j in jobs]
@@ -311,6 +313,8 @@ def _watch(
                 kind = event["event"]
                 if kind == "ready":
                     ready.add(rank)
+                    if event.get("pid"):
+                        pids[rank] = int(event["pid"])
                 elif kind == "import-failed":
                     detail = {k: event.get(k) for k in ("exc_type", "message", "traceback")}
                     yield JobResult(pending[0], "env-broken", detail)
@@ -361,12 +365,18 @@ def _watch(
             yield result
             return
         if current in started and now - started[current] > spec.job_timeout_s:
+            stacks = hang_stacks(pids, out_dir)
+            where = waiting_in(stacks)
+            said = "; ".join(f"rank {r} in {w or 'no collective'}" for r, w in sorted(where.items()))
             yield JobResult(
                 current,
                 "timeout",
                 {
-                    "message": f"job exceeded {spec.job_timeout_s:.0f} s; the whole process tree was killed",
+                    "message": f"job exceeded {spec.job_timeout_s:.0f} s; the whole process tree was killed"
+                    + (f"; stuck: {said}" if said else ""),
                     "stderr_tail": _stderr_tail(out_dir, sorted(readers)),
+                    "rank_stacks": {str(r): text for r, text in sorted(stacks.items())},
+                    "waiting_in": {str(r): w for r, w in sorted(where.items())},
                 },
                 now - started[current],
             )
@@ -406,6 +416,63 @@ def _watch(
                 )
             return  # the worker stopped early on purpose (distributed failure): relaunch for the rest
         time.sleep(POLL_S)
+
+
+STACK_WAIT_S = 2.0
+_DUMP_START = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):", re.M)
+#: Collectives a stack can be waiting in (torch.distributed, its c10d internals, DeepSpeed's comm layer).
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
+               "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all", "all_to_all_single", "broadcast",
+               "reduce", "barrier", "monitored_barrier", "gather", "scatter", "send", "recv", "isend", "irecv",
+               "wait")  # fmt: skip
+
+
+def hang_stacks(pids: dict[int, int], out_dir: Path) -> dict[int, str]:
+    """Each rank's Python stacks at this moment: SIGUSR1 makes the worker's faulthandler write them to the
+    rank's stderr file (a maintained tool, no stack walker of ours), and we read back what it appended."""
+    import signal
+
+    sizes = {rank: _size(out_dir / f"stderr.rank{rank}.log") for rank in pids}
+    for pid in pids.values():
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except (ProcessLookupError, PermissionError):
+            pass
+    stacks: dict[int, str] = {}
+    deadline = time.monotonic() + STACK_WAIT_S
+    while time.monotonic() < deadline and len(stacks) < len(pids):
+        time.sleep(0.1)
+        for rank in pids:
+            path = out_dir / f"stderr.rank{rank}.log"
+            with open(path, "rb") as handle:
+                handle.seek(sizes[rank])
+                text = handle.read().decode("utf-8", "replace")
+            found = list(_DUMP_START.finditer(text))
+            if found:
+                stacks[rank] = text[found[0].start() :][-6000:]
+    return stacks
+
+
+def waiting_in(stacks: dict[int, str]) -> dict[int, str | None]:
+    """The collective each rank's main thread is in, where its stack tells (innermost torch/deepspeed frame)."""
+    where: dict[int, str | None] = {}
+    for rank, text in stacks.items():
+        current = text.split("Current thread", 1)[-1]  # the thread the signal interrupted: the job's
+        found = None
+        for match in re.finditer(r'File "([^"]+)", line \d+ in (\w+)', current):
+            path, function = match.groups()
+            if function in COLLECTIVES and ("distributed" in path or "deepspeed" in path):
+                found = function
+                break
+        where[rank] = found
+    return where
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _combine(index: int, by_rank: dict[int, dict[str, Any]]) -> JobResult:

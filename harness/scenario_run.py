@@ -121,10 +121,14 @@ def _run_batch(
         else:
             yield variant, planned, fields
     attempts = [[_attempt(fields)] for _, _, fields in held]
-    for _ in range(retry.times if held else 0):
-        again = session.run([(planned["config"], variant) for variant, planned, _ in held])
-        for seen, result in zip(attempts, again, strict=True):
-            seen.append(_attempt(observed(result)))
+    for round_ in range(retry.times if held else 0):
+        # A timeout is confirmed once at most: a hung job never costs more than two job timeouts.
+        due = [i for i, (_, _, fields) in enumerate(held) if round_ == 0 or fields["outcome"] != "timeout"]
+        if not due:
+            break
+        again = session.run([(held[i][1]["config"], held[i][0]) for i in due])
+        for i, result in zip(due, again, strict=True):
+            attempts[i].append(_attempt(observed(result)))
     for (variant, planned, fields), seen in zip(held, attempts, strict=True):
         fields["attempts"] = seen
         if len({(a["outcome"], a["signature"]) for a in seen}) > 1:
@@ -248,7 +252,7 @@ def observed(result: JobResult) -> dict[str, Any]:
         "path": detail.get("path"),
         "exc_type": detail.get("exc_type"),
     }
-    for optional in ("warnings", "stderr_tail", "traceback", "ranks_failed", "check"):
+    for optional in ("warnings", "stderr_tail", "traceback", "ranks_failed", "check", "rank_stacks", "waiting_in"):
         if detail.get(optional):
             fields[optional] = detail[optional]
     return fields

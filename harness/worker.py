@@ -18,8 +18,10 @@ if __name__ == "__main__":
     _HERE = os.path.dirname(os.path.realpath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != _HERE]
 
+import faulthandler
 import importlib
 import json
+import signal
 import tempfile
 import threading
 import time
@@ -37,6 +39,10 @@ def main(jobs_file: str, out_dir: str) -> int:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     _stderr_to_file(Path(out_dir) / f"stderr.rank{rank}.log")
+    # On SIGUSR1, write every thread's Python stack to this rank's stderr file: the launcher asks for it before
+    # it kills a timed-out job, so the record says where each rank was stuck. faulthandler dumps from the C
+    # signal handler, so it answers even while this process holds the GIL in C code.
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     # "w": a launch directory is never reused, and this file must hold this process's events only.
     events = open(Path(out_dir) / f"events.rank{rank}.jsonl", "w", buffering=1)
 

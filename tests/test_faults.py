@@ -70,6 +70,17 @@ def test_each_injected_fault_is_classified(fault_run, variant: str) -> None:
     assert orphans == 0
     if variant in ("rank_abort", "segfault"):
         assert "rank 1:" in record["stderr_tail"], "the dying rank's last stderr lines are kept"
+    if variant in ("hang_in_collective", "gil_spin"):
+        # Hangs explain themselves: every rank's Python stack at the kill (faulthandler, which answers even while
+        # a rank holds the GIL in C), the collective each rank waits in, and at most two job timeouts spent.
+        assert set(record["rank_stacks"]) == {"0", "1"}, record.get("rank_stacks")
+        assert len(record.get("attempts", [None])) <= 2 and record["duration_s"] <= 2 * 12 + 5
+    if variant == "hang_in_collective":
+        assert record["waiting_in"] == {"0": "all_reduce", "1": None}, record["waiting_in"]
+        assert "in run" in record["rank_stacks"]["1"]  # rank 1 sleeps in the scenario, outside any collective
+        assert "rank 0 in all_reduce" in record["message"]
+    if variant == "gil_spin":
+        assert all("in run" in stack for stack in record["rank_stacks"].values())
     if variant == "flaky":
         assert [a["outcome"] for a in record["attempts"]] == ["fail", "pass"]
     if variant == "deterministic_fail":

@@ -128,3 +128,21 @@ def test_first_per_signature_retries_one_failure_per_signature(tmp_path: Path) -
     assert jobs_run == 6, "five failures, one retry for their one signature"
     assert sum(1 for _, _, fields in results if "attempts" in fields) == 1
     assert all(fields["outcome"] == "fail" for _, _, fields in results)
+
+
+def test_the_collective_a_rank_waits_in_is_read_from_its_stack() -> None:
+    from harness.launcher import waiting_in
+
+    dump = (
+        "Thread 0x00007f0000000001 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 331 in wait\n'
+        "\n"
+        "Current thread 0x00007f0000000002 (most recent call first):\n"
+        '  File "/env/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2806 in all_reduce\n'
+        '  File "/env/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper\n'
+        '  File "/repo/tests/fault_scenarios/f1_faults.py", line 58 in run\n'
+    )
+    asleep = (
+        'Current thread 0x00007f0000000003 (most recent call first):\n  File "/repo/f1_faults.py", line 54 in run\n'
+    )
+    assert waiting_in({0: dump, 1: asleep}) == {0: "all_reduce", 1: None}
