@@ -212,6 +212,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agent.add_argument("--watch", type=Path, required=True, help="node 0's --results-dir (shared filesystem)")
 
+    chk = sub.add_parser(
+        "check",
+        help="check the environment you are in: which failure modes it has and which fixes work here",
+        description="Runs inside your own training environment (no new environment, your torch and GPUs): the "
+        "seed config of every scenario this environment can run, with every variant, through the same workers as "
+        "the matrix. Prints, per scenario, whether its target failure reproduces, which fixes remove it here, other "
+        "failures, and the nearest rows of the published table. Exit 1 when a target failure reproduces (to gate "
+        "a CI job), 0 when none does, 2 on bad input. Needs hypothesis and packaging in the environment.",
+    )
+    chk.add_argument("--scenario", action="append", dest="scenarios", metavar="ID_OR_GLOB", help="only these")
+    chk.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="the published runs to compare with")
+
     listing = sub.add_parser("list", help="show profiles, scenarios, or a profile's cells")
     listing.add_argument("what", choices=["profiles", "scenarios", "cells"])
     listing.add_argument("--profile", default=None)
@@ -252,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
             return _import_runs(args)
         if args.command == "bisect":
             return _bisect(args)
+        if args.command == "check":
+            from harness.check import run_check
+
+            return run_check(args.scenarios, args.results_dir)
         if args.command == "check-repros":
             return _check_repros(args)
         if args.command == "node-agent":

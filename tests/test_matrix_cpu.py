@@ -260,3 +260,25 @@ def test_site_json_and_markdown_show_the_facts_of_the_records(ci_run: Path) -> N
         assert ("FAIL" in first) == (entry["target"]["state"] in ("target", "failures")), (entry, shown)
         assert entry["headline"][0].split(" (")[0] in first.replace("`", ""), (entry, shown)
     assert list((ci_run / "junit").glob("*.xml"))
+
+
+def test_check_in_an_old_and_a_new_environment_agrees_with_the_table(ci_run: Path) -> None:
+    """`python -m harness check`, run with the interpreter of the ci cells' own environments (an old stack and
+    the newest), reports the target failures the table shows for those stacks and exits 1 only for the old."""
+    from harness.envs import default_envs_dir
+
+    table = (ci_run / "COMPATIBILITY.md").read_text()
+    for stack, expected_exit in (("old", 1), ("current", 0)):
+        [python] = list(default_envs_dir().glob(f"{stack}_torch-2.13.0_bnb-latest-*/bin/python"))
+        proc = subprocess.run(
+            [str(python), "-m", "harness", "check", "--scenario", "S2-qlora-grad-flags", "--results-dir", str(ci_run)],
+            capture_output=True, text=True, cwd=REPO_ROOT, timeout=900,
+        )  # fmt: skip
+        assert proc.returncode == expected_exit, proc.stdout + proc.stderr
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{stack}_"))
+        table_says = "FAIL target `no-grad-element-0`" in row
+        assert table_says == (expected_exit == 1), row
+        assert ("target failures in this environment: S2-qlora-grad-flags (no-grad-element-0)" in proc.stdout) == (
+            expected_exit == 1
+        ), proc.stdout
+        assert "nearest rows of the published table:" in proc.stdout and f"{stack}_torch-2.13.0" in proc.stdout
