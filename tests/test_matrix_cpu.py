@@ -177,7 +177,7 @@ def test_s2_real_failure_and_its_fix_on_the_old_stack(ci_run: Path) -> None:
     misspelled = {r["config_id"]: r for r in old if r["variant"] == "seed_misspelled_api"}
     assert all(misspelled[c]["signature"] == "no-grad-element-0" for c in failing), "the seed's API does not exist"
     table = (ci_run / "COMPATIBILITY.md").read_text()
-    assert "FAIL `no-grad-element-0`" in table and "enable_input_require_grads" in table
+    assert "FAIL target `no-grad-element-0`" in table and "enable_input_require_grads" in table
 
 
 def test_a_drawn_failure_is_shrunk_in_its_cell(ci_run: Path) -> None:
