@@ -224,6 +224,16 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--scenario", action="append", dest="scenarios", metavar="ID_OR_GLOB", help="only these")
     chk.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="the published runs to compare with")
 
+    up = sub.add_parser(
+        "upstream-report",
+        help="print a ready-to-file upstream issue body for a reproducer",
+        description="Prints, for one reproducer of results/repros/, an issue body in the shape the upstream bug "
+        "templates ask for: the environment (versions, hardware), the PEP 723 reproducer, expected and actual "
+        "behaviour, the traceback, the fixes that passed, and the first flipping release where a bisect found one.",
+    )
+    up.add_argument("reproducer", help="a file name from results/repros/index.json (or its path or id)")
+    up.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+
     listing = sub.add_parser("list", help="show profiles, scenarios, or a profile's cells")
     listing.add_argument("what", choices=["profiles", "scenarios", "cells"])
     listing.add_argument("--profile", default=None)
@@ -264,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
             return _import_runs(args)
         if args.command == "bisect":
             return _bisect(args)
+        if args.command == "upstream-report":
+            from harness.upstream import find_entry, report_body
+
+            print(report_body(args.results_dir, find_entry(args.results_dir, args.reproducer)))
+            return 0
         if args.command == "check":
             from harness.check import run_check
 

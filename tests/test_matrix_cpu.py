@@ -282,3 +282,19 @@ def test_check_in_an_old_and_a_new_environment_agrees_with_the_table(ci_run: Pat
             expected_exit == 1
         ), proc.stdout
         assert "nearest rows of the published table:" in proc.stdout and f"{stack}_torch-2.13.0" in proc.stdout
+
+
+def test_upstream_report_for_a_reproducer(ci_run: Path) -> None:
+    """A ready-to-file issue body: the cell's versions, the PEP 723 reproducer, expected and actual behaviour."""
+    index = json.loads((ci_run / "repros" / "index.json").read_text())
+    entry = next(e for e in index if e["scenario"] == "S2-qlora-grad-flags" and e["variant"] == "baseline")
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "upstream-report", entry["file"], "--results-dir", str(ci_run)],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    body = proc.stdout
+    for heading in ("### System Info", "### Reproduction", "### Expected behavior", "### Actual behavior"):
+        assert heading in body
+    assert "- `transformers`: 4.41.2" in body and "# /// script" in body
+    assert "element 0 of tensors does not require grad" in body and "enable_input_require_grads" in body
