@@ -17,7 +17,7 @@ from typing import Any
 
 from harness import runs
 from harness.records import read_records, record_key
-from harness.report import Selection
+from harness.report import Selection, same_code
 from harness.signatures import rename
 from harness.textsafe import code, md, slug
 from harness.verdicts import BAD, headline, verdict
@@ -131,18 +131,22 @@ def changes_since_previous(results_dir: Path, selection: Selection) -> dict[str,
         )  # fmt: skip
         if not older:
             continue
+        previous = older[-1]
         before = {
-            record_key(r): r["outcome"]
-            for r in map(rename, read_records(run_root / older[-1]["run_id"] / "records.jsonl", warn=False))
+            record_key(r): r
+            for r in map(rename, read_records(run_root / previous["run_id"] / "records.jsonl", warn=False))
             if r["variant"] == "baseline"
         }
         for record in map(rename, read_records(run_root / meta["run_id"] / "records.jsonl", warn=False)):
-            old = before.get(record_key(record))
-            if record["variant"] != "baseline" or old is None:
+            earlier = before.get(record_key(record))
+            if record["variant"] != "baseline" or earlier is None:
                 continue
+            if not same_code((previous, earlier), (meta, record)):
+                continue  # the scenario itself changed between the runs: not a change of the stack
+            old = earlier["outcome"]
             item = {"cell": record["cell"], "scenario": record["scenario"], "config_id": record["config_id"],
                     "before": old, "after": record["outcome"], "signature": record.get("signature"),
-                    "previous_run": older[-1]["run_id"], "run": meta["run_id"]}  # fmt: skip
+                    "previous_run": previous["run_id"], "run": meta["run_id"]}  # fmt: skip
             if old == "pass" and record["outcome"] in BAD:
                 newly_failing.append(item)
             elif old in BAD and record["outcome"] == "pass":
@@ -152,7 +156,13 @@ def changes_since_previous(results_dir: Path, selection: Selection) -> dict[str,
 
 def changes_markdown(changes: dict[str, list[dict[str, Any]]]) -> str:
     """The Markdown section: baselines newly failing / newly fixed against each profile's previous run."""
-    lines = ["## Changed since the previous run", ""]
+    lines = [
+        "## Changed since the previous run",
+        "",
+        "Baseline outcomes against each profile's previous run, where both ran the same scenario code (a change of"
+        " the scenario itself is not a change of the stack).",
+        "",
+    ]
     for title, items in (("Newly failing", changes["newly_failing"]), ("Newly fixed", changes["newly_fixed"])):
         lines.append(f"**{title}:** " + ("none" if not items else f"{len(items)}"))
         lines += [

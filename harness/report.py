@@ -87,7 +87,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
                 if (rec["cell"], rec["scenario"]) not in covered:
                     fresh.append(rec)
                 elif record_key(rec) in shown and shown[record_key(rec)] != rec["outcome"]:
-                    if _same_code((metas[run_id], rec), shown_by[record_key(rec)]):
+                    if same_code((metas[run_id], rec), shown_by[record_key(rec)]):
                         conflicting.add(record_key(rec))  # an older run disagrees: shown as flaky, never hidden
             if fresh:
                 chosen.append(run_id)
@@ -108,7 +108,7 @@ def _shown_meta(run_dir: Path) -> dict[str, Any]:
 Evidence = tuple[dict[str, Any], dict[str, Any]]  # (run meta, record)
 
 
-def _same_code(older: Evidence, newer: Evidence) -> bool:
+def same_code(older: Evidence, newer: Evidence) -> bool:
     """Whether two records were made by the same scenario code (each record's own digest, else its run's);
     unknown (runs before digests were recorded) counts as the same, so a disagreement is shown rather than
     explained away."""
