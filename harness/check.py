@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from harness import hardware
 from harness.cells import PACKAGE_ORDER
-from harness.launcher import LaunchSpec, WorkerSession
+from harness.launcher import LaunchSpec, WorkerSession, stack_env
 from harness.registry import Scenario, discover, select
 from harness.scenario_run import observed
 from harness.verdicts import headline, verdict
@@ -89,13 +89,7 @@ def _run_seed(
     from harness.verdicts import matches
 
     world = 2 if scenario.distributed else 1
-    cache = Path.home() / ".cache" / "compat-matrix" / "torch_extensions" / "check"
-    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
-           "TORCH_EXTENSIONS_DIR": str(cache)}  # fmt: skip
-    if device == "cpu":
-        env |= {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-    else:
-        env |= {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    env = stack_env(device, Path.home() / ".cache" / "compat-matrix" / "torch_extensions" / "check")
     spec = LaunchSpec(
         python=Path(sys.executable), module=scenario.module_name, preload=scenario.preload, device=device,
         world_size=world, env=env, workdir=workdir / scenario.id, job_timeout_s=JOB_TIMEOUT_S,

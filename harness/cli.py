@@ -216,10 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         help="check the environment you are in: which failure modes it has and which fixes work here",
         description="Runs inside your own training environment (no new environment, your torch and GPUs): the "
-        "seed config of every scenario this environment can run, with every variant, through the same workers as "
-        "the matrix. Prints, per scenario, whether its target failure reproduces, which fixes remove it here, other "
-        "failures, and the nearest rows of the published table. Exit 1 when a target failure reproduces (to gate "
-        "a CI job), 0 when none does, 2 on bad input. Needs hypothesis and packaging in the environment.",
+        "seed configs of every scenario this environment can run (the baseline of each, then every variant where "
+        "the target failure showed), through the same workers as the matrix. Prints, per scenario, whether its "
+        "target failure reproduces, which fixes remove it here, other failures, and the nearest rows of the "
+        "published table. Exit 1 when a target failure reproduces (to gate a CI job), 0 when none does, 2 on bad "
+        "input. Needs hypothesis and packaging in the environment.",
     )
     chk.add_argument("--scenario", action="append", dest="scenarios", metavar="ID_OR_GLOB", help="only these")
     chk.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="the published runs to compare with")

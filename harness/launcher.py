@@ -72,6 +72,22 @@ class LaunchSpec:
         return max(1, self.world_size) * self.nnodes
 
 
+def stack_env(device: str, extensions_dir: Path) -> dict[str, str]:
+    """What every worker's environment sets: no hub access, quiet tokenizers, a JIT cache for DeepSpeed's ops,
+    DeepSpeed on CPU where there is no GPU, and NVLink multicast off on GPUs (it can take a shared host down)."""
+    env = {
+        "TORCH_EXTENSIONS_DIR": str(extensions_dir),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    if device == "cpu":
+        return env | {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    return env | {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
 class JobQueue:
     """The jobs of one launch series. More may be added between results (the consumer of `run_jobs`
     runs between yields), and they go to the warm worker through its feed file."""

@@ -12,7 +12,7 @@ from typing import Any, TextIO
 from harness import draws, envs, hardware, releases, runs
 from harness.cells import Cell, expand
 from harness.errors import UsageError
-from harness.launcher import LaunchSpec, WorkerSession
+from harness.launcher import LaunchSpec, WorkerSession, stack_env
 from harness.profile import Profile
 from harness.progress import Progress
 from harness.records import RecordWriter, read_records
@@ -571,19 +571,7 @@ def _skip_reason(scenario: Scenario, versions: dict[str, str], device: str, worl
 
 
 def _worker_env(device: str, options: MatrixOptions, env_result: envs.EnvResult) -> dict[str, str]:
-    cache = options.install.envs_dir.parent / "torch_extensions" / _env_name(env_result)
-    env = {
-        "TORCH_EXTENSIONS_DIR": str(cache),
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-    }
-    if device == "cpu":
-        env |= {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-    else:
-        env |= {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    env = stack_env(device, options.install.envs_dir.parent / "torch_extensions" / _env_name(env_result))
     if env_result.pythonpath:
         env["PYTHONPATH"] = env_result.pythonpath
     env |= {k: v for k, v in os.environ.items() if k.startswith("COMPAT_MATRIX_SCENARIO_")}
