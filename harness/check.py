@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from harness import hardware
 from harness.cells import PACKAGE_ORDER
+from harness.errors import UsageError
 from harness.launcher import LaunchSpec, WorkerSession, stack_env
 from harness.registry import Scenario, discover, select
 from harness.scenario_run import observed
@@ -71,7 +72,7 @@ def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sy
                 reproduced.append(
                     f"{scenario.id} ({', '.join(sorted({r['signature'] for r in found.target_records}))})"
                 )
-    nearest_rows(versions, results_dir, list(outcomes), stream)
+    nearest_rows(versions, results_dir, {s.id: s.spec for s in scenarios if s.id in outcomes}, stream)
     print("", file=stream)
     if reproduced:
         print(f"target failures in this environment: {'; '.join(reproduced)}", file=stream)
@@ -113,16 +114,18 @@ def _run_seed(
     return records
 
 
-def nearest_rows(versions: dict[str, str], results_dir: Path, scenario_ids: list[str], stream: TextIO) -> None:
+def nearest_rows(versions: dict[str, str], results_dir: Path, specs: dict[str, dict[str, Any]], stream: TextIO) -> None:
     """The published table's cells whose stack is closest to this one (fewest packages at another version),
-    with what the table says there for the scenarios checked here."""
+    with what the table says there for the scenarios checked here (`specs`: their id -> SPEC)."""
     from harness.report import select_runs
 
-    specs = {s.id: s.spec for s in discover()}
     try:
         records = select_runs(results_dir).latest()[0]
-    except Exception as exc:  # no published runs here: say so, the check itself still stands
+    except UsageError as exc:  # unreadable published runs: say so, the check itself still stands
         print(f"\n(no published table to compare with under {results_dir}: {exc})", file=stream)
+        return
+    if not records:
+        print(f"\n(no published table to compare with under {results_dir})", file=stream)
         return
     by_cell: dict[str, dict[str, str]] = {}
     for record in records:
@@ -137,7 +140,7 @@ def nearest_rows(versions: dict[str, str], results_dir: Path, scenario_ids: list
     for cell in ranked:
         stack = ", ".join(f"{p} {by_cell[cell][p]}" for p in PACKAGE_ORDER if p in by_cell[cell])
         print(f"  {cell} ({distance(by_cell[cell])} package(s) differ: {stack})", file=stream)
-        for sid in scenario_ids:
+        for sid in specs:
             entry = [r for r in records if r["cell"] == cell and r["scenario"] == sid]
             if entry:
                 print(f"    {sid}: {headline(verdict(entry, specs.get(sid)), specs.get(sid))[0]}", file=stream)

@@ -243,6 +243,7 @@ def _meta_for_attempt(
     """meta.json is append-only history: facts about records already written never change. A new attempt
     adds an `attempts` entry (its slice, digests, host, status) and only adds what the run did not have yet
     (scenarios, cells, their configs)."""
+    commit = runs.git_commit(REPO_ROOT)
     meta = dict(previous)
     if not meta:
         meta = {
@@ -255,7 +256,7 @@ def _meta_for_attempt(
             "hypothesis_seed": profile.hypothesis_seed,
             "hypothesis_profile": options.hypothesis_profile or profile.hypothesis_profile,
             "started_at": runs.now_iso(),
-            "harness_commit": runs.git_commit(REPO_ROOT),
+            "harness_commit": commit,
             "shard": list(options.shard) if options.shard else None,
             "hardware": machine,
             "configs": {},
@@ -284,7 +285,7 @@ def _meta_for_attempt(
         "started_at": runs.now_iso(),
         "host": machine["host"],
         "pid": os.getpid(),
-        "harness_commit": runs.git_commit(REPO_ROOT),
+        "harness_commit": commit,
         "slice": {
             "scenarios": [s.id for s in scenarios],
             "cells": [c.cell_id for c in cells],

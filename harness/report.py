@@ -236,7 +236,7 @@ def real_size_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "ratio": metrics.get("dora_lora_peak_ratio"),
                 "lora_step_s": metrics.get("lora_step_s"),
                 "dora_step_s": metrics.get("dora_step_s"),
-                "device": ", ".join((r.get("hardware") or {}).get(k) or "" for k in ("gpu_name",)).strip() or "cpu",
+                "device": (r.get("hardware") or {}).get("gpu_name") or "cpu",
             }
         )
     return sorted(rows, key=_real_size_order)
