@@ -1,7 +1,7 @@
 # /// script
 # dependencies = ["nox>=2025.2.9", "uv>=0.5"]
 # ///
-"""Front door of the compatibility matrix. Thin sessions that call `python -m harness ...`.
+"""Front door of the compatibility matrix. Thin sessions over the `compat-matrix` command.
 
 `nox -l` lists the sessions; `nox -s matrix -- --help` shows the matrix options.
 """
@@ -15,7 +15,8 @@ nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.sessions = ["matrix"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
-HARNESS_DEPS = nox.project.dependency_groups(PYPROJECT, "harness")
+#: The project itself, editable: `compat-matrix` on PATH, harness/runtime/scenarios importable from the checkout.
+HARNESS_DEPS = ["-e", "."]
 TEST_DEPS = nox.project.dependency_groups(PYPROJECT, "test")
 LINT_DEPS = nox.project.dependency_groups(PYPROJECT, "lint")
 
@@ -24,27 +25,27 @@ LINT_DEPS = nox.project.dependency_groups(PYPROJECT, "lint")
 def matrix(session: nox.Session) -> None:
     """Run (or resume) the version matrix of a profile (default: cpu, or gpu when a GPU is visible)."""
     session.install(*HARNESS_DEPS)
-    session.run("python", "-m", "harness", "matrix", *session.posargs)
+    session.run("compat-matrix", "matrix", *session.posargs)
 
 
 @nox.session
 def report(session: nox.Session) -> None:
     """Regenerate results/COMPATIBILITY.md from recorded runs (`-- --run ID` to choose runs)."""
     session.install(*HARNESS_DEPS)
-    session.run("python", "-m", "harness", "report", *session.posargs)
+    session.run("compat-matrix", "report", *session.posargs)
 
 
 @nox.session(name="list")
 def list_(session: nox.Session) -> None:
     """List profiles, scenarios or a profile's cells (`-- cells --profile cpu --json`)."""
     session.install(*HARNESS_DEPS)
-    session.run("python", "-m", "harness", "list", *(session.posargs or ["scenarios"]))
+    session.run("compat-matrix", "list", *(session.posargs or ["scenarios"]))
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit tests of the harness plus a real mini matrix on CPU (pass `-- -m "not matrix"` for the fast part)."""
-    session.install(*TEST_DEPS)
+    session.install(*HARNESS_DEPS, *TEST_DEPS)
     session.run("python", "-m", "pytest", *session.posargs)
 
 
@@ -60,21 +61,21 @@ def lint(session: nox.Session) -> None:
 def wheelhouse(session: nox.Session) -> None:
     """Download/build every wheel a profile needs for an air-gapped node (`-- --profile gpu --dest DIR`)."""
     session.install(*HARNESS_DEPS, "pip")
-    session.run("python", "-m", "harness.wheelhouse", *session.posargs)
+    session.run("compat-matrix", "wheelhouse", *session.posargs)
 
 
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Benchmarks: env build uv cold/warm vs pip, persistent worker vs process per config (prints a table)."""
     session.install(*HARNESS_DEPS)
-    session.run("python", "-m", "harness.bench", *session.posargs)
+    session.run("compat-matrix", "bench", *session.posargs)
 
 
 @nox.session(default=False)
 def bisect(session: nox.Session) -> None:
     """First release where a scenario's outcome flips: `nox -s bisect -- --package deepspeed --scenario S4`."""
     session.install(*HARNESS_DEPS)
-    session.run("python", "-m", "harness", "bisect", *session.posargs)
+    session.run("compat-matrix", "bisect", *session.posargs)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Benchmarks, measured side by side in one run: `nox -s bench` (or `python -m harness.bench`).
+"""Benchmarks, measured side by side in one run: `nox -s bench` (or `compat-matrix bench`).
 
 1. Building a cell environment: uv with a cold cache, uv with a warm cache, and pip, as ratios.
 2. Marginal cost of one more S3 config: inside a persistent worker vs one process per config.
@@ -180,7 +180,7 @@ def bench_reduction(results_dir: Path) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="compat-matrix bench", description=__doc__.splitlines()[0])
     parser.add_argument("--configs", type=int, default=8, help="S3 configs for the worker benchmark (>= 2)")
     parser.add_argument("--skip-env", action="store_true", help="skip the environment-build benchmark")
     parser.add_argument("--skip-growth", action="store_true", help="skip the cells-growth benchmark")

@@ -23,7 +23,8 @@ from harness import releases, runs
 from harness.cells import Cell, expand
 from harness.errors import UsageError
 from harness.matrix import MatrixOptions, run_matrix
-from harness.profile import AXIS_PACKAGES, Profile, ScenarioSettings
+from harness.packages import AXIS_PACKAGES
+from harness.profile import Profile, ScenarioSettings
 from harness.records import read_records
 from harness.registry import select
 

@@ -9,18 +9,8 @@ from dataclasses import dataclass, field
 
 from packaging.version import Version
 
+from harness.packages import AXIS_PACKAGES, short_name
 from harness.profile import ABSENT, LATEST, SYSTEM, Profile
-
-#: Order in which packages appear in cell ids and tables.
-PACKAGE_ORDER = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes")
-SHORT_NAMES = {
-    "torch": "torch",
-    "transformers": "tf",
-    "peft": "peft",
-    "accelerate": "acc",
-    "deepspeed": "ds",
-    "bitsandbytes": "bnb",
-}
 
 
 @dataclass(frozen=True)
@@ -44,7 +34,7 @@ class Cell:
         parts = [self.stack] if self.stack else []
         for package, value in self.choices:
             if package not in self.stack_packages:
-                parts.append(f"{SHORT_NAMES.get(package, package)}-{value}")
+                parts.append(f"{short_name(package)}-{value}")
         return "_".join(parts)
 
     def requirements(self) -> list[str]:
@@ -69,7 +59,7 @@ class Cell:
 
 def expand(profile: Profile) -> list[Cell]:
     """Full product of the axes and the stacks, with implied pins and exclusions applied."""
-    axis_names = [p for p in PACKAGE_ORDER if p in profile.axes]
+    axis_names = [p for p in AXIS_PACKAGES if p in profile.axes]
     stack_names: list[str | None] = list(profile.stacks) or [None]
     stack_packages = frozenset(next(iter(profile.stacks.values()), {}))
     cells = []
@@ -77,7 +67,7 @@ def expand(profile: Profile) -> list[Cell]:
         stack_pins = profile.stacks.get(stack, {}) if stack else {}
         for values in itertools.product(*(profile.axes[a] for a in axis_names)):
             chosen = dict(zip(axis_names, values, strict=True)) | stack_pins
-            ordered = tuple((p, chosen[p]) for p in PACKAGE_ORDER if p in chosen)
+            ordered = tuple((p, chosen[p]) for p in AXIS_PACKAGES if p in chosen)
             cell = Cell(
                 stack=stack,
                 choices=ordered,

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness import hardware
-from harness.cells import PACKAGE_ORDER
 from harness.errors import UsageError
 from harness.launcher import LaunchSpec, WorkerSession, stack_env
+from harness.packages import AXIS_PACKAGES
 from harness.registry import Scenario, discover, select
 from harness.scenario_run import observed
 from harness.verdicts import headline, verdict
@@ -28,7 +28,7 @@ JOB_TIMEOUT_S = 600.0
 def installed_versions() -> dict[str, str]:
     """This environment's stack, as the matrix records it."""
     found = {"python": ".".join(str(p) for p in sys.version_info[:3])}
-    for name in PACKAGE_ORDER:
+    for name in AXIS_PACKAGES:
         try:
             found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -133,12 +133,12 @@ def nearest_rows(versions: dict[str, str], results_dir: Path, specs: dict[str, d
             by_cell.setdefault(record["cell"], record["versions"])
 
     def distance(cell_versions: dict[str, str]) -> int:
-        return sum(cell_versions.get(p, "-").split("+")[0] != versions.get(p, "-").split("+")[0] for p in PACKAGE_ORDER)
+        return sum(cell_versions.get(p, "-").split("+")[0] != versions.get(p, "-").split("+")[0] for p in AXIS_PACKAGES)
 
     ranked = sorted(by_cell, key=lambda cell: (distance(by_cell[cell]), cell))[:3]
     print("\nnearest rows of the published table:", file=stream)
     for cell in ranked:
-        stack = ", ".join(f"{p} {by_cell[cell][p]}" for p in PACKAGE_ORDER if p in by_cell[cell])
+        stack = ", ".join(f"{p} {by_cell[cell][p]}" for p in AXIS_PACKAGES if p in by_cell[cell])
         print(f"  {cell} ({distance(by_cell[cell])} package(s) differ: {stack})", file=stream)
         for sid in specs:
             entry = [r for r in records if r["cell"] == cell and r["scenario"] == sid]

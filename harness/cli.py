@@ -1,6 +1,7 @@
-"""Command line of the harness: `python -m harness {matrix,report,list}`.
+"""Command line of the harness: `compat-matrix COMMAND` (installed) or `python -m harness COMMAND`.
 
-nox sessions call this; nodes without nox or uv can call it directly.
+nox sessions call this; nodes without nox, uv or an install of the project (an air-gapped GPU node) call
+`python -m harness` from the checkout.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="python -m harness",
+        prog="compat-matrix",
         description=(
             "Compatibility test matrix for LoRA / DoRA / QLoRA under FSDP and DeepSpeed. Builds one uv environment "
             "per version cell, runs the failure-mode scenarios in it, appends one JSON record per "
@@ -35,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, (_, text) in DELEGATED.items():
+        # Their own parsers take the rest of the line: `compat-matrix bench --help`.
+        sub.add_parser(name, help=text, add_help=False)
 
     matrix = sub.add_parser(
         "matrix",
@@ -259,9 +263,20 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise Terminated()
 
 
+#: Commands with parsers of their own: name -> (module with main(argv), help line).
+DELEGATED = {
+    "bench": ("harness.bench", "benchmarks, side by side in one run, printed as a table"),
+    "wheelhouse": ("harness.wheelhouse", "download/build every wheel a profile needs, for an air-gapped node"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    import importlib
     import signal
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DELEGATED:
+        return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]))
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:

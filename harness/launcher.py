@@ -22,7 +22,9 @@ from harness import guard
 from harness.proctree import ORCHESTRATOR_VAR, TOKEN_VAR, kill_token
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-WORKER = Path(__file__).resolve().parent / "worker.py"
+#: The cell-side worker, run as a module from the repository root (on PYTHONPATH): nothing of harness/ is on
+#: the worker's path, so no orchestrator module can shadow the standard library or the stack there.
+WORKER_MODULE = "runtime.worker"
 POLL_S = 0.1
 STDERR_TAIL = 3000
 
@@ -248,7 +250,7 @@ def _address_space_limit(limit_mb: int | None) -> Any:
 
 def _command(spec: LaunchSpec, jobs_file: Path, out_dir: Path) -> list[str]:
     if spec.total_ranks <= 1:
-        return [str(spec.python), str(WORKER), str(jobs_file), str(out_dir)]
+        return [str(spec.python), "-m", WORKER_MODULE, str(jobs_file), str(out_dir)]
     if spec.nnodes > 1:
         if not spec.rdzv_endpoint:
             raise ValueError("multi-node launches need a rendezvous endpoint (HOST:PORT)")
@@ -267,7 +269,8 @@ def _command(spec: LaunchSpec, jobs_file: Path, out_dir: Path) -> list[str]:
         *where,
         f"--nproc-per-node={spec.world_size}",
         "--max-restarts=0",
-        str(WORKER),
+        "-m",
+        WORKER_MODULE,
         str(jobs_file),
         str(out_dir),
     ]

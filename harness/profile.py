@@ -14,12 +14,10 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from harness import packages
 from harness.errors import ProfileError
+from harness.packages import AXIS_PACKAGES, SUPPORT_PACKAGES
 
-#: Packages a profile may put on an axis or in a stack.
-AXIS_PACKAGES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes")
-#: Packages a profile may also pin through `implied` rules or `[install] extra`.
-SUPPORT_PACKAGES = ("tokenizers", "huggingface-hub", "trl", "numpy", "safetensors", "hypothesis")
 LATEST = "latest"
 #: An axis given as a rule (resolved against the index when a run starts) is stored as this prefix + the rule.
 RULE_PREFIX = "rule:"
@@ -191,6 +189,7 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
             if value == SYSTEM:
                 raise ProfileError(shown, key, "'system' needs [install] mode = \"system\"")
 
+    used = [p for p in AXIS_PACKAGES if p in axes or any(p in table for table in stacks.values())]
     return Profile(
         name=path.stem,
         path=path,
@@ -211,10 +210,17 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
         install_timeout_s=_positive_number(shown, "timeouts.install_s", timeouts.get("install_s", 900)),
         job_timeout_s=_positive_number(shown, "timeouts.job_s", timeouts.get("job_s", 300)),
         worker_start_timeout_s=_positive_number(shown, "timeouts.worker_start_s", timeouts.get("worker_start_s", 180)),
-        no_build_isolation=tuple(_str_list(shown, "install.no_build_isolation", install.get("no_build_isolation", []))),
-        build_requires=tuple(_str_list(shown, "install.build_requires", install.get("build_requires", []))),
+        # The package table's install quirks for the packages this profile uses, plus any the profile adds.
+        no_build_isolation=_merged(
+            packages.late_installed(used),
+            _str_list(shown, "install.no_build_isolation", install.get("no_build_isolation", [])),
+        ),
+        build_requires=_merged(
+            packages.build_requirements(used),
+            _str_list(shown, "install.build_requires", install.get("build_requires", [])),
+        ),
         extra_requirements=tuple(_str_list(shown, "install.extra", install.get("extra", []))),
-        install_env=dict(install_env),
+        install_env=packages.build_env(used) | dict(install_env),
         install_mode=install_mode,
         overlay_support=tuple(_str_list(shown, "install.overlay_support", install.get("overlay_support", []))),
         scenario_settings=_parse_scenarios(shown, data.get("scenario", {})),
@@ -222,6 +228,10 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
         reduce=_reduce_method(shown, head.get("reduce", "none")),
         worker_memory_mb=_parse_limits(shown, data.get("limits", {}), device),
     )
+
+
+def _merged(first: list[str], then: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys([*first, *then]))
 
 
 def _reduce_method(shown: str, raw: Any) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import runs
+from harness.packages import AXIS_PACKAGES
 from harness.records import read_records, record_key
 from harness.report import Selection, same_code
 from harness.signatures import rename
@@ -25,7 +26,7 @@ from harness.verdicts import BAD, headline, verdict
 SCHEMA = "compat-matrix/matrix/v1"
 SITE_TEMPLATE = Path(__file__).with_name("site_template.html")
 MESSAGE_LIMIT = 1500
-VERSION_KEYS = ("python", "torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes")
+VERSION_KEYS = ("python", *AXIS_PACKAGES)
 
 
 def build_matrix(
@@ -92,6 +93,7 @@ def build_matrix(
             | {"hardware": meta.get("hardware")}
             for meta in selection.metas
         ],
+        "packages": list(AXIS_PACKAGES),
         "entries": sorted(entries.values(), key=lambda e: (e["cell"], e["scenario"])),
         "scenarios": {
             sid: {

@@ -11,10 +11,9 @@ from types import ModuleType
 from typing import Any
 
 from harness.errors import UsageError
+from harness.packages import import_name
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
-#: Distribution name -> import name, for preloading a scenario's requirements in the worker.
-IMPORT_NAMES = {"huggingface-hub": "huggingface_hub"}
 
 
 #: What a variant is, as the table shows it. `fix`: same setup, a flag or code change a user adds.
@@ -91,7 +90,7 @@ class Scenario:
 
     @property
     def preload(self) -> tuple[str, ...]:
-        return tuple(IMPORT_NAMES.get(r, r) for r in self.requires)
+        return tuple(import_name(r) for r in self.requires)
 
     def examples(self) -> list[dict[str, Any]]:
         return list(getattr(self.module, "EXAMPLES", []))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import runs
-from harness.cells import PACKAGE_ORDER
+from harness.packages import AXIS_PACKAGES
 from harness.records import read_records, record_key
 from harness.signatures import RULES_DIGEST, rename
 from harness.textsafe import code, md
@@ -278,7 +278,7 @@ def _versions_table(cells: list[str], records: list[dict[str, Any]]) -> list[str
     for record in records:
         if record.get("versions"):
             resolved.setdefault(record["cell"], record["versions"])
-    columns = ["python", *PACKAGE_ORDER]
+    columns = ["python", *AXIS_PACKAGES]
     lines = [
         "## Resolved versions per cell",
         "",

@@ -17,14 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from harness.draws import config_id
+from harness.packages import PINNED_PACKAGES
 from harness.registry import SCENARIO_DIR, Scenario
 from harness.textsafe import slug
 
 RESULT_PREFIX = "REPRO-RESULT "
-#: What a reproducer pins for a cell that ran over a GPU node's own python (`--system-torch`).
-SYSTEM_MODE_PINS = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes", "tokenizers",
-                    "huggingface-hub", "safetensors", "hypothesis")  # fmt: skip
-_IMPORT = re.compile(r"^\s*from scenarios(?:\.(\w+))? import (\w+)", re.M)
+
+#: `from scenarios.kit import models, checks` / `from scenarios import compat`: what a scenario's helpers are.
+_IMPORT = re.compile(r"^\s*from (scenarios(?:\.\w+)*) import \(?([\w, \n]+)\)?", re.M)
+REPO_ROOT = SCENARIO_DIR.parent
+#: The cell-side code every reproducer embeds, so it runs a job the way the worker does.
+RUNTIME_MODULES = ("runtime.job",)
 
 
 def repro_id(record: dict[str, Any]) -> str:
@@ -170,7 +173,7 @@ def render(failure: dict[str, Any], scenario: Scenario, fixes: list[str], python
         python = recorded_python  # the cell's own interpreter line
     if str((failure.get("install") or {}).get("mode", "")).startswith("system"):
         # A node's preinstalled stack (CUDA builds, local packages) is not on an index: pin what decides it.
-        versions = {k: v for k, v in versions.items() if k in SYSTEM_MODE_PINS}
+        versions = {k: v for k, v in versions.items() if k in PINNED_PACKAGES}
     # Every distribution the cell had, at its exact version: the reproducer rebuilds the cell, not a cousin.
     deps = [
         f"{name}=={_public(v)}"
@@ -252,18 +255,24 @@ def _public(version: str) -> str:
 
 
 def _helper_sources(source: str) -> dict[str, str]:
-    """Sources of the scenarios.* modules a scenario imports, transitively."""
-    found: dict[str, str] = {}
+    """Sources of the scenarios.* modules a scenario imports, transitively, by dotted name, plus the runtime's
+    job module: everything the reproducer needs besides the stack."""
+    found: dict[str, str] = {name: _module_file(name).read_text() for name in RUNTIME_MODULES}
     todo = [source]
     while todo:
         text = todo.pop()
-        for submodule, name in _IMPORT.findall(text):
-            module = submodule or name
-            if module in found or not (SCENARIO_DIR / f"{module}.py").is_file():
-                continue
-            found[module] = (SCENARIO_DIR / f"{module}.py").read_text()
-            todo.append(found[module])
-    return found
+        for package, names in _IMPORT.findall(text):
+            for name in (n.strip() for n in names.replace("\n", " ").split(",")):
+                module = f"{package}.{name}" if _module_file(f"{package}.{name}").is_file() else package
+                if module in found or not _module_file(module).is_file():
+                    continue
+                found[module] = _module_file(module).read_text()
+                todo.append(found[module])
+    return dict(sorted(found.items()))
+
+
+def _module_file(dotted: str) -> Path:
+    return REPO_ROOT.joinpath(*dotted.split(".")).with_suffix(".py")
 
 
 _TEMPLATE = '''#!/usr/bin/env python3
@@ -282,29 +291,36 @@ import argparse
 import json
 import os
 import sys
-import tempfile
-import traceback
 import types
 
-# ------------------------------------------------------------------ helper modules the scenario imports
+# ------------------------------------------------------------------ embedded modules, verbatim
+# The scenario's helpers (scenarios.*) and the harness's job runner (runtime.job), by dotted name.
 _HELPERS: dict[str, str] = {{}}
 {helpers}
 
 
 def _install_helpers() -> None:
-    """Make `from scenarios import compat` (and the like) find the embedded sources."""
-    package = types.ModuleType("scenarios")
-    package.__path__ = []
-    sys.modules["scenarios"] = package
-    for name in _HELPERS:
-        module = types.ModuleType(f"scenarios.{{name}}")
-        sys.modules[module.__name__] = module
-        setattr(package, name, module)
-    for name, text in _HELPERS.items():
-        exec(compile(text, f"<scenarios/{{name}}.py>", "exec"), sys.modules[f"scenarios.{{name}}"].__dict__)
+    """Make `from scenarios import compat`, `from runtime.job import run_job` (and the like) find the
+    embedded sources, each as the module of that name."""
+    for dotted in _HELPERS:
+        parts = dotted.split(".")
+        for depth in range(1, len(parts) + 1):
+            name = ".".join(parts[:depth])
+            if name not in sys.modules:
+                module = types.ModuleType(name)
+                if depth < len(parts):
+                    module.__path__ = []
+                sys.modules[name] = module
+                if depth > 1:
+                    setattr(sys.modules[".".join(parts[: depth - 1])], parts[depth - 1], module)
+    for dotted, text in _HELPERS.items():
+        path = dotted.replace(".", "/") + ".py"
+        exec(compile(text, f"<{{path}}>", "exec"), sys.modules[dotted].__dict__)
 
 
 _install_helpers()
+
+from runtime.job import init_distributed, run_job  # noqa: E402  (embedded above)
 
 # ------------------------------------------------------------------ the scenario, verbatim
 {scenario_code}
@@ -337,17 +353,6 @@ def _relaunch_under_torchrun(device: str) -> None:
     os.execve(sys.executable, command, env)
 
 
-def _init_distributed(device: str, local_rank: int) -> None:
-    import torch
-    import torch.distributed as dist
-
-    if device == "cuda":
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=torch.device("cuda", local_rank))
-    else:
-        dist.init_process_group("gloo")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", default=REPRO_VARIANT, help="variant to run (default: the failing one)")
@@ -362,21 +367,12 @@ def main() -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1:
-        _init_distributed(device, local_rank)
-    with tempfile.TemporaryDirectory(prefix="repro-") as workdir:
-        ctx = {{"device": device, "rank": rank, "local_rank": local_rank, "world_size": world_size, "workdir": workdir}}
-        try:
-            run(REPRO_CONFIG, args.variant, ctx)
-            outcome = {{"status": "pass", "variant": args.variant}}
-        except Exception as exc:
-            outcome = {{
-                "status": "exception",
-                "variant": args.variant,
-                "exc_type": f"{{type(exc).__module__}}.{{type(exc).__qualname__}}",
-                "message": str(exc)[:4000],
-                "traceback": "".join(traceback.format_exception(exc))[-4000:],
-                "check": getattr(exc, "check", None),
-            }}
+        init_distributed(device, local_rank)
+    # The worker's own job runner: the same ctx, the same description of an exception.
+    result = run_job(run, REPRO_CONFIG, args.variant, device, rank, local_rank, world_size)
+    outcome = {{"variant": args.variant, "check": None}} | {{
+        k: v for k, v in result.items() if k in ("status", "exc_type", "message", "traceback", "check")
+    }}
     if rank == 0:
         print("{result_prefix}" + json.dumps(outcome), flush=True)
         if outcome["status"] != "pass":

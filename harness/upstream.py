@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.packages import PINNED_PACKAGES
 from harness.records import read_records, record_key
-from harness.repro import SYSTEM_MODE_PINS
 
 
 def find_entry(results_dir: Path, which: str) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def report_body(results_dir: Path, entry: dict[str, Any]) -> str:
     fixes = entry.get("passing_fixes") or []
     lines = [
         "### System Info\n",
-        *[f"- `{name}`: {versions[name]}" for name in ("python", *SYSTEM_MODE_PINS) if name in versions],
+        *[f"- `{name}`: {versions[name]}" for name in ("python", *PINNED_PACKAGES) if name in versions],
         f"- device: {device}, world size {hw.get('world_size', 1)}",
         f"- found by the compat-matrix harness, run `{entry.get('run_id')}`, cell `{entry['cell']}`",
         "",

@@ -110,20 +110,3 @@ def enable_checkpointing(model: Any, use_reentrant: bool | None) -> str:
         return "activation_checkpointing_enable"
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return "gradient_checkpointing_enable"
-
-
-def stack_versions() -> dict[str, str | None]:
-    """Versions of the packages a record cares about, read inside the cell's environment."""
-    names = [
-        "torch",
-        "transformers",
-        "peft",
-        "accelerate",
-        "deepspeed",
-        "bitsandbytes",
-        "tokenizers",
-        "huggingface-hub",
-        "hypothesis",
-        "numpy",
-    ]
-    return {name: version_of(name) for name in names}

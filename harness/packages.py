@@ -1,0 +1,98 @@
+"""The one package table: every package the matrix knows, with its short id, import name and install quirks.
+
+Everything else derives from it: which packages a profile may put on an axis, the order of cell ids and table
+columns, the versions a record keeps, what a reproducer pins, how an environment installs a package that
+needs torch at build time. Adding an axis (say `trl`) is one row here plus the profiles that use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class Package:
+    """One distribution. `axis` packages may vary across cells; the others are support pins only."""
+
+    name: str
+    #: Its part of a cell id: 'ds-0.19.2'.
+    short: str
+    import_name: str
+    axis: bool
+    #: Built against the environment's torch (it imports torch at build time), so installed in a second step.
+    no_build_isolation: bool = False
+    #: What that second step needs besides torch.
+    build_requires: tuple[str, ...] = ()
+    #: Environment variables for its build.
+    build_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+DEEPSPEED_BUILD = ("setuptools", "wheel", "ninja", "packaging", "psutil", "py-cpuinfo")
+
+#: In the order cell ids and tables show them.
+PACKAGES: tuple[Package, ...] = (
+    Package("torch", "torch", "torch", axis=True),
+    Package("transformers", "tf", "transformers", axis=True),
+    Package("peft", "peft", "peft", axis=True),
+    Package("accelerate", "acc", "accelerate", axis=True),
+    # An sdist only: with DS_BUILD_OPS=0 it builds a pure-Python wheel, but it imports torch to do so.
+    Package(
+        "deepspeed",
+        "ds",
+        "deepspeed",
+        axis=True,
+        no_build_isolation=True,
+        build_requires=DEEPSPEED_BUILD,
+        build_env=MappingProxyType({"DS_BUILD_OPS": "0"}),
+    ),
+    Package("bitsandbytes", "bnb", "bitsandbytes", axis=True),
+    Package("tokenizers", "tokenizers", "tokenizers", axis=False),
+    Package("huggingface-hub", "hub", "huggingface_hub", axis=False),
+    Package("safetensors", "safetensors", "safetensors", axis=False),
+    Package("trl", "trl", "trl", axis=False),
+    Package("numpy", "numpy", "numpy", axis=False),
+    Package("hypothesis", "hypothesis", "hypothesis", axis=False),
+)
+
+BY_NAME: Mapping[str, Package] = MappingProxyType({p.name: p for p in PACKAGES})
+#: Packages a profile may put on an axis or in a stack, in table order.
+AXIS_PACKAGES: tuple[str, ...] = tuple(p.name for p in PACKAGES if p.axis)
+#: Packages a profile may also pin through `implied` rules or `[install] extra`.
+SUPPORT_PACKAGES: tuple[str, ...] = tuple(p.name for p in PACKAGES if not p.axis)
+#: What a record's versions and a reproducer's pins name: the axes, then the support packages.
+PINNED_PACKAGES: tuple[str, ...] = AXIS_PACKAGES + SUPPORT_PACKAGES
+
+
+def short_name(name: str) -> str:
+    """The package's part of a cell id; an unknown name stands for itself."""
+    package = BY_NAME.get(name)
+    return package.short if package else name
+
+
+def import_name(name: str) -> str:
+    """'huggingface-hub' -> 'huggingface_hub'."""
+    package = BY_NAME.get(name)
+    return package.import_name if package else name.replace("-", "_")
+
+
+def late_installed(names: list[str]) -> list[str]:
+    """Those of `names` that must be built against the environment's torch, in a second install step."""
+    return [n for n in names if n in BY_NAME and BY_NAME[n].no_build_isolation]
+
+
+def build_requirements(names: list[str]) -> list[str]:
+    """What the late step needs besides torch, for these packages."""
+    out: list[str] = []
+    for name in late_installed(names):
+        out += [r for r in BY_NAME[name].build_requires if r not in out]
+    return out
+
+
+def build_env(names: list[str]) -> dict[str, str]:
+    """Build environment variables for these packages."""
+    env: dict[str, str] = {}
+    for name in late_installed(names):
+        env.update(BY_NAME[name].build_env)
+    return env
