@@ -11,12 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-from harness import hardware
 from harness.errors import UsageError
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-MATRIX_DIR = REPO_ROOT / "matrix"
-RESULTS_DIR = REPO_ROOT / "results"
+from harness.execution import hardware
+from harness.paths import MATRIX_DIR, RESULTS_DIR
 
 
 class _Parser(argparse.ArgumentParser):
@@ -265,8 +262,11 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 #: Commands with parsers of their own: name -> (module with main(argv), help line).
 DELEGATED = {
-    "bench": ("harness.bench", "benchmarks, side by side in one run, printed as a table"),
-    "wheelhouse": ("harness.wheelhouse", "download/build every wheel a profile needs, for an air-gapped node"),
+    "bench": ("harness.tools.bench", "benchmarks, side by side in one run, printed as a table"),
+    "wheelhouse": (
+        "harness.environments.wheelhouse",
+        "download/build every wheel a profile needs, for an air-gapped node",
+    ),
 }
 
 
@@ -291,18 +291,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bisect":
             return _bisect(args)
         if args.command == "upstream-report":
-            from harness.upstream import find_entry, report_body
+            from harness.publishing.upstream import find_entry, report_body
 
             print(report_body(args.results_dir, find_entry(args.results_dir, args.reproducer)))
             return 0
         if args.command == "check":
-            from harness.check import run_check
+            from harness.tools.check import run_check
 
             return run_check(args.scenarios, args.results_dir)
         if args.command == "check-repros":
             return _check_repros(args)
         if args.command == "node-agent":
-            from harness.node_agent import serve
+            from harness.execution.node_agent import serve
 
             if not args.watch.is_dir():
                 raise UsageError(f"--watch {args.watch}: no such directory")
@@ -317,9 +317,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _matrix(args: argparse.Namespace) -> int:
-    from harness.envs import InstallOptions, default_envs_dir
-    from harness.matrix import MatrixOptions, run_matrix
-    from harness.profile import load_profile
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions, default_envs_dir
+    from harness.execution.matrix import run_matrix
+    from harness.execution.options import MatrixOptions
 
     if args.examples is not None and args.examples < 0:
         raise UsageError("--examples must be 0 or more")
@@ -401,28 +402,28 @@ def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | No
 
 
 def _write_report(results_dir: Path, run_ids: list[str] | None, output: Path | None) -> Path:
-    from harness.registry import discover
-    from harness.report import render_markdown, select_runs
+    from harness.define.registry import discover
+    from harness.publishing.report import render_markdown, select_runs
 
     selection = select_runs(results_dir, run_ids)
     if not selection.run_ids:
         raise NothingToReport(f"no records under {results_dir / 'runs'}; run `nox -s matrix` first")
     known = discover()
     text = render_markdown(selection, {s.id: s.spec for s in known})
-    from harness.publish import changes_markdown, changes_since_previous
+    from harness.publishing.publish import changes_markdown, changes_since_previous
 
     text += changes_markdown(changes_since_previous(results_dir, selection))
     output = output or results_dir / "COMPATIBILITY.md"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
     if output == results_dir / "COMPATIBILITY.md":
-        from harness.publish import publish
-        from harness.repro import sync_repros
+        from harness.publishing.publish import publish
+        from harness.publishing.repro import sync_repros
 
         sync_repros(selection.records, {s.id: s for s in known}, results_dir / "repros")
         publish(results_dir, selection, {s.id: s.spec for s in known})
-        from harness.plots import plot_real_size
-        from harness.report import real_size_rows
+        from harness.publishing.plots import plot_real_size
+        from harness.publishing.report import real_size_rows
 
         plot_real_size(real_size_rows(selection.latest()[0]), results_dir / "s5-real-size.png")
     return output
@@ -431,10 +432,10 @@ def _write_report(results_dir: Path, run_ids: list[str] | None, output: Path | N
 def _bisect(args: argparse.Namespace) -> int:
     from packaging.version import InvalidVersion, Version
 
-    from harness.bisection import bisect
-    from harness.envs import InstallOptions, default_envs_dir
-    from harness.matrix import MatrixOptions
-    from harness.profile import load_profile
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions, default_envs_dir
+    from harness.execution.options import MatrixOptions
+    from harness.versions.bisection import bisect
 
     if args.offline and args.wheelhouse is None:
         raise UsageError("--offline needs --wheelhouse DIR")
@@ -468,7 +469,7 @@ def _bisect(args: argparse.Namespace) -> int:
 def _check_repros(args: argparse.Namespace) -> int:
     import fnmatch
 
-    from harness.repro import check_repro
+    from harness.publishing.repro import check_repro
 
     folder = args.results_dir / "repros"
     if not (folder / "index.json").is_file():
@@ -499,8 +500,8 @@ def _check_repros(args: argparse.Namespace) -> int:
 
 def _import_runs(args: argparse.Namespace) -> int:
     """Merge shards into results/runs/<run-id>/: concatenation plus de-duplication, nothing overwritten."""
-    from harness.records import merge, read_records
-    from harness.runs import RunLock, write_meta
+    from harness.recording.records import merge, read_records
+    from harness.recording.runs import RunLock, write_meta
     from harness.textsafe import slug
 
     for path in args.records:
@@ -526,8 +527,8 @@ def _import_runs(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from harness.profile import available_profiles, load_profile
-    from harness.registry import discover
+    from harness.define.profile import available_profiles, load_profile
+    from harness.define.registry import discover
 
     if args.what == "profiles":
         items = available_profiles(MATRIX_DIR)
@@ -542,12 +543,10 @@ def _list(args: argparse.Namespace) -> int:
             for s in discover()
         ]
     else:
-        from harness.cells import expand
-        from harness.reduction import reduce_cells
-        from harness.releases import resolve_axes
+        from harness.planning.plan import build_plan
 
-        profile, resolved = resolve_axes(load_profile(args.profile or default_profile(), MATRIX_DIR))
-        cells, reduction = reduce_cells(expand(profile), args.reduce or profile.reduce)
+        plan = build_plan(load_profile(args.profile or default_profile(), MATRIX_DIR), reduce=args.reduce, prune=False)
+        cells, reduction, resolved = plan.cells, plan.reduction, plan.resolved_axes
         if resolved and not args.json:
             print("# release rules resolved: " + "; ".join(f"{k} = {', '.join(v)}" for k, v in resolved.items()))
         items = [{"cell": c.cell_id, "requirements": c.requirements(), "excluded": c.excluded_reason} for c in cells]

@@ -1,7 +1,7 @@
 """The names of the stack's known failures: message or traceback pattern -> stable name -> upstream links.
 
 These are the scenarios' own rules (the failure modes they reproduce and the other failures they run into),
-kept on the scenario side of the house: `harness/signatures.py` holds only the generic names (timeout,
+kept on the scenario side of the house: `harness/recording/signatures.py` holds only the generic names (timeout,
 crash, OOM, our own bugs, unclassified) and asks this module first. Standard library only.
 """
 

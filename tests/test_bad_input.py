@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import runs
+from harness.recording import runs
 from tests.conftest import REPO_ROOT, write_profile
 from tests.fault_ledger import record_fault
 

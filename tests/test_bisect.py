@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from harness import bisection as bisect_module
-from harness.envs import InstallOptions
-from harness.matrix import MatrixOptions
-from harness.profile import load_profile
+from harness.define.profile import load_profile
+from harness.environments.envs import InstallOptions
+from harness.execution.options import MatrixOptions
+from harness.versions import bisection as bisect_module
 from tests.conftest import REPO_ROOT
 
 VERSIONS = [f"0.19.{i}" for i in range(2, 9)]  # 7 releases, like deepspeed 0.19.2 .. 0.19.8

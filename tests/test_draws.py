@@ -12,9 +12,9 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from harness.draws import DrawPlan, config_id, draw_configs, draw_plan, plan_configs, remembered_configs
-from harness.registry import discover
-from harness.shrink import shrink
+from harness.define.registry import discover
+from harness.execution.shrink import shrink
+from harness.planning.draws import DrawPlan, config_id, draw_configs, draw_plan, plan_configs, remembered_configs
 
 STRATEGY = st.fixed_dictionaries(
     {
@@ -86,7 +86,7 @@ def test_shrink_budget_stops_the_search() -> None:
 
 
 def test_a_shrunk_failure_is_remembered_and_drawn_first(tmp_path: Path) -> None:
-    from harness.draws import ScenarioDatabase
+    from harness.planning.draws import ScenarioDatabase
 
     plan = DrawPlan(seed=5, max_examples=200, count=50)
     original = next(c for c in draw_configs(STRATEGY, plan) if fails(c))

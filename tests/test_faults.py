@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.proctree import processes_started_by
-from harness.records import read_records, record_key
+from harness.execution.proctree import processes_started_by
+from harness.recording.records import read_records, record_key
 from tests.conftest import REPO_ROOT
 from tests.fault_ledger import record_fault
 
@@ -150,7 +150,7 @@ def test_sigint_stops_cleanly_with_a_partial_table(tmp_path: Path) -> None:
 
 
 def test_truncated_last_line_is_repaired_on_resume(tmp_path: Path) -> None:
-    from harness.records import RecordWriter
+    from harness.recording.records import RecordWriter
 
     path = tmp_path / "records.jsonl"
     good = {"cell": "c", "scenario": "S1-x", "variant": "baseline", "config_id": "1", "outcome": "pass"}

@@ -12,8 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from harness.launcher import Job, LaunchSpec, WorkerSession, run_jobs
-from harness.proctree import processes_started_by, processes_with_token
+from harness.execution.launcher import Job, LaunchSpec, WorkerSession, run_jobs
+from harness.execution.proctree import processes_started_by, processes_with_token
 from tests.fault_ledger import record_fault
 
 TOY = textwrap.dedent(
@@ -110,9 +110,9 @@ def test_workers_import_the_standard_library_not_a_same_named_module_of_ours(tmp
 
 def test_first_per_signature_retries_one_failure_per_signature(tmp_path: Path) -> None:
     """The default retry scope confirms a signature once per batch, not every failure that has it."""
-    from harness.launcher import WorkerSession
-    from harness.profile import RetryPolicy
-    from harness.scenario_run import _run_batch
+    from harness.define.profile import RetryPolicy
+    from harness.execution.launcher import WorkerSession
+    from harness.execution.scenario_run import _run_batch
 
     items = [("fail", {"config": {"n": i}, "config_id": str(i), "source": "example"}) for i in range(5)]
     with WorkerSession(spec(tmp_path)) as session:
@@ -124,7 +124,7 @@ def test_first_per_signature_retries_one_failure_per_signature(tmp_path: Path) -
 
 
 def test_the_collective_a_rank_waits_in_is_read_from_its_stack() -> None:
-    from harness.launcher import waiting_in
+    from harness.execution.launcher import waiting_in
 
     dump = (
         "Thread 0x00007f0000000001 (most recent call first):\n"

@@ -18,8 +18,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from harness.proctree import processes_started_by
-from harness.records import SCHEMA_PATH, read_records, record_key
+from harness.execution.proctree import processes_started_by
+from harness.recording.records import SCHEMA_PATH, read_records, record_key
 from tests.conftest import REPO_ROOT
 from tests.fault_ledger import record_fault
 
@@ -60,7 +60,7 @@ def test_records_are_complete_and_valid(ci_run: Path) -> None:
     schema = json.loads(SCHEMA_PATH.read_text())
     for record in records:
         jsonschema.validate(record, schema)
-    from harness.registry import discover
+    from harness.define.registry import discover
 
     scenarios = {s.id: s for s in discover()}
     # Explicit examples run every variant; a drawn config runs its baseline, and its fixes where that failed
@@ -199,7 +199,7 @@ def test_a_drawn_failure_is_shrunk_in_its_cell(ci_run: Path) -> None:
 
 def test_repro_reproduces_the_failure_and_its_fix_passes(ci_run: Path) -> None:
     """Issue check: every distinct failure has a reproducer; one runs with `uv run` in a fresh environment."""
-    from harness.repro import check_repro
+    from harness.publishing.repro import check_repro
 
     index = json.loads((ci_run / "repros" / "index.json").read_text())
     records = read_records(only_run(ci_run) / "records.jsonl")
@@ -265,7 +265,7 @@ def test_site_json_and_markdown_show_the_facts_of_the_records(ci_run: Path) -> N
 def test_check_in_an_old_and_a_new_environment_agrees_with_the_table(ci_run: Path) -> None:
     """`python -m harness check`, run with the interpreter of the ci cells' own environments (an old stack and
     the newest), reports the target failures the table shows for those stacks and exits 1 only for the old."""
-    from harness.envs import default_envs_dir
+    from harness.environments.envs import default_envs_dir
 
     table = (ci_run / "COMPATIBILITY.md").read_text()
     for stack, expected_exit in (("old", 1), ("current", 0)):

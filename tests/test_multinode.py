@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.cells import expand
-from harness.envs import InstallOptions, default_envs_dir, ensure_env
-from harness.launcher import LaunchSpec, WorkerSession
-from harness.proctree import processes_started_by
-from harness.profile import load_profile
+from harness.define.cells import expand
+from harness.define.profile import load_profile
+from harness.environments.envs import InstallOptions, default_envs_dir, ensure_env
+from harness.execution.launcher import LaunchSpec, WorkerSession
+from harness.execution.proctree import processes_started_by
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.matrix

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import envs
-from harness.cells import expand
-from harness.profile import load_profile
-from harness.records import read_records
+from harness.define.cells import expand
+from harness.define.profile import load_profile
+from harness.environments import envs
+from harness.recording.records import read_records
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.matrix

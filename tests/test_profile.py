@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cells import expand
+from harness.define.cells import expand
+from harness.define.profile import load_profile
 from harness.errors import ProfileError
-from harness.profile import load_profile
 from tests.conftest import REPO_ROOT, write_profile
 from tests.fault_ledger import record_fault
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.cells import expand
-from harness.profile import load_profile
-from harness.records import RecordWriter, merge, read_records, record_key
-from harness.signatures import exception_signature, normalise_message
+from harness.define.cells import expand
+from harness.define.profile import load_profile
+from harness.recording.records import RecordWriter, merge, read_records, record_key
+from harness.recording.signatures import exception_signature, normalise_message
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cells import expand
-from harness.profile import load_profile
-from harness.pruning import conflict
+from harness.define.cells import expand
+from harness.define.profile import load_profile
+from harness.planning.pruning import conflict
 from tests.conftest import REPO_ROOT, write_profile
 
 PROFILE = """

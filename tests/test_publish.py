@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.publish import build_matrix, write_junit, write_site
-from harness.report import Selection, render_markdown
+from harness.publishing.publish import build_matrix, write_junit, write_site
+from harness.publishing.report import Selection, render_markdown
 from tests.conftest import REPO_ROOT
 
 EVIL = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> | pipe & "quote"'

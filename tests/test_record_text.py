@@ -16,9 +16,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.registry import discover
-from harness.report import Selection, render_markdown
-from harness.repro import render, repro_id, sync_repros
+from harness.define.registry import discover
+from harness.publishing.report import Selection, render_markdown
+from harness.publishing.repro import render, repro_id, sync_repros
 
 TEXT = st.text(max_size=40)
 PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.!+_-]*$")

@@ -9,7 +9,7 @@ import jsonschema
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.records import SCHEMA_PATH, RecordWriter, merge, read_records, record_key
+from harness.recording.records import SCHEMA_PATH, RecordWriter, merge, read_records, record_key
 
 
 def make(cell: str = "c", variant: str = "baseline", config_id: str = "0123456789", outcome: str = "pass") -> dict:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from harness.cells import expand
-from harness.profile import load_profile
-from harness.reduction import reduce_cells
+from harness.define.cells import expand
+from harness.define.profile import load_profile
+from harness.versions.reduction import reduce_cells
 from tests.conftest import write_profile
 
 WIDE = """

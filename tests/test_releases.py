@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from harness.define.profile import load_profile, parse_rule
 from harness.errors import ProfileError
-from harness.profile import load_profile, parse_rule
-from harness.releases import apply_rule, releases, resolve_axes
+from harness.versions.releases import apply_rule, releases, resolve_axes
 from tests.conftest import write_profile
 
 VERSIONS = [Version(v) for v in ["4.40.0", "4.40.2", "4.41.0", "4.41.2", "4.42.4", "4.43.1", "5.0.0"]]

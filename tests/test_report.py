@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.report import render_markdown, select_runs
+from harness.publishing.report import render_markdown, select_runs
 
 
 def write_run(root: Path, run_id: str, profile: str, started: str, records: list[dict], **meta: object) -> None:
@@ -58,7 +58,7 @@ def test_a_disagreement_under_changed_scenario_code_is_not_called_flaky(tmp_path
 
 
 def test_changes_since_the_previous_run_of_a_profile(tmp_path: Path) -> None:
-    from harness.publish import changes_markdown, changes_since_previous
+    from harness.publishing.publish import changes_markdown, changes_since_previous
 
     write_run(
         tmp_path, "cpu-1", "cpu", "1", [rec("cpu-1", "a", "S1-x", "pass"), rec("cpu-1", "b", "S1-x", "fail", sig="s")]

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from harness.proctree import processes_started_by
-from harness.records import read_records, record_key
+from harness.execution.proctree import processes_started_by
+from harness.recording.records import read_records, record_key
 from tests.conftest import REPO_ROOT
 from tests.fault_ledger import record_fault
 

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from harness.registry import SCENARIO_DIR, discover
+from harness.define.registry import discover
 from tests.conftest import REPO_ROOT
 
 VARIANT = re.compile(r"^[a-z0-9_\-]+(\+[a-z0-9_\-]+)*$")
@@ -16,7 +16,7 @@ VARIANT = re.compile(r"^[a-z0-9_\-]+(\+[a-z0-9_\-]+)*$")
 
 def test_importing_scenarios_does_not_import_the_stack() -> None:
     code = (
-        "import json, sys; from harness.registry import discover; discover(); "
+        "import json, sys; from harness.define.registry import discover; discover(); "
         "print(json.dumps(sorted(m for m in ('torch','transformers','peft','deepspeed','bitsandbytes') "
         "if m in sys.modules)))"
     )
@@ -24,16 +24,35 @@ def test_importing_scenarios_does_not_import_the_stack() -> None:
     assert json.loads(out.stdout) == []
 
 
-def test_scenarios_never_import_harness() -> None:
-    for path in SCENARIO_DIR.glob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            names = []
+def _imported_modules(folder: str) -> list[tuple[str, str]]:
+    """(file, module) for every import statement in a folder's Python files, at any depth of the code."""
+    found = []
+    for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            assert not any(n == "harness" or n.startswith("harness.") for n in names), path
+                found += [(str(path.relative_to(REPO_ROOT)), a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                found.append((str(path.relative_to(REPO_ROOT)), node.module or ""))
+    return found
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_scenarios_and_the_runtime_never_import_harness() -> None:
+    """The cell side (runtime/, scenarios/) runs in environments that do not have the orchestrator's packages."""
+    wrong = [
+        (f, m) for folder in ("scenarios", "runtime") for f, m in _imported_modules(folder) if _top(m) == "harness"
+    ]
+    assert wrong == []
+
+
+def test_the_harness_never_imports_torch_or_the_stack() -> None:
+    """By folder: everything under harness/ runs in the orchestrator's light venv, which has no ML stack."""
+    stack = {"torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes", "runtime"}
+    wrong = [(f, m) for f, m in _imported_modules("harness") if _top(m) in stack]
+    assert wrong == []
 
 
 def test_specs_are_well_formed() -> None:
@@ -59,8 +78,8 @@ def test_specs_are_well_formed() -> None:
 def test_a_spec_that_breaks_the_contract_is_named() -> None:
     import pytest
 
+    from harness.define.registry import validate_spec
     from harness.errors import UsageError
-    from harness.registry import validate_spec
 
     good = {"id": "S9-x", "title": "t", "target": ["no-grad-element-0"], "controls": [],
             "variants": {"baseline": ("baseline", "default"), "fix_a": ("fix", "flag a")}}  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.signatures import classify, exception_signature, normalise_message
+from harness.recording.signatures import classify, exception_signature, normalise_message
 
 # Shapes of the real messages (torch.utils.checkpoint, OpenRLHF#569, peft#1910, peft#1577).
 DTYPE_MISMATCH = (
@@ -105,9 +105,9 @@ def test_the_harness_keeps_only_generic_names() -> None:
     names only what any job can do: time out, crash, run out of memory, hit our own bug, or stay unknown."""
     from pathlib import Path
 
-    import harness.signatures
+    import harness.recording.signatures
 
-    source = Path(harness.signatures.__file__).read_text()
+    source = Path(harness.recording.signatures.__file__).read_text()
     for specific in ("checkpoint-recompute", "no-grad-element", "dora", "fsdp-", "zero3", "matmul", "zip-length",
                      "optimizer-bf16", "nn.Parameter"):  # fmt: skip
         assert specific not in source, specific

@@ -1,0 +1,288 @@
+"""Build (or reuse) one environment per cell.
+
+Two modes:
+- **uv** (default): a uv virtual environment per cell. uv does not read pip.conf, so the pip variables
+  that point at the local CPU torch wheel (`PIP_FIND_LINKS`) or a private index become uv flags here.
+  `--offline --wheelhouse DIR` installs only from DIR.
+- **system** (`--system-torch`, or `[install] mode = "system"`): the node's preinstalled python and torch
+  stay; the cell's other packages are layered over it as a `pip --target` overlay directory that goes first
+  on PYTHONPATH. This is how air-gapped GPU nodes without uv run the matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+from harness.define.cells import Cell
+from harness.define.profile import Profile
+from harness.errors import UsageError
+
+MARKER = ".compat-matrix-cell.json"
+#: Prints {distribution: version} for the environment it runs in; the first one on sys.path wins.
+LIST_VERSIONS = (
+    "import importlib.metadata as m, json, platform\n"
+    "seen = {}\n"
+    "for d in m.distributions():\n"
+    "    name = (d.metadata['Name'] or '').lower().replace('_', '-')\n"
+    "    if name and name not in seen: seen[name] = d.version\n"
+    "seen['python'] = platform.python_version()\n"
+    "print(json.dumps(seen))\n"
+)
+
+
+@dataclass(frozen=True)
+class InstallOptions:
+    """How cell environments are built: from the index, offline from a wheelhouse, or over a system stack."""
+
+    envs_dir: Path
+    offline: bool = False
+    wheelhouse: Path | None = None
+    system_python: str | None = None  # set -> system mode, whatever the profile says
+    rebuild: bool = False
+
+    def mode(self, profile: Profile) -> str:
+        return "system" if self.system_python or profile.install_mode == "system" else "uv"
+
+
+@dataclass(frozen=True)
+class EnvResult:
+    """A ready environment, or the reason it could not be built."""
+
+    python: Path | None
+    versions: dict[str, str]
+    reused: bool
+    seconds: float
+    failure: str | None = None
+    pythonpath: str | None = None  # the overlay, in system mode
+    mode: str = "uv"
+    overlaid: list[str] = field(default_factory=list)
+
+
+class InstallFailed(Exception):
+    """The environment could not be built; the message is the resolver's or installer's reason."""
+
+
+def uv_binary() -> str:
+    """The uv that came with the orchestrator's environment, else the one on PATH."""
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        found = shutil.which("uv")
+        if not found:
+            raise FileNotFoundError("uv is not installed; install the 'harness' dependency group") from None
+        return found
+
+
+def index_flags(environ: dict[str, str] | None = None, options: InstallOptions | None = None) -> list[str]:
+    """uv flags equivalent to the pip settings in the environment, or offline flags for a wheelhouse."""
+    if options is not None and options.offline:
+        if options.wheelhouse is None:
+            raise InstallFailed("--offline needs --wheelhouse DIR")
+        return ["--offline", "--no-index", "--find-links", str(options.wheelhouse)]
+    environ = dict(os.environ if environ is None else environ)
+    flags: list[str] = []
+    for location in environ.get("PIP_FIND_LINKS", "").split():
+        flags += ["--find-links", location]
+    if options is not None and options.wheelhouse is not None:
+        flags += ["--find-links", str(options.wheelhouse)]
+    if environ.get("PIP_INDEX_URL"):
+        flags += ["--index-url", environ["PIP_INDEX_URL"]]
+    for url in environ.get("PIP_EXTRA_INDEX_URL", "").split():
+        flags += ["--extra-index-url", url]
+    return flags
+
+
+def default_envs_dir() -> Path:
+    """Outside the work tree, so fresh clones and CI on the same machine reuse built cells."""
+    base = os.environ.get("COMPAT_MATRIX_ENVS")
+    if base:
+        return Path(base)
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "compat-matrix" / "envs"
+    home = os.environ.get("HOME", "")
+    if not home or not os.path.isabs(home):
+        # Path.home() would give "/" or a relative path: a 1.3 GB environment in /.cache, silently.
+        raise UsageError(f"HOME is {home!r}, so there is no cache directory for cell environments: set HOME, "
+                         "XDG_CACHE_HOME or COMPAT_MATRIX_ENVS, or pass --envs-dir")  # fmt: skip
+    return Path(home) / ".cache" / "compat-matrix" / "envs"
+
+
+def env_dir_for(cell: Cell, profile: Profile, options: InstallOptions) -> Path:
+    extra = (
+        *profile.extra_requirements,
+        *profile.build_requires,
+        *sorted(profile.install_env.items()),
+        options.mode(profile),
+        *profile.overlay_support,
+        "bytecode",
+    )
+    return options.envs_dir / f"{cell.cell_id}-{cell.env_key(profile.python, tuple(map(str, extra)))}"
+
+
+def ensure_env(cell: Cell, profile: Profile, options: InstallOptions) -> EnvResult:
+    """Return a working environment for the cell, building it unless a matching one exists."""
+    start = time.monotonic()
+    target = env_dir_for(cell, profile, options)
+    marker = target / MARKER
+    if marker.is_file() and not options.rebuild:
+        data = json.loads(marker.read_text())
+        return EnvResult(Path(data["python"]), data["versions"], True, time.monotonic() - start,
+                         pythonpath=data.get("pythonpath"), mode=data.get("mode", "uv"),
+                         overlaid=data.get("overlaid", []))  # fmt: skip
+    if target.exists():
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    deadline = start + profile.install_timeout_s
+    try:
+        if options.mode(profile) == "system":
+            result = _build_overlay(cell, profile, options, target, deadline)
+        else:
+            result = _build_uv(cell, profile, options, target, deadline)
+    except InstallFailed as exc:
+        shutil.rmtree(target, ignore_errors=True)
+        return EnvResult(None, {}, False, time.monotonic() - start, failure=str(exc), mode=options.mode(profile))
+    marker.write_text(json.dumps({"requirements": cell.requirements(), "python": str(result.python),
+                                  "versions": result.versions, "pythonpath": result.pythonpath,
+                                  "mode": result.mode, "overlaid": result.overlaid}, indent=1))  # fmt: skip
+    return EnvResult(result.python, result.versions, False, time.monotonic() - start, pythonpath=result.pythonpath,
+                     mode=result.mode, overlaid=result.overlaid)  # fmt: skip
+
+
+def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Path, deadline: float) -> EnvResult:
+    _run(["venv", "--quiet", "--python", profile.python, str(target)], deadline, uv=True)
+    python = target / "bin" / "python"
+    flags = index_flags(options=options)
+    late = [r for r in cell.requirements() if _name(r) in profile.no_build_isolation]
+    early = [r for r in cell.requirements() if r not in late] + list(profile.extra_requirements)
+    if late:
+        early += list(profile.build_requires)
+    # Precompiled bytecode: without it every worker pays 20-35 s extra on its first import of the stack
+    # where PYTHONDONTWRITEBYTECODE is set.
+    _run(["pip", "install", "--compile-bytecode", "--python", str(python), *flags, *early], deadline, uv=True)
+    if late:
+        # Built against the torch installed by the first step (DeepSpeed needs torch at build time).
+        env = dict(os.environ) | profile.install_env
+        _run(["pip", "install", "--compile-bytecode", "--python", str(python), "--no-build-isolation", *flags, *early,
+              *late], deadline,
+             env=env, uv=True)  # fmt: skip
+    return EnvResult(python, installed_versions(python), False, 0.0, mode="uv")
+
+
+def _build_overlay(cell: Cell, profile: Profile, options: InstallOptions, target: Path, deadline: float) -> EnvResult:
+    python = Path(options.system_python or shutil.which("python3") or sys.executable)
+    system = installed_versions(python)
+    wanted = []
+    for line in [*cell.requirements(), *profile.extra_requirements]:
+        requirement = Requirement(line)
+        have = system.get(requirement.name.lower())
+        if have is not None and (not requirement.specifier or requirement.specifier.contains(have, prereleases=True)):
+            continue  # the node already satisfies it; 'latest' over a system stack means the node's own release
+        wanted.append(line)
+    for package in cell.system_packages():
+        if package not in system:
+            raise InstallFailed(f"{package} is pinned 'system' but {python} has no {package}")
+    if wanted:
+        wanted += [s for s in profile.overlay_support if Requirement(s).name.lower() not in system]
+        overlay = target / "site"
+        links = ["--find-links", str(options.wheelhouse)] if options.wheelhouse else []
+        index = ["--no-index"] if options.offline or options.wheelhouse else []
+        _run([*_pip_install(python), "--quiet", "--no-deps", "--target", str(overlay), *index, *links, *wanted],
+             deadline)  # fmt: skip
+        _check_overlay_closure(python, str(overlay), [Requirement(w).name for w in wanted])
+        versions = installed_versions(python, pythonpath=str(overlay))
+        return EnvResult(python, versions, False, 0.0, pythonpath=str(overlay), mode="system-overlay",
+                         overlaid=sorted(Requirement(w).name.lower() for w in wanted))  # fmt: skip
+    target.mkdir(parents=True, exist_ok=True)
+    return EnvResult(python, system, False, 0.0, mode="system")
+
+
+CHECK_REQUIRES = """
+import importlib.metadata as m, json, sys
+from packaging.requirements import Requirement
+problems = []
+for name in json.loads(sys.argv[1]):
+    for line in m.requires(name) or []:
+        req = Requirement(line)
+        if req.marker and not req.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            have = m.version(req.name)
+        except m.PackageNotFoundError:
+            problems.append(f"{name} needs {req} (absent)")
+            continue
+        if req.specifier and not req.specifier.contains(have, prereleases=True):
+            problems.append(f"{name} needs {req} (found {have})")
+print(json.dumps(problems))
+"""
+
+
+def _check_overlay_closure(python: Path, overlay: str, names: list[str]) -> None:
+    """--no-deps overlays can miss what the node lacks: say so now, as install-failed, not later at import."""
+    env = dict(os.environ, PYTHONPATH=overlay)
+    proc = subprocess.run([str(python), "-c", CHECK_REQUIRES, json.dumps(names)], capture_output=True, text=True,
+                          env=env)  # fmt: skip
+    if proc.returncode != 0:
+        return  # no `packaging` on the node: the worker's import check still catches a broken stack
+    problems = json.loads(proc.stdout)
+    if problems:
+        raise InstallFailed(
+            "the overlay over the system stack is incomplete: "
+            + "; ".join(problems)
+            + " (add them to [install] overlay_support and the wheelhouse)"
+        )
+
+
+def _pip_install(python: Path) -> list[str]:
+    """The node's own pip (air-gapped nodes have no uv); uv's pip interface where the python has no pip."""
+    has_pip = subprocess.run([str(python), "-c", "import pip"], capture_output=True).returncode == 0
+    if has_pip:
+        return [str(python), "-m", "pip", "--disable-pip-version-check", "install"]
+    return [uv_binary(), "pip", "install", "--python", str(python)]
+
+
+def installed_versions(python: Path, pythonpath: str | None = None) -> dict[str, str]:
+    """Resolved versions of every package the environment imports first (names normalised), plus python."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    out = subprocess.run([str(python), "-c", LIST_VERSIONS], capture_output=True, text=True, check=True, env=env)
+    return json.loads(out.stdout)
+
+
+def _name(requirement: str) -> str:
+    return Requirement(requirement).name.lower()
+
+
+def _run(args: list[str], deadline: float, env: dict[str, str] | None = None, uv: bool = False) -> None:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise InstallFailed("install timed out")
+    command = [uv_binary(), *args] if uv else args
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=remaining, env=env,
+                              stdin=subprocess.DEVNULL)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise InstallFailed(f"install timed out after {remaining:.0f} s: {' '.join(args[:2])}") from None
+    if proc.returncode != 0:
+        raise InstallFailed(summarise_install_error(proc.stderr or proc.stdout))
+
+
+def summarise_install_error(text: str, limit: int = 1500) -> str:
+    """Keep the resolver's explanation, drop progress noise, bound the size."""
+    noise = ("Resolved", "Prepared", "Installed", "Audited", "Using", "WARNING: Location")
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith(noise)]
+    start = next((i for i, ln in enumerate(lines) if "error" in ln.lower() or "No solution" in ln or "×" in ln), 0)
+    summary = "\n".join(lines[start:])
+    return summary[:limit] if summary else "the installer failed without a message"

@@ -1,0 +1,113 @@
+"""Download (and build) every wheel a profile's cells need, for an air-gapped node.
+
+`nox -s wheelhouse -- --profile gpu --python 3.12 --platform manylinux_2_28_x86_64 --dest DIR`
+
+Packages pinned 'system' and torch are skipped: the node brings its own. Packages that ship only as an
+sdist (deepspeed) are built here into pure-Python wheels, with the build requirements and variables of the
+package table (harness/define/packages.py), in a scratch venv that has torch (they import it at build time): the
+profile's torch when it pins one, else the newest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from harness.define import packages
+from harness.define.cells import expand
+from harness.define.profile import load_profile
+from harness.environments import envs
+from harness.paths import REPO_ROOT
+
+#: pip matches manylinux tags exactly, so name the common ones besides the one asked for.
+DEFAULT_PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)]
+DEFAULT_PLATFORMS += ["manylinux2014_x86_64", "manylinux1_x86_64"]
+
+
+def requirements_for(profile_name: str) -> tuple[list[str], list[str], list[str], str]:
+    """(binary wheels to download, sdist-only packages to build, support wheels, the torch to build them
+    against) for a profile."""
+    profile = load_profile(profile_name, REPO_ROOT / "matrix")
+    lines: list[str] = []
+    torches: list[str] = []
+    for cell in expand(profile):
+        for line in cell.requirements():
+            if Requirement(line).name.lower() == "torch":
+                torches.append(line)
+            elif line not in lines:
+                lines.append(line)
+    build = [line for line in lines if Requirement(line).name.lower() in profile.no_build_isolation]
+    download = [line for line in lines if line not in build]
+    return download, build, list(profile.overlay_support), _newest(torches)
+
+
+def _newest(torch_lines: list[str]) -> str:
+    """The newest exact torch pin among a profile's cells; plain 'torch' where one is unpinned or none is."""
+    versions = [next(iter(Requirement(line).specifier)).version for line in torch_lines if "==" in line]
+    if not versions or len(versions) < len(torch_lines):
+        return "torch"
+    return f"torch=={max(versions, key=Version)}"
+
+
+def download(lines: list[str], dest: Path, python: str, platforms: list[str]) -> None:
+    tags = [flag for p in platforms for flag in ("--platform", p)]
+    for line in lines:
+        print(f"  download {line}", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                        "--python-version", python, "--implementation", "cp", *tags, "-d", str(dest), line],
+                       check=True)  # fmt: skip
+
+
+def build_sdists(lines: list[str], dest: Path, torch: str) -> None:
+    if not lines:
+        return
+    names = [Requirement(line).name.lower() for line in lines]
+    tools = [torch, *packages.build_requirements(names), "numpy", "pip"]
+    build_env = packages.build_env(names)
+    shown = " ".join(f"{k}={v}" for k, v in build_env.items())
+    uv = envs.uv_binary()
+    with tempfile.TemporaryDirectory(prefix="wheelhouse-build-") as tmp:
+        venv = Path(tmp) / "venv"
+        subprocess.run([uv, "venv", "-q", "--python", "3.11", str(venv)], check=True)
+        python = str(venv / "bin" / "python")
+        subprocess.run([uv, "pip", "install", "-q", "--python", python, *envs.index_flags(), *tools], check=True)
+        env = dict(os.environ) | build_env
+        for line in lines:
+            print(f"  build {line} (pure-Python wheel, {shown or 'no build variables'}, over {torch})", flush=True)
+            subprocess.run([python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                            "-w", str(dest), line], check=True, env=env)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="compat-matrix wheelhouse", description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="gpu")
+    parser.add_argument("--python", default="3.12", help="target python version of the node")
+    parser.add_argument("--platform", action="append", default=[], help="extra platform tags (repeatable)")
+    parser.add_argument("--dest", type=Path, required=True, help="directory to fill with wheels")
+    parser.add_argument("--only", action="append", metavar="NAME", help="only these distributions (repeatable)")
+    args = parser.parse_args(argv)
+    args.dest.mkdir(parents=True, exist_ok=True)
+    wheels, sdists, support, build_torch = requirements_for(args.profile)
+    if args.only:
+        keep = {n.lower() for n in args.only}
+        wheels, sdists, support = ([r for r in group if Requirement(r).name.lower() in keep]
+                                   for group in (wheels, sdists, support))  # fmt: skip
+    platforms = list(dict.fromkeys([*args.platform, *DEFAULT_PLATFORMS]))
+    print(f"wheelhouse for profile {args.profile}: {len(wheels)} downloads, {len(sdists)} builds, "
+          f"{len(support)} support wheels -> {args.dest}", flush=True)  # fmt: skip
+    download(wheels + support, args.dest, args.python, platforms)
+    build_sdists(sdists, args.dest, build_torch)
+    total = sum(p.stat().st_size for p in args.dest.glob("*.whl"))
+    print(f"done: {len(list(args.dest.glob('*.whl')))} wheels, {total / 2**20:.1f} MiB in {args.dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Execute a plan: every cell of an attempt, each scenario in warm workers, every result into a record.
+
+`matrix.run_matrix` decides which run this is and what it covers (a `RunPlan`); this module only runs it and
+always leaves meta.json saying how the attempt ended.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from harness.define.cells import Cell
+from harness.define.profile import Profile
+from harness.define.registry import Scenario
+from harness.environments import envs
+from harness.execution.launcher import LaunchSpec, WorkerSession, stack_env
+from harness.execution.options import MatrixOptions, MatrixSummary
+from harness.execution.progress import Progress
+from harness.execution.scenario_run import RunContext, drawn_baseline_only, run_scenario
+from harness.planning.plan import RunPlan
+from harness.recording import runs
+from harness.recording.record import Outcome, make_record, not_run
+from harness.recording.records import RecordWriter
+
+
+def execute(
+    plan: RunPlan,
+    options: MatrixOptions,
+    meta: dict[str, Any],
+    previous_status: str | None,
+    run_dir: Path,
+    machine: dict[str, Any],
+    stream: TextIO | None,
+) -> MatrixSummary:
+    """Run the attempt's cells; always leave meta.json saying how the attempt ended."""
+    configs = meta["configs"]
+    attempt = meta["attempts"][-1]
+    variants = plan.scenario_plan.variants
+
+    def wanted_configs(sid: str) -> list[dict[str, Any]]:
+        return [c for c in configs[sid] if not options.config_ids or c["config_id"] in options.config_ids]
+
+    # Drawn configs count once (their baseline) until it fails; fix variants are added to the total then.
+    jobs_total = sum(
+        sum(1 if drawn_baseline_only(s, c) else len(variants[s.id]) for c in wanted_configs(s.id))
+        for cell in plan.cells
+        for s in plan.scenarios
+        if plan.selected(s, cell)
+    )
+    progress = Progress(len(plan.cells), jobs_total, stream)
+    summary = MatrixSummary(meta["run_id"], run_dir, 0, 0, {})
+    writer = RecordWriter(run_dir / "records.jsonl")
+    context = RunContext(plan, options, machine, meta["run_id"], run_dir, writer, progress, summary, meta["draws"])
+    status = "interrupted"
+    try:
+        for cell in plan.cells:
+            work = [(s, variants[s.id], wanted_configs(s.id)) for s in plan.scenarios if plan.selected(s, cell)]
+            _run_cell(cell, work, context)
+            progress.cell_done()
+        status = "complete"
+    except KeyboardInterrupt as exc:
+        summary.interrupted = True
+        summary.signal = attempt["signal"] = getattr(exc, "signal_name", "SIGINT")
+        progress.message("interrupted: records written so far are kept; run again to resume")
+    except BaseException as exc:
+        attempt["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        raise
+    finally:
+        writer.close()
+        now = runs.now_iso()
+        attempt |= {"status": status, "finished_at": now, "records_written": summary.written}
+        if status != previous_status or summary.written:
+            meta["finished_at"] = now
+        meta["status"] = status
+        runs.write_meta(run_dir, meta)
+        progress.close()
+    return summary
+
+
+Work = list[tuple[Scenario, tuple[str, ...], list[dict[str, Any]]]]
+
+
+def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
+    writer, progress = ctx.writer, ctx.progress
+    install = ctx.options.install
+    install_info: dict[str, Any] = {"mode": install.mode(ctx.plan.profile), "offline": install.offline}
+
+    def recorded(scenario: Scenario, variant: str, planned: dict[str, Any]) -> bool:
+        return (cell.cell_id, scenario.id, variant, planned["config_id"]) in writer
+
+    def write(
+        scenario: Scenario,
+        variant: str,
+        planned: dict[str, Any],
+        outcome: Outcome,
+        versions: dict[str, str],
+        world_size: int,
+    ) -> None:
+        record = make_record(
+            run_id=ctx.run_id,
+            cell_id=cell.cell_id,
+            pins=cell.pins,
+            scenario_id=scenario.id,
+            variant=variant,
+            planned=planned,
+            versions=versions,
+            hardware=ctx.machine | {"world_size": world_size},
+            install=install_info,
+            scenario_digest=ctx.plan.scenario_plan.digests.get(scenario.id),
+            outcome=outcome,
+        )
+        if writer.append(record):
+            ctx.summary.written += 1
+            ctx.summary.outcomes[record["outcome"]] = ctx.summary.outcomes.get(record["outcome"], 0) + 1
+        progress.job_done(note=f"{cell.cell_id} {scenario.id} {variant}: {record['outcome']}")
+
+    # Everything this cell would run up front, if nothing fails (drawn configs: the baseline only).
+    first_pass = [
+        (s, v, c)
+        for s, variants, planned in work
+        for c in planned
+        for v in (variants[:1] if drawn_baseline_only(s, c) else variants)
+    ]
+    missing = [(s, v, c) for s, v, c in first_pass if not recorded(s, v, c)]
+    fixes_due = [
+        (s, variants, c)
+        for s, variants, planned in work
+        for c in planned
+        if drawn_baseline_only(s, c) and writer.outcome_of((cell.cell_id, s.id, variants[0], c["config_id"])) == "fail"
+    ]
+    for _ in range(len(first_pass) - len(missing)):
+        ctx.summary.resumed += 1
+        progress.job_done(already_recorded=True)
+    if not missing and not any(not recorded(s, v, c) for s, variants, c in fixes_due for v in variants[1:]):
+        return
+
+    if cell.excluded_reason:
+        for scenario, variant, planned in missing:
+            outcome = not_run("skip", "excluded-by-profile", f"excluded: {cell.excluded_reason}")
+            write(scenario, variant, planned, outcome, {}, 1)
+        return
+    if cell.cell_id in ctx.plan.pruned:
+        for scenario, variant, planned in missing:
+            outcome = not_run("skip", "pruned-incompatible-pins", f"pruned: {ctx.plan.pruned[cell.cell_id]}")
+            write(scenario, variant, planned, outcome, {}, 1)
+        return
+
+    progress.start_cell(cell.cell_id, "building environment")
+    env = envs.ensure_env(cell, ctx.plan.profile, ctx.options.install)
+    install_info |= {"mode": env.mode, "overlaid": env.overlaid}
+    if env.failure:
+        progress.message(f"{cell.cell_id}: install-failed: {env.failure.splitlines()[0][:200]}")
+        for scenario, variant, planned in missing:
+            write(scenario, variant, planned, not_run("install-failed", "install-failed", env.failure), {}, 1)
+        return
+
+    device = ctx.machine["device"]
+    for scenario, variants, _ in work:
+        pending = [(v, c) for s, v, c in missing if s is scenario]
+        resumed_fixes = [(variants, c) for s, variants, c in fixes_due if s is scenario]
+        if not pending and not resumed_fixes:
+            continue
+        per_node = _world_size(scenario, ctx.plan.profile, ctx.machine)
+        world_size = per_node * (ctx.options.nnodes if scenario.distributed else 1)  # what records report
+        skip = _skip_reason(scenario, env.versions, device, world_size)
+        if skip:
+            for variant, planned in pending:
+                write(scenario, variant, planned, not_run("skip", "not-applicable", skip), env.versions, world_size)
+            continue
+        progress.start_cell(cell.cell_id, scenario.id)
+        timeout = ctx.plan.profile.settings_for(scenario.id).job_timeout_s or ctx.plan.profile.job_timeout_s
+        spec = LaunchSpec(
+            python=env.python,
+            module=scenario.module_name,
+            preload=scenario.preload,
+            device=device,
+            world_size=per_node,
+            env=_worker_env(device, ctx.options, env),
+            workdir=ctx.run_dir / "worker" / cell.cell_id / scenario.id,
+            job_timeout_s=timeout,
+            start_timeout_s=ctx.plan.profile.worker_start_timeout_s,
+            stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
+            memory_limit_mb=ctx.plan.profile.worker_memory_mb,
+            nnodes=ctx.options.nnodes if scenario.distributed else 1,
+            rdzv_endpoint=ctx.options.rdzv_endpoint,
+        )
+
+        def emit(variant: str, planned: dict[str, Any], fields: Outcome) -> None:
+            write(scenario, variant, planned, fields, env.versions, world_size)  # noqa: B023 - used in this loop
+
+        sessions = [WorkerSession(s) for s in _packed_specs(spec, scenario, ctx, len(pending))]
+        try:
+            run_scenario(scenario, variants, pending, resumed_fixes, sessions, emit, ctx, cell)
+        finally:
+            for session in sessions:
+                session.close()
+
+
+def _packed_specs(spec: LaunchSpec, scenario: Scenario, ctx: RunContext, jobs: int) -> list[LaunchSpec]:
+    """One worker per GPU for a single-process scenario (or --slots N on CPU); otherwise just `spec`."""
+    if scenario.distributed:
+        return [spec]
+    if ctx.options.slots is not None:
+        count = ctx.options.slots
+    else:
+        count = int(ctx.machine["gpu_count"]) if spec.device == "cuda" else 1
+    count = max(1, min(count, jobs))
+    if count == 1:
+        return [spec]
+    gpus = _gpu_ids(int(ctx.machine["gpu_count"])) if spec.device == "cuda" else []
+    packed = []
+    for slot in range(count):
+        env = dict(spec.env)
+        described = {}
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
+            described["cuda_visible_devices"] = env["CUDA_VISIBLE_DEVICES"]
+        packed.append(replace(spec, env=env, workdir=spec.workdir / f"slot-{slot}", slot=described))
+    return packed
+
+
+def _gpu_ids(count: int) -> list[str]:
+    """The GPU ids this process may use, in order (respecting an existing CUDA_VISIBLE_DEVICES)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [i.strip() for i in visible.split(",") if i.strip()]
+    return [str(i) for i in range(count)]
+
+
+def _world_size(scenario: Scenario, profile: Profile, machine: dict[str, Any]) -> int:
+    if not scenario.distributed:
+        return 1
+    if profile.world_size == "all-gpus":
+        return max(int(machine["gpu_count"]), 1)
+    return int(profile.world_size)
+
+
+def _skip_reason(scenario: Scenario, versions: dict[str, str], device: str, world_size: int) -> str | None:
+    missing = [p for p in scenario.requires if p.lower() not in versions]
+    if missing:
+        return f"needs {', '.join(missing)}, which this cell does not install"
+    wanted = scenario.spec.get("device", "any")
+    if wanted != "any" and wanted != device:
+        return f"needs device {wanted}, this run is on {device}"
+    if scenario.distributed and world_size < 2:
+        return f"needs at least 2 ranks, this run has {world_size}"
+    return None
+
+
+def _worker_env(device: str, options: MatrixOptions, env_result: envs.EnvResult) -> dict[str, str]:
+    env = stack_env(device, options.install.envs_dir.parent / "torch_extensions" / _env_name(env_result))
+    if env_result.pythonpath:
+        env["PYTHONPATH"] = env_result.pythonpath
+    env |= {k: v for k, v in os.environ.items() if k.startswith("COMPAT_MATRIX_SCENARIO_")}
+    return env
+
+
+def _env_name(env_result: envs.EnvResult) -> str:
+    """A per-environment folder name for caches (JIT builds differ per deepspeed and torch release)."""
+    if env_result.pythonpath:
+        return Path(env_result.pythonpath).parent.name
+    return env_result.python.parent.parent.name if env_result.python else "unknown"

@@ -1,0 +1,567 @@
+"""Start workers in a cell's environment, watch their events, enforce timeouts, leave nothing running.
+
+One launch runs a list of jobs. If the worker dies, hangs, or stops after a distributed failure, the
+launcher records what happened to the job in flight and relaunches a fresh worker for the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.execution import guard
+from harness.execution.proctree import ORCHESTRATOR_VAR, TOKEN_VAR, kill_token
+from harness.paths import REPO_ROOT
+
+#: The cell-side worker, run as a module from the repository root (on PYTHONPATH): nothing of harness/ is on
+#: the worker's path, so no orchestrator module can shadow the standard library or the stack there.
+WORKER_MODULE = "runtime.worker"
+POLL_S = 0.1
+STDERR_TAIL = 3000
+
+
+@dataclass
+class Job:
+    index: int
+    config: dict[str, Any]
+    variant: str
+
+
+@dataclass
+class JobResult:
+    """What happened to one job: the worker's end event(s), or what the launcher saw instead."""
+
+    index: int
+    status: str  # pass | exception | timeout | crash | env-broken
+    detail: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    python: Path
+    module: str
+    preload: tuple[str, ...]
+    device: str
+    world_size: int
+    env: dict[str, str]
+    workdir: Path
+    job_timeout_s: float
+    start_timeout_s: float
+    #: Restart the worker group after a failed distributed job (collectives may be out of step).
+    stop_after_failure: bool = True
+    #: RLIMIT_AS for the worker tree, in MiB (CPU only; None: no limit).
+    memory_limit_mb: int | None = None
+    #: Multi-node: this many torchrun agents meet at `rdzv_endpoint` (c10d rendezvous). The others are
+    #: started by `python -m harness node-agent` on each node, from the launch.json written here; the
+    #: launch directory must be on a filesystem all nodes share. `world_size` counts ranks per node.
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None
+    #: Which packing slot this worker is (e.g. {"cuda_visible_devices": "2"}), for the records.
+    slot: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total_ranks(self) -> int:
+        return max(1, self.world_size) * self.nnodes
+
+
+def stack_env(device: str, extensions_dir: Path) -> dict[str, str]:
+    """What every worker's environment sets: no hub access, quiet tokenizers, a JIT cache for DeepSpeed's ops,
+    DeepSpeed on CPU where there is no GPU, and NVLink multicast off on GPUs (it can take a shared host down)."""
+    env = {
+        "TORCH_EXTENSIONS_DIR": str(extensions_dir),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    if device == "cpu":
+        return env | {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    return env | {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+class JobQueue:
+    """The jobs of one launch series. More may be added between results (the consumer of `run_jobs`
+    runs between yields), and they go to the warm worker through its feed file."""
+
+    def __init__(self, jobs: list[Job] | None = None) -> None:
+        self.jobs: list[Job] = list(jobs or [])
+        self.done: set[int] = set()
+        self.launches = 0
+
+    def add(self, job: Job) -> None:
+        self.jobs.append(job)
+
+    def remaining(self) -> list[Job]:
+        return [j for j in self.jobs if j.index not in self.done]
+
+
+def run_jobs(spec: LaunchSpec, jobs: list[Job] | JobQueue) -> Iterator[JobResult]:
+    """Yield one JobResult per job, in order, relaunching workers as needed.
+
+    With a JobQueue, jobs added after a result is yielded run in the same worker. The generator ends
+    when it is resumed with nothing left to run.
+    """
+    queue = jobs if isinstance(jobs, JobQueue) else JobQueue(jobs)
+    while queue.remaining():
+        queue.launches += 1
+        produced = 0
+        for result in _launch_once(spec, queue, queue.launches):
+            produced += 1
+            queue.done.add(result.index)
+            yield result
+            if result.status == "env-broken":
+                while queue.remaining():
+                    job = queue.remaining()[0]
+                    queue.done.add(job.index)
+                    yield JobResult(job.index, "env-broken", result.detail)
+                return
+        remaining = queue.remaining()
+        if produced == 0 and remaining:
+            # A worker that made no progress at all would loop forever: report and stop.
+            queue.done.add(remaining[0].index)
+            yield JobResult(remaining[0].index, "crash", {"message": "worker exited without running any job"})
+
+
+class WorkerSession:
+    """A warm worker for one cell x scenario: batches of jobs, or one job at a time (the shrinker
+    asks for its next candidate only after seeing the last result). Results come back in order."""
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+        self.queue = JobQueue()
+        self._results: Iterator[JobResult] | None = None
+
+    def run(self, items: list[tuple[dict[str, Any], str]]) -> Iterator[JobResult]:
+        """Queue (config, variant) jobs; yield their results in order. Consume them all before the next call."""
+        count = len(items)
+        for config, variant in items:
+            self.queue.add(Job(len(self.queue.jobs), config, variant))
+        for _ in range(count):
+            yield self._next()
+
+    def run_one(self, config: dict[str, Any], variant: str) -> JobResult:
+        return next(self.run([(config, variant)]))
+
+    def _next(self) -> JobResult:
+        if self._results is not None:
+            try:
+                return next(self._results)
+            except StopIteration:
+                pass
+        self._results = run_jobs(self.spec, self.queue)
+        return next(self._results)
+
+    def close(self) -> None:
+        """Stop the worker (its whole process tree)."""
+        if self._results is not None:
+            self._results.close()  # type: ignore[attr-defined]
+            self._results = None
+
+    def __enter__(self) -> WorkerSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _launch_once(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Iterator[JobResult]:
+    guard.ensure_started()
+    token = uuid.uuid4().hex
+    out_dir = _new_launch_dir(spec.workdir, attempt, token)
+    jobs_file = out_dir / "jobs.json"
+    feed = _Feed(out_dir / "feed.jsonl", queue, token)
+    jobs = queue.remaining()
+    jobs_file.write_text(
+        json.dumps(
+            {
+                "module": spec.module,
+                "preload": list(spec.preload),
+                "device": spec.device,
+                "stop_after_failure": spec.stop_after_failure,
+                "jobs": [_job_json(j, token) for j in jobs],
+                "feed": str(feed.path),
+            }
+        )
+    )
+    env = (
+        dict(os.environ)
+        | spec.env
+        | {
+            TOKEN_VAR: token,
+            ORCHESTRATOR_VAR: str(os.getpid()),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), spec.env.get("PYTHONPATH", "")])),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    command = _command(spec, jobs_file, out_dir)
+    if spec.nnodes > 1:
+        # For the node agents: the same command, and the environment the cell needs (not this node's own).
+        shared_env = {k: v for k, v in env.items() if k in spec.env or k in ("PYTHONPATH", "PYTHONUNBUFFERED")}
+        launch = {"command": command, "env": shared_env, "cwd": str(REPO_ROOT)}
+        (out_dir / "launch.json").write_text(json.dumps(launch))
+    stderr_path = out_dir / "stderr.log"
+    with open(out_dir / "stdout.log", "wb") as stdout, open(stderr_path, "wb") as stderr:
+        proc = subprocess.Popen(
+            command,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=str(REPO_ROOT),
+            preexec_fn=_address_space_limit(spec.memory_limit_mb),
+        )
+    try:
+        yield from _watch(spec, jobs, feed, proc, out_dir, token)
+    finally:
+        if spec.nnodes > 1:
+            (out_dir / "stop").write_text("")  # node agents stop their part of this launch
+        kill_token(token)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _address_space_limit(limit_mb: int | None) -> Any:
+    """A preexec hook capping the worker tree's address space, so a runaway allocation fails in the worker
+    (and is recorded as an OOM crash) instead of dragging the whole machine into the kernel's OOM killer."""
+    if limit_mb is None:
+        return None
+
+    def apply() -> None:
+        import resource
+
+        limit = limit_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return apply
+
+
+def _command(spec: LaunchSpec, jobs_file: Path, out_dir: Path) -> list[str]:
+    if spec.total_ranks <= 1:
+        return [str(spec.python), "-m", WORKER_MODULE, str(jobs_file), str(out_dir)]
+    if spec.nnodes > 1:
+        if not spec.rdzv_endpoint:
+            raise ValueError("multi-node launches need a rendezvous endpoint (HOST:PORT)")
+        where = [
+            f"--nnodes={spec.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={spec.rdzv_endpoint}",
+            f"--rdzv-id={out_dir.parent.name}-{out_dir.name}-{uuid.uuid4().hex[:8]}",
+        ]
+    else:
+        where = ["--standalone"]
+    return [
+        str(spec.python),
+        "-m",
+        "torch.distributed.run",
+        *where,
+        f"--nproc-per-node={spec.world_size}",
+        "--max-restarts=0",
+        "-m",
+        WORKER_MODULE,
+        str(jobs_file),
+        str(out_dir),
+    ]
+
+
+def _new_launch_dir(workdir: Path, attempt: int, token: str) -> Path:
+    """A directory no earlier launch used: a resumed run (whose attempt counter starts again at 1) must never
+    read the events an earlier process's workers left behind."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    out_dir = workdir / f"launch-{attempt:03d}-{token[:8]}"
+    out_dir.mkdir()
+    return out_dir
+
+
+def job_uid(token: str, index: int) -> str:
+    """Unique per launch attempt: the launcher accepts only events carrying the ids of the jobs it sent."""
+    return f"{token[:12]}-{index}"
+
+
+def _job_json(job: Job, token: str) -> dict[str, Any]:
+    return {"index": job.index, "uid": job_uid(token, job.index), "config": job.config, "variant": job.variant}
+
+
+class _Feed:
+    """Appends jobs added to the queue after launch to the file the worker tails."""
+
+    def __init__(self, path: Path, queue: JobQueue, token: str) -> None:
+        self.path = path
+        self.queue = queue
+        self.token = token
+        self.sent = len(queue.jobs)
+        path.write_bytes(b"")
+
+    def new_jobs(self) -> list[int]:
+        fresh = self.queue.jobs[self.sent :]
+        self.sent = len(self.queue.jobs)
+        if fresh:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write("".join(json.dumps(_job_json(j, self.token)) + "\n" for j in fresh))
+        return [j.index for j in fresh]
+
+
+def _watch(
+    spec: LaunchSpec, jobs: list[Job], feed: _Feed, proc: subprocess.Popen, out_dir: Path, token: str
+) -> Iterator[JobResult]:
+    readers = {rank: _EventReader(out_dir / f"events.rank{rank}.jsonl") for rank in range(spec.total_ranks)}
+    launched = time.monotonic()
+    ready: set[int] = set()
+    pids: dict[int, int] = {}  # rank -> its worker's pid (from the ready event), to ask for its stack
+    started: dict[int, float] = {}  # job index -> monotonic start (first rank)
+    ends: dict[int, dict[int, dict[str, Any]]] = {}  # job index -> rank -> end event
+    pending = [j.index for j in jobs]
+    last_event = launched
+    while pending:
+        exited = proc.poll() is not None  # checked before reading, so every event it wrote is read below
+        for rank, reader in readers.items():
+            for event in reader.read():
+                last_event = time.monotonic()
+                kind = event["event"]
+                if kind == "ready":
+                    ready.add(rank)
+                    if event.get("pid"):
+                        pids[rank] = int(event["pid"])
+                elif kind == "import-failed":
+                    detail = {k: event.get(k) for k in ("exc_type", "message", "traceback")}
+                    yield JobResult(pending[0], "env-broken", detail)
+                    return
+                elif event.get("uid") != job_uid(token, event.get("index", -1)):
+                    continue  # not a job of this launch: never match another attempt's result to our job
+                elif kind == "start":
+                    started.setdefault(event["index"], time.monotonic())
+                elif kind == "end":
+                    ends.setdefault(event["index"], {})[rank] = event
+        # Emit finished jobs in order; the consumer may queue more jobs while we are suspended.
+        while pending and len(ends.get(pending[0], {})) == len(readers):
+            index = pending.pop(0)
+            yield _combine(index, ends[index])
+            pending.extend(feed.new_jobs())
+            if pending and pending[0] not in started:
+                last_event = time.monotonic()  # idle time while the consumer thought is not a hang
+        if not pending:
+            return
+        current = pending[0]
+        now = time.monotonic()
+        partial = ends.get(current, {})
+        if (
+            partial
+            and any(e["status"] != "pass" for e in partial.values())
+            and (exited or now - started.get(current, now) > spec.job_timeout_s)
+        ):
+            # Some ranks raised, the others hung or died. A hung peer: the exception is the observation. A
+            # dead peer (the worker group exited without its result): a crash, and the survivors' exception
+            # (typically a collective whose peer vanished) is only its consequence.
+            result = _combine(current, partial)
+            missing = sorted(set(readers) - set(partial))
+            result.detail["ranks_without_result"] = missing
+            result.detail["stderr_tail"] = _stderr_tail(out_dir, missing or sorted(partial))
+            if exited and missing:
+                survivors = result.detail.get("message", "")
+                result = JobResult(
+                    current,
+                    "crash",
+                    {
+                        "message": f"rank(s) {missing} died during the job "
+                        f"(worker group {_exit_text(proc.returncode)}); the other ranks then raised: {survivors[:300]}",
+                        "stderr_tail": result.detail["stderr_tail"],
+                        "ranks_without_result": missing,
+                    },
+                    result.duration_s,
+                )
+            yield result
+            return
+        if current in started and now - started[current] > spec.job_timeout_s:
+            stacks = hang_stacks(pids, out_dir)
+            where = waiting_in(stacks)
+            said = "; ".join(f"rank {r} in {w or 'no collective'}" for r, w in sorted(where.items()))
+            yield JobResult(
+                current,
+                "timeout",
+                {
+                    "message": f"job exceeded {spec.job_timeout_s:.0f} s; the whole process tree was killed"
+                    + (f"; stuck: {said}" if said else ""),
+                    "stderr_tail": _stderr_tail(out_dir, sorted(readers)),
+                    "rank_stacks": {str(r): text for r, text in sorted(stacks.items())},
+                    "waiting_in": {str(r): w for r, w in sorted(where.items())},
+                },
+                now - started[current],
+            )
+            return
+        if current not in started and len(ready) < len(readers) and now - launched > spec.start_timeout_s:
+            yield JobResult(
+                current,
+                "timeout",
+                {
+                    "message": f"worker did not become ready within {spec.start_timeout_s:.0f} s",
+                    "stderr_tail": _stderr_tail(out_dir, sorted(readers)),
+                },
+                now - launched,
+            )
+            return
+        if current not in started and len(ready) == len(readers) and now - last_event > spec.job_timeout_s:
+            return  # stuck between jobs (e.g. re-synchronising ranks): drop this worker, relaunch for the rest
+        if exited:
+            if current in started or ends.get(current):
+                yield JobResult(
+                    current,
+                    "crash",
+                    {
+                        "message": f"worker exited with {_exit_text(proc.returncode)} during the job",
+                        "stderr_tail": _stderr_tail(out_dir, sorted(readers)),
+                    },
+                    now - started.get(current, now),
+                )
+            elif len(ready) < len(readers):
+                yield JobResult(
+                    current,
+                    "crash",
+                    {
+                        "message": f"worker exited with {_exit_text(proc.returncode)} before it was ready",
+                        "stderr_tail": _stderr_tail(out_dir, sorted(readers)),
+                    },
+                )
+            return  # the worker stopped early on purpose (distributed failure): relaunch for the rest
+        time.sleep(POLL_S)
+
+
+STACK_WAIT_S = 2.0
+_DUMP_START = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):", re.M)
+#: Collectives a stack can be waiting in (torch.distributed, its c10d internals, DeepSpeed's comm layer).
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
+               "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all", "all_to_all_single", "broadcast",
+               "reduce", "barrier", "monitored_barrier", "gather", "scatter", "send", "recv", "isend", "irecv",
+               "wait")  # fmt: skip
+
+
+def hang_stacks(pids: dict[int, int], out_dir: Path) -> dict[int, str]:
+    """Each rank's Python stacks at this moment: SIGUSR1 makes the worker's faulthandler write them to the
+    rank's stderr file (a maintained tool, no stack walker of ours), and we read back what it appended."""
+    import signal
+
+    sizes = {rank: _size(out_dir / f"stderr.rank{rank}.log") for rank in pids}
+    for pid in pids.values():
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except (ProcessLookupError, PermissionError):
+            pass
+    stacks: dict[int, str] = {}
+    deadline = time.monotonic() + STACK_WAIT_S
+    while time.monotonic() < deadline and len(stacks) < len(pids):
+        time.sleep(0.1)
+        for rank in pids:
+            path = out_dir / f"stderr.rank{rank}.log"
+            with open(path, "rb") as handle:
+                handle.seek(sizes[rank])
+                text = handle.read().decode("utf-8", "replace")
+            found = list(_DUMP_START.finditer(text))
+            if found:
+                stacks[rank] = text[found[0].start() :][-6000:]
+    return stacks
+
+
+def waiting_in(stacks: dict[int, str]) -> dict[int, str | None]:
+    """The collective each rank's main thread is in, where its stack tells (innermost torch/deepspeed frame)."""
+    where: dict[int, str | None] = {}
+    for rank, text in stacks.items():
+        current = text.split("Current thread", 1)[-1]  # the thread the signal interrupted: the job's
+        found = None
+        for match in re.finditer(r'File "([^"]+)", line \d+ in (\w+)', current):
+            path, function = match.groups()
+            if function in COLLECTIVES and ("distributed" in path or "deepspeed" in path):
+                found = function
+                break
+        where[rank] = found
+    return where
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _combine(index: int, by_rank: dict[int, dict[str, Any]]) -> JobResult:
+    """A distributed job fails if any rank failed; report the first failing rank's exception."""
+    failing = [(rank, e) for rank, e in sorted(by_rank.items()) if e["status"] != "pass"]
+    rank, event = failing[0] if failing else min(by_rank.items())
+    detail = {k: v for k, v in event.items() if k not in ("event", "index", "uid", "status")}
+    detail["rank"] = rank
+    if len(by_rank) > 1:
+        detail["ranks_failed"] = [r for r, _ in failing]
+    return JobResult(index, event["status"], detail, max(e.get("duration_s", 0.0) for e in by_rank.values()))
+
+
+def _stderr_tail(out_dir: Path, ranks: list[int]) -> str:
+    """The last stderr lines of the ranks of interest (each rank writes its own file), then the launcher's
+    (torchrun's summary names the rank that died first and how)."""
+    parts = []
+    share = STDERR_TAIL // (len(ranks) + 1)
+    for rank in ranks:
+        text = _tail(out_dir / f"stderr.rank{rank}.log", share).strip()
+        if text:
+            parts.append(f"--- rank {rank} stderr ---\n{text}")
+    text = _tail(out_dir / "stderr.log", share).strip()
+    if text:
+        parts.append(f"--- launcher stderr ---\n{text}")
+    return "\n".join(parts)
+
+
+def _tail(path: Path, limit: int = STDERR_TAIL) -> str:
+    try:
+        data = path.read_bytes()[-limit:]
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace")
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        import signal
+
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+class _EventReader:
+    """Reads complete JSON lines appended by one rank; a partial last line waits for the rest."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return events
+        complete, _, _ = chunk.rpartition(b"\n")
+        if not complete:
+            return events
+        self.offset += len(complete) + 1
+        for line in complete.split(b"\n"):
+            if line.strip():
+                events.append(json.loads(line))
+        return events
+
+
+if __name__ == "__main__":  # pragma: no cover - manual debugging aid
+    sys.exit("use `python -m harness` instead")

@@ -1,0 +1,237 @@
+"""Publish the records beyond Markdown: `results/matrix.json`, a static site, JUnit XML per run, and what
+changed since the previous published run.
+
+Everything is derived from the same selection of records as COMPATIBILITY.md. Text that comes from
+exceptions is never interpreted as markup: the site embeds the data as JSON with `<` escaped and builds
+every element with textContent; JUnit text goes through the XML library.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from harness.define.packages import AXIS_PACKAGES
+from harness.publishing.report import Selection, same_code
+from harness.recording import runs
+from harness.recording.outcomes import BAD
+from harness.recording.records import read_records, record_key
+from harness.recording.signatures import rename
+from harness.recording.verdicts import headline, verdict
+from harness.textsafe import code, md, slug
+
+SCHEMA = "compat-matrix/matrix/v1"
+SITE_TEMPLATE = Path(__file__).with_name("site_template.html")
+MESSAGE_LIMIT = 1500
+VERSION_KEYS = ("python", *AXIS_PACKAGES)
+
+
+def build_matrix(
+    selection: Selection,
+    repro_index: list[dict[str, Any]] | None = None,
+    specs: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The document behind matrix.json and the site (schema: docs/matrix-json.md)."""
+    specs = specs or {}
+    records, flaky = selection.latest()
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        grouped[(record["cell"], record["scenario"])].append(record)
+    repro_by_failure = {
+        (e["cell"], e["scenario"], e["variant"], e["signature"]): e["file"] for e in (repro_index or [])
+    }
+    entries: dict[tuple[str, str], dict[str, Any]] = {}
+    slim = []
+    for record in sorted(records, key=lambda r: record_key(r)):
+        key = (record["cell"], record["scenario"])
+        entry = entries.setdefault(
+            key, {"cell": record["cell"], "scenario": record["scenario"], "baseline": defaultdict(int), "records": 0}
+        )
+        entry["records"] += 1
+        if record["variant"] == "baseline":
+            entry["baseline"][record["outcome"]] += 1
+        slim.append(
+            {
+                "key": list(record_key(record)),
+                "run_id": record.get("run_id"),
+                "cell": record["cell"],
+                "scenario": record["scenario"],
+                "variant": record["variant"],
+                "config_id": record["config_id"],
+                "config_source": record.get("config_source"),
+                "config": record.get("config"),
+                "minimal_config": record.get("minimal_config"),
+                "outcome": record["outcome"],
+                "signature": record.get("signature"),
+                "known_issue": record.get("known_issue") or [],
+                "message": (record.get("message") or "")[:MESSAGE_LIMIT],
+                "metrics": record.get("metrics") or {},
+                "versions": {k: v for k, v in (record.get("versions") or {}).items() if k in VERSION_KEYS},
+                "device": (record.get("hardware") or {}).get("device"),
+                "gpu": (record.get("hardware") or {}).get("gpu_name"),
+                "world_size": (record.get("hardware") or {}).get("world_size"),
+                "flaky": record_key(record) in flaky,
+                "repro": repro_by_failure.get(
+                    (record["cell"], record["scenario"], record["variant"], record.get("signature"))
+                ),
+            }
+        )
+    for key, entry in entries.items():
+        entry["baseline"] = dict(entry["baseline"])
+        entry["state"] = _state(entry["baseline"])
+        found = verdict(grouped[key], specs.get(key[1]))
+        entry["target"] = {"state": found.state, "reproduced_on": len(found.target_records), "of": found.candidates}
+        entry["headline"] = headline(found, specs.get(key[1]))
+    return {
+        "schema": SCHEMA,
+        "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "runs": [
+            {k: meta.get(k) for k in ("run_id", "profile", "started_at", "finished_at", "status", "harness_commit")}
+            | {"hardware": meta.get("hardware")}
+            for meta in selection.metas
+        ],
+        "packages": list(AXIS_PACKAGES),
+        "entries": sorted(entries.values(), key=lambda e: (e["cell"], e["scenario"])),
+        "scenarios": {
+            sid: {
+                "title": spec.get("title", ""),
+                "target": list(spec.get("target") or []),
+                "controls": list(spec.get("controls") or []),
+                "variants": {name: {"kind": v[0], "description": v[1]} for name, v in spec["variants"].items()},
+            }
+            for sid, spec in sorted(specs.items())
+            if any(r["scenario"] == sid for r in records)
+        },
+        "records": slim,
+        "flaky_keys": sorted(list(k) for k in flaky),
+    }
+
+
+def _state(baseline: dict[str, int]) -> str:
+    if not baseline:
+        return "none"
+    if any(o in BAD for o in baseline):
+        return "fail" if not baseline.get("pass") else "mixed"
+    if baseline.get("pass"):
+        return "pass"
+    return "skip"
+
+
+def changes_since_previous(results_dir: Path, selection: Selection) -> dict[str, list[dict[str, Any]]]:
+    """Baseline outcomes that changed against the previous run of each selected run's profile."""
+    run_root = results_dir / "runs"
+    metas = {d.name: runs.read_meta(d) for d in run_root.glob("*") if (d / "meta.json").is_file()}
+    newly_failing, newly_fixed = [], []
+    for meta in selection.metas:
+        older = sorted(
+            (m for m in metas.values() if m.get("profile") == meta.get("profile")
+             and m.get("started_at", "") < meta.get("started_at", "") and not m.get("superseded_by")),
+            key=lambda m: m.get("started_at", ""),
+        )  # fmt: skip
+        if not older:
+            continue
+        previous = older[-1]
+        before = {
+            record_key(r): r
+            for r in map(rename, read_records(run_root / previous["run_id"] / "records.jsonl", warn=False))
+            if r["variant"] == "baseline"
+        }
+        for record in map(rename, read_records(run_root / meta["run_id"] / "records.jsonl", warn=False)):
+            earlier = before.get(record_key(record))
+            if record["variant"] != "baseline" or earlier is None:
+                continue
+            if not same_code((previous, earlier), (meta, record)):
+                continue  # the scenario itself changed between the runs: not a change of the stack
+            old = earlier["outcome"]
+            item = {"cell": record["cell"], "scenario": record["scenario"], "config_id": record["config_id"],
+                    "before": old, "after": record["outcome"], "signature": record.get("signature"),
+                    "previous_run": previous["run_id"], "run": meta["run_id"]}  # fmt: skip
+            if old == "pass" and record["outcome"] in BAD:
+                newly_failing.append(item)
+            elif old in BAD and record["outcome"] == "pass":
+                newly_fixed.append(item)
+    return {"newly_failing": newly_failing, "newly_fixed": newly_fixed}
+
+
+def changes_markdown(changes: dict[str, list[dict[str, Any]]]) -> str:
+    """The Markdown section: baselines newly failing / newly fixed against each profile's previous run."""
+    lines = [
+        "## Changed since the previous run",
+        "",
+        "Baseline outcomes against each profile's previous run, where both ran the same scenario code (a change of"
+        " the scenario itself is not a change of the stack).",
+        "",
+    ]
+    for title, items in (("Newly failing", changes["newly_failing"]), ("Newly fixed", changes["newly_fixed"])):
+        lines.append(f"**{title}:** " + ("none" if not items else f"{len(items)}"))
+        lines += [
+            f"- {code(c['cell'])} {md(c['scenario'])} config {code(c['config_id'])}: {md(c['before'])} -> "
+            f"{md(c['after'])}"
+            + (f" {code(c['signature'])}" if c.get("signature") else "")
+            + f" (run {code(c['run'])}, before: {code(c['previous_run'])})"
+            for c in items
+        ]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_junit(selection: Selection, out_dir: Path) -> list[Path]:
+    """One JUnit file per run: a testsuite per cell x scenario, a testcase per record."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for run_id in selection.run_ids:
+        records = [r for r in selection.records if r.get("run_id") == run_id]
+        suites = ET.Element("testsuites", name=run_id)
+        grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        for record in records:
+            grouped[(record["cell"], record["scenario"])].append(record)
+        for (cell, scenario), group in sorted(grouped.items()):
+            failures = sum(1 for r in group if r["outcome"] == "fail")
+            errors = sum(1 for r in group if r["outcome"] in BAD and r["outcome"] != "fail")
+            skipped = sum(1 for r in group if r["outcome"] in ("skip", "install-failed"))
+            suite = ET.SubElement(suites, "testsuite", name=f"{cell}/{scenario}", tests=str(len(group)),
+                                  failures=str(failures), errors=str(errors), skipped=str(skipped))  # fmt: skip
+            for record in group:
+                case = ET.SubElement(suite, "testcase", classname=f"{cell}.{scenario}",
+                                     name=f"{record['variant']}[{record['config_id']}]",
+                                     time=str(record.get("duration_s") or 0))  # fmt: skip
+                outcome = record["outcome"]
+                if outcome == "fail":
+                    node = ET.SubElement(case, "failure", message=record.get("signature") or "", type=outcome)
+                    node.text = record.get("message") or ""
+                elif outcome in BAD:
+                    node = ET.SubElement(case, "error", message=record.get("signature") or "", type=outcome)
+                    node.text = record.get("message") or ""
+                elif outcome in ("skip", "install-failed"):
+                    ET.SubElement(case, "skipped", message=(record.get("message") or "")[:300])
+        path = out_dir / f"{slug(run_id, 120)}.xml"
+        ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
+        written.append(path)
+    return written
+
+
+def write_site(document: dict[str, Any], out_dir: Path) -> Path:
+    """A single self-contained page: no external resources, works from file://."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(document, sort_keys=True).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    page = SITE_TEMPLATE.read_text().replace("/*DATA*/null", data)
+    path = out_dir / "index.html"
+    path.write_text(page)
+    return path
+
+
+def publish(results_dir: Path, selection: Selection, specs: dict[str, dict[str, Any]] | None = None) -> dict[str, Path]:
+    """matrix.json, site/index.html and junit/<run>.xml next to COMPATIBILITY.md."""
+    repro_index_path = results_dir / "repros" / "index.json"
+    repro_index = json.loads(repro_index_path.read_text()) if repro_index_path.is_file() else []
+    document = build_matrix(selection, repro_index, specs)
+    document["changes"] = changes_since_previous(results_dir, selection)
+    matrix_path = results_dir / "matrix.json"
+    matrix_path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    site = write_site(document, results_dir / "site")
+    write_junit(selection, results_dir / "junit")
+    return {"matrix": matrix_path, "site": site, "junit": results_dir / "junit"}

@@ -1,0 +1,86 @@
+"""A ready-to-file upstream bug report for one reproducer, in the shape Hugging Face's bug template asks for
+(System Info, Reproduction, Expected behavior; DeepSpeed's asks for the same facts under other headings).
+
+Everything comes from the run's own record and the reproducer file; nothing is typed in by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.define.packages import PINNED_PACKAGES
+from harness.errors import UsageError
+from harness.recording.records import read_records, record_key
+
+
+def find_entry(results_dir: Path, which: str) -> dict[str, Any]:
+    """The index entry of a reproducer named by its file name, its path, or its id."""
+    index_path = results_dir / "repros" / "index.json"
+    if not index_path.is_file():
+        raise UsageError(f"no {index_path}; run `nox -s report` (or a matrix) first")
+    name = Path(which).name
+    name = name if name.endswith(".py") else f"{name}.py"
+    for entry in json.loads(index_path.read_text()):
+        if entry["file"] == name:
+            return entry
+    raise UsageError(f"{which}: no such reproducer in {index_path}")
+
+
+def report_body(results_dir: Path, entry: dict[str, Any]) -> str:
+    """The issue body (Markdown) for the failure behind `entry`."""
+    key = (entry["cell"], entry["scenario"], entry["variant"], entry["config_id"])
+    records = read_records(results_dir / "runs" / str(entry.get("run_id")) / "records.jsonl", warn=False)
+    record = next((r for r in records if record_key(r) == key), None)
+    if record is None:
+        raise UsageError(f"run {entry.get('run_id')}: no record for {entry['file']}")
+    source = (results_dir / "repros" / entry["file"]).read_text()
+    versions = record.get("versions") or {}
+    hw = record.get("hardware") or {}
+    device = hw.get("device", "cpu") + (
+        f" ({hw.get('gpu_count')} x {hw.get('gpu_name')})" if hw.get("gpu_name") else ""
+    )
+    fixes = entry.get("passing_fixes") or []
+    lines = [
+        "### System Info\n",
+        *[f"- `{name}`: {versions[name]}" for name in ("python", *PINNED_PACKAGES) if name in versions],
+        f"- device: {device}, world size {hw.get('world_size', 1)}",
+        f"- found by the compat-matrix harness, run `{entry.get('run_id')}`, cell `{entry['cell']}`",
+        "",
+        "### Reproduction\n",
+        f"A self-contained script (PEP 723 pins of the exact versions above): `uv run {entry['file']}`"
+        + (" (it starts itself under torchrun)." if entry.get("distributed") else "."),
+        "",
+        "```python",
+        source.rstrip(),
+        "```",
+        "",
+        "### Expected behavior\n",
+        "Training runs and the adapters update; no exception.",
+        "",
+        "### Actual behavior\n",
+        f"`{record.get('exc_type') or record['outcome']}`: {(record.get('message') or '').strip()[:1500]}",
+        "",
+    ]
+    if record.get("traceback"):
+        lines += ["<details><summary>Traceback</summary>", "", "```", record["traceback"].strip(), "```", "",
+                  "</details>", ""]  # fmt: skip
+    if fixes:
+        lines += [f"Workarounds that pass on the same config: {', '.join(f'`{f}`' for f in fixes)} "
+                  f"(`uv run {entry['file']} --variant <name>`).", ""]  # fmt: skip
+    flips = _flips(results_dir, entry["scenario"])
+    if flips:
+        lines += ["First release where the outcome flips (bisected by the harness):", *flips, ""]
+    if record.get("known_issue"):
+        lines += ["Related: " + ", ".join(record["known_issue"]), ""]
+    return "\n".join(lines)
+
+
+def _flips(results_dir: Path, scenario: str) -> list[str]:
+    found = []
+    for path in sorted((results_dir / "bisect").glob("*/verdict.json")):
+        verdict = json.loads(path.read_text())
+        if verdict.get("scenario") == scenario and verdict.get("first_flip"):
+            found.append(f"- {verdict.get('package')} {verdict['first_flip']} ({path.parent.name})")
+    return found

@@ -1,0 +1,135 @@
+"""The one constructor of a record, and its typed shape (`record.schema.json` is the same contract for tools).
+
+A record is built from two halves: where it ran (run, cell, scenario, variant, config, versions, hardware,
+install) and what happened (`job_outcome` for a job that ran, `not_run` for one that could not).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from harness.paths import REPO_ROOT
+from harness.recording import runs
+from harness.recording.signatures import RULES_DIGEST, classify
+
+MESSAGE_LIMIT = 600
+RECORD_VERSION = 1
+#: Detail fields a job's outcome keeps when the worker or launcher reported them.
+OPTIONAL_DETAIL = ("warnings", "stderr_tail", "traceback", "ranks_failed", "check", "rank_stacks", "waiting_in")
+
+
+class Outcome(TypedDict, total=False):
+    """What happened to one job."""
+
+    outcome: str
+    signature: str | None
+    signature_rules: str
+    known_issue: list[str]
+    classified: bool
+    message: str
+    metrics: dict[str, Any]
+    duration_s: float
+    path: str | None
+    exc_type: str | None
+    warnings: list[str]
+    stderr_tail: str
+    traceback: str
+    ranks_failed: list[int]
+    check: str
+    rank_stacks: dict[str, str]
+    waiting_in: str
+    attempts: list[dict[str, Any]]
+    shrink: dict[str, Any]
+    minimal_config: dict[str, Any]
+    slot: dict[str, Any]
+
+
+class Record(Outcome, total=False):
+    """One line of records.jsonl: one scenario x variant x config in one cell."""
+
+    record_version: int
+    run_id: str
+    cell: str
+    pins: dict[str, str]
+    scenario: str
+    variant: str
+    config: dict[str, Any]
+    config_id: str
+    config_source: str
+    config_also_from: list[str]
+    versions: dict[str, str]
+    hardware: dict[str, Any]
+    started_at: str
+    install: dict[str, Any]
+    scenario_digest: str | None
+
+
+def make_record(
+    *,
+    run_id: str,
+    cell_id: str,
+    pins: dict[str, str],
+    scenario_id: str,
+    variant: str,
+    planned: dict[str, Any],
+    versions: dict[str, str],
+    hardware: dict[str, Any],
+    install: dict[str, Any],
+    scenario_digest: str | None,
+    outcome: Outcome,
+) -> Record:
+    """Where it ran, then what happened (the outcome's fields win: a slot or an attempt list is part of it)."""
+    record: dict[str, Any] = {
+        "run_id": run_id,
+        "cell": cell_id,
+        "pins": pins,
+        "record_version": RECORD_VERSION,
+        "scenario": scenario_id,
+        "variant": variant,
+        "config": planned["config"],
+        "config_id": planned["config_id"],
+        "config_source": planned["source"],
+        "versions": versions,
+        "hardware": hardware,
+        "started_at": runs.now_iso(),
+        "install": dict(install),
+        "scenario_digest": scenario_digest,
+    }
+    if planned.get("also_from"):
+        record["config_also_from"] = planned["also_from"]
+    return Record(**(record | dict(outcome)))  # type: ignore[typeddict-item]
+
+
+def not_run(outcome: str, signature: str, message: str) -> Outcome:
+    """A job the harness did not start: excluded, pruned, not installable, not applicable here."""
+    return Outcome(
+        outcome=outcome,
+        signature=signature,
+        known_issue=[],
+        message=message[: MESSAGE_LIMIT * 3],
+        metrics={},
+        duration_s=0.0,
+        classified=True,
+    )
+
+
+def job_outcome(status: str, detail: dict[str, Any], duration_s: float) -> Outcome:
+    """A job that ran: its worker's (or launcher's) report, classified into an outcome and a signature."""
+    verdict = classify(status, detail, repo_root=str(REPO_ROOT))
+    message = (detail.get("message") or "").strip()
+    fields = Outcome(
+        outcome=verdict.outcome,
+        signature=verdict.signature,
+        signature_rules=RULES_DIGEST,
+        known_issue=verdict.known_issue,
+        classified=verdict.classified,
+        message=message[:MESSAGE_LIMIT],
+        metrics=detail.get("metrics") or {},
+        duration_s=round(duration_s, 4),
+        path=detail.get("path"),
+        exc_type=detail.get("exc_type"),
+    )
+    for optional in OPTIONAL_DETAIL:
+        if detail.get(optional):
+            fields[optional] = detail[optional]  # type: ignore[literal-required]
+    return fields

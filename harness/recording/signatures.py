@@ -1,0 +1,149 @@
+"""Turn what a job did into an outcome and a stable error signature, mapped to upstream issues.
+
+A signature is a short name that stays the same across runs, versions and machines for the same
+failure: numbers, addresses and paths are normalised away. Unknown failures still get a signature
+(`unclassified-...`) so they are never dropped or merged into a known one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.recording.outcomes import NAMED
+from scenarios import failure_names
+
+#: Exception types that, raised from our own scenario or harness code, mean a bug of ours.
+PROGRAMMING_ERRORS = {
+    "NameError",
+    "SyntaxError",
+    "TypeError",
+    "AttributeError",
+    "KeyError",
+    "IndexError",
+    "UnboundLocalError",
+    "ImportError",
+    "ModuleNotFoundError",
+}
+
+
+@dataclass(frozen=True)
+class Classified:
+    outcome: str
+    signature: str | None
+    known_issue: list[str] = field(default_factory=list)
+    classified: bool = True
+
+
+#: Which rule set named a failure: a digest of this file. Records carry it; the report names every failure
+#: again with today's rules and shows where a name changed.
+RULES_DIGEST = hashlib.sha1(Path(__file__).read_bytes() + Path(failure_names.__file__ or "").read_bytes()).hexdigest()[
+    :12
+]
+
+
+def rename(record: dict[str, Any]) -> dict[str, Any]:
+    """The record as today's rules name it. Only failures of the stack are named again (fail, flaky), from the
+    exception type, message and traceback the record kept; a violated check and anything the launcher decided
+    (timeout, crash, skip) keep their names. A changed name keeps the old one in `signature_at_run`."""
+    if record.get("outcome") not in NAMED or not record.get("exc_type") or record.get("check"):
+        return record
+    detail = {k: record.get(k) or "" for k in ("exc_type", "message", "traceback")}
+    verdict = classify("exception", detail)
+    if verdict.signature == record.get("signature"):
+        return record
+    renamed = record | {"signature": verdict.signature, "known_issue": verdict.known_issue,
+                        "classified": verdict.classified, "signature_at_run": record.get("signature")}  # fmt: skip
+    if record["outcome"] == "fail" and verdict.outcome != "skip":
+        renamed["outcome"] = verdict.outcome  # e.g. a failure today's rules know as our own setup's (error)
+    return renamed
+
+
+def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) -> Classified:
+    """Map a launcher status plus the worker's detail to outcome, signature and known issues."""
+    if status == "pass":
+        return Classified("pass", None)
+    if status == "timeout":
+        return Classified("timeout", "timeout")
+    if status == "crash":
+        return Classified("crash", crash_signature(detail))
+    if status == "env-broken":
+        return Classified("env-broken", "env-broken-" + _short_type(detail.get("exc_type", "")))
+    if status != "exception":
+        return Classified("error", f"harness-unknown-status-{status}", classified=False)
+    if detail.get("exc_type", "").endswith(".NotApplicable"):
+        return Classified("skip", "not-applicable")
+    if detail.get("check"):
+        name = f"check-{detail['check']}"
+        return Classified("fail", name, failure_names.upstream(detail["check"]))
+    if "No backend type associated with device type" in detail.get("message", ""):
+        # The worker's process group lacked a backend for that device: our setup, not the stack's failure.
+        return Classified("error", "harness-process-group-backend", classified=False)
+    if _is_oom(detail):
+        # Out of memory is a resource fault of this machine, not a verdict on the stack.
+        return Classified("crash", "crash-oom")
+    if _is_our_bug(detail, repo_root):
+        return Classified("error", "scenario-bug-" + _short_type(detail.get("exc_type", "")), classified=False)
+    signature = exception_signature(detail.get("exc_type", ""), detail.get("message", ""), detail.get("traceback", ""))
+    known = failure_names.upstream(signature)
+    return Classified("fail", signature, known, classified=not signature.startswith("unclassified-"))
+
+
+def exception_signature(exc_type: str, message: str, traceback: str = "") -> str:
+    """Stable name for an exception from the stack: the scenarios' failure names first, then our own setup's,
+    else `unclassified-<Type>-<hash of the normalised message>` (never dropped, never merged)."""
+    named = failure_names.name(exc_type, message, traceback)
+    if named:
+        return named
+    if "No backend type associated with device type" in message:
+        return "harness-process-group-backend"
+    return f"unclassified-{_short_type(exc_type)}-{_digest(normalise_message(message))}"
+
+
+OOM_MARKERS = ("MemoryError", "out of memory", "cannot allocate memory", "can't allocate memory", "std::bad_alloc")
+
+
+def _is_oom(detail: dict[str, Any]) -> bool:
+    text = f"{detail.get('exc_type', '')}\n{detail.get('message', '')}".lower()
+    return any(marker.lower() in text for marker in OOM_MARKERS)
+
+
+def crash_signature(detail: dict[str, Any]) -> str:
+    text = f"{detail.get('message', '')}\n{detail.get('stderr_tail', '')}"
+    if any(marker.lower() in text.lower() for marker in OOM_MARKERS):
+        return "crash-oom"
+    # torchrun lists every rank it stopped; the "Root Cause" section names the rank that died first.
+    root = text.rsplit("Root Cause", 1)[-1] if "Root Cause" in text else text
+    match = re.search(r"Signal \d+ \((SIG[A-Z]+)\)", root) or re.search(r"signal (SIG[A-Z]+)", text)
+    if match:
+        return f"crash-{match.group(1)}"
+    match = re.search(r"exit code (-?\d+)", text)
+    return f"crash-exit-{match.group(1)}" if match else "crash"
+
+
+def normalise_message(message: str) -> str:
+    """First line of a message with volatile parts (numbers, addresses, paths, quotes) replaced."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    first = re.sub(r"0x[0-9a-fA-F]+", "<addr>", first)
+    first = re.sub(r"(/[\w.\-]+)+", "<path>", first)
+    first = re.sub(r"\d+(\.\d+)?", "<n>", first)
+    first = re.sub(r"'[^']*'|\"[^\"]*\"", "<q>", first)
+    return re.sub(r"\s+", " ", first).strip()
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def _short_type(exc_type: str) -> str:
+    return exc_type.rsplit(".", 1)[-1] or "Unknown"
+
+
+def _is_our_bug(detail: dict[str, Any], repo_root: str | None) -> bool:
+    origin = detail.get("origin") or ""
+    if repo_root is None or not origin.startswith(repo_root):
+        return False
+    return _short_type(detail.get("exc_type", "")) in PROGRAMMING_ERRORS

@@ -1,0 +1,191 @@
+"""What one entry of the table says, for one cell and one scenario.
+
+A scenario exists for one failure mode, its *target* (SPEC["target"]). The verdict answers the reader's
+questions apart from each other: does the target reproduce, on k of the n configs that can show it; which
+variants remove it on exactly those configs, each a fix or a workaround; which other failures turned up
+(findings of their own, never folded into the target's count); how the controls did; and how it ran.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.recording.outcomes import BAD
+
+#: Outcomes that count as "did not pass" (a failure, or a job that could not finish).
+
+
+def matches(signature: str | None, patterns: list[str]) -> bool:
+    """A target name matches exactly, or by prefix when it ends with `*` (names hold `[`, so no globs)."""
+    if not signature:
+        return False
+    return any(signature.startswith(p[:-1]) if p.endswith("*") else signature == p for p in patterns)
+
+
+def is_control(config: dict[str, Any] | None, controls: list[dict[str, Any]]) -> bool:
+    """A control config has every key/value of one of the scenario's control tables."""
+    return any(all((config or {}).get(k) == v for k, v in control.items()) for control in controls)
+
+
+@dataclass
+class Verdict:
+    #: "target" (the target reproduces), "not-reproduced", "failures" (no target declared, something failed),
+    #: "passes" (no target declared, nothing failed), or a state of the whole entry: "skip", "install-failed",
+    #: "env-broken", "no-baseline", "empty".
+    state: str
+    target_records: list[dict[str, Any]] = field(default_factory=list)
+    #: Baseline configs that can show the target (not controls, not skipped).
+    candidates: int = 0
+    fixed: list[str] = field(default_factory=list)
+    partly: list[tuple[str, int]] = field(default_factory=list)
+    not_fixed: list[tuple[str, list[str]]] = field(default_factory=list)
+    #: Variants that could not run on those configs here (skipped as not applicable).
+    not_applicable: list[str] = field(default_factory=list)
+    #: Other failures of the baseline: signature -> configs.
+    others: dict[str, int] = field(default_factory=dict)
+    controls_total: int = 0
+    controls_failed: dict[str, int] = field(default_factory=dict)
+    ran: dict[str, Any] = field(default_factory=dict)
+    first_signature: str | None = None
+
+
+def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdict:
+    """The verdict of one cell x scenario from its records (newest per key) and the scenario's spec."""
+    if not records:
+        return Verdict("empty")
+    base = [r for r in records if r["variant"] == "baseline"]
+    if not base:
+        return Verdict("no-baseline")
+    outcomes = {r["outcome"] for r in base}
+    if outcomes == {"skip"}:
+        return Verdict("skip")
+    if outcomes <= {"install-failed"}:
+        return Verdict("install-failed")
+    if outcomes <= {"env-broken"}:
+        return Verdict("env-broken", first_signature=base[0].get("signature"))
+    target = list((spec or {}).get("target") or [])
+    controls_spec = list((spec or {}).get("controls") or [])
+    controls = [r for r in base if is_control(r.get("config"), controls_spec)]
+    candidates = [r for r in base if r not in controls and r["outcome"] != "skip"]
+    failing = [r for r in candidates if r["outcome"] in BAD]
+    hits = [r for r in failing if matches(r.get("signature"), target)] if target else failing
+    result = Verdict(
+        ("target" if hits else "not-reproduced") if target else ("failures" if hits else "passes"),
+        target_records=hits,
+        candidates=len(candidates),
+        others=dict(Counter(r.get("signature") or r["outcome"] for r in failing if r not in hits)),
+        controls_total=len([r for r in controls if r["outcome"] != "skip"]),
+        controls_failed=dict(Counter(r.get("signature") or r["outcome"] for r in controls if r["outcome"] in BAD)),
+        ran=_how_it_ran(base),
+    )
+    result.fixed, result.partly, result.not_fixed = fix_verdicts(records, {r["config_id"] for r in hits})
+    result.not_applicable = [name for name, sigs in result.not_fixed if set(sigs) <= {"not-applicable"}]
+    result.not_fixed = [(name, sigs) for name, sigs in result.not_fixed if name not in result.not_applicable]
+    return result
+
+
+Format = Callable[[object], str]
+
+
+def headline(v: Verdict, spec: dict[str, Any] | None, code: Format = str, text: Format = str) -> list[str]:
+    """The entry's lines, for the Markdown table (code spans, escaped text) or the site (plain text)."""
+    simple = {"empty": "-", "no-baseline": "no baseline", "skip": "SKIP", "install-failed": "INSTALL-FAILED"}
+    if v.state in simple:
+        return [simple[v.state]]
+    if v.state == "env-broken":
+        return [f"ENV-BROKEN {code(v.first_signature)}"]
+    hits = v.target_records
+    kinds = {name: value[0] for name, value in ((spec or {}).get("variants") or {}).items()}
+
+    def named(variant: str, count: str = "") -> str:
+        notes = [n for n in (count, "workaround" if kinds.get(variant) == "workaround" else "") if n]
+        return text(variant) + (f" ({', '.join(notes)})" if notes else "")
+
+    if v.state in ("target", "failures"):
+        by_signature = Counter(r["signature"] for r in hits)
+        label = "target " if v.state == "target" else ""
+        head = ", ".join(
+            f"{_word(hits, s)} {label}{code(s)}" for s, _ in sorted(by_signature.items(), key=lambda kv: -kv[1])
+        )
+        lines = [f"{head} ({len(hits)}/{v.candidates})"]
+        if v.fixed:
+            lines.append("fixed by: " + ", ".join(named(n) for n in v.fixed))
+        if v.partly:
+            lines.append("partly: " + ", ".join(named(n, f"{k}/{len(hits)}") for n, k in v.partly))
+        if v.not_fixed:
+            lines.append("not fixed by: " + ", ".join(f"{text(n)} [{text(', '.join(s))}]" for n, s in v.not_fixed))
+        if v.not_applicable:
+            lines.append("not applicable here: " + ", ".join(text(n) for n in v.not_applicable))
+    elif v.state == "not-reproduced":
+        lines = [f"target not reproduced (0/{v.candidates})"]
+    else:
+        lines = [f"not reproduced ({v.candidates})"]
+    if v.others:
+        lines.append("other failures: " + ", ".join(f"{code(s)} ({n})" for s, n in _by_count(v.others)))
+    if v.controls_total and v.controls_failed:
+        failed = ", ".join(f"{code(s)} ({n})" for s, n in _by_count(v.controls_failed))
+        lines.append(f"controls: FAIL {sum(v.controls_failed.values())}/{v.controls_total} {failed}")
+    elif v.controls_total:
+        lines.append(f"controls: pass {v.controls_total}/{v.controls_total}")
+    lines.append("ran: " + text(_ran_text(v.ran)))
+    return lines
+
+
+def _word(records: list[dict[str, Any]], signature: str) -> str:
+    return next(r["outcome"] for r in records if r["signature"] == signature).upper()
+
+
+def _by_count(counts: dict[str, int]) -> list[tuple[str, int]]:
+    return sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0])))
+
+
+def _ran_text(ran: dict[str, Any]) -> str:
+    device = "/".join(ran.get("device") or ["?"]) + (" " + "/".join(ran["gpu"]) if ran.get("gpu") else "")
+    ranks = "/".join(str(n) for n in ran.get("world_size") or []) or "?"
+    return f"{device}, world size {ranks}" + (f", {'/'.join(ran['fsdp'])}" if ran.get("fsdp") else "")
+
+
+def fix_verdicts(
+    records: list[dict[str, Any]], failing_configs: set[str]
+) -> tuple[list[str], list[tuple[str, int]], list[tuple[str, list[str]]]]:
+    """Variants on exactly the configs where the baseline showed the failure: those that passed on all of
+    them, on some (how many), and on none (with what they got instead)."""
+    by_variant: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in records:
+        if r["variant"] != "baseline" and r["config_id"] in failing_configs:
+            by_variant.setdefault(r["variant"], {})[r["config_id"]] = r
+    fixed, partly, not_fixed = [], [], []
+    for variant, results in sorted(by_variant.items()):
+        passed = sum(1 for r in results.values() if r["outcome"] == "pass")
+        if passed == len(failing_configs):
+            fixed.append(variant)
+        elif passed:
+            partly.append((variant, passed))
+        else:
+            not_fixed.append((variant, sorted({r.get("signature") or r["outcome"] for r in results.values()})))
+    return fixed, partly, not_fixed
+
+
+_FSDP = re.compile(r"fsdp([12])")
+
+
+def _how_it_ran(base: list[dict[str, Any]]) -> dict[str, Any]:
+    """Device, world size and the FSDP version that really ran (from each record's path or metrics)."""
+    hardware = [r.get("hardware") or {} for r in base if r["outcome"] != "skip"]
+    fsdp = set()
+    for r in base:
+        metrics = r.get("metrics") or {}
+        for text in (r.get("path"), metrics.get("fsdp_that_ran"), metrics.get("fsdp")):
+            found = _FSDP.search(str(text or ""))
+            if found:
+                fsdp.add(f"FSDP{found.group(1)}")
+    return {
+        "device": sorted({str(h.get("device")) for h in hardware if h.get("device")}),
+        "world_size": sorted({int(h["world_size"]) for h in hardware if h.get("world_size")}),
+        "gpu": sorted({str(h.get("gpu_name")) for h in hardware if h.get("gpu_name")}),
+        "fsdp": sorted(fsdp),
+    }

@@ -1,0 +1,263 @@
+"""Benchmarks, measured side by side in one run: `nox -s bench` (or `compat-matrix bench`).
+
+1. Building a cell environment: uv with a cold cache, uv with a warm cache, and pip, as ratios.
+2. Marginal cost of one more S3 config: inside a persistent worker vs one process per config.
+
+Prints a table and writes results/bench/<date>.json. Timings are wall clock on a shared machine; the
+ratios are what to read, since both sides of each ratio ran in the same session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness.define.profile import load_profile
+from harness.define.registry import select
+from harness.environments import envs
+from harness.execution import hardware
+from harness.execution.launcher import Job, LaunchSpec, run_jobs
+from harness.paths import REPO_ROOT
+from harness.planning.plan import build_plan, plan_scenarios
+
+BENCH_REQUIREMENTS = ["torch==2.13.0", "transformers", "peft", "accelerate"]
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_env_build(workdir: Path) -> dict[str, float]:
+    """Same requirements three ways; each builds into a new empty venv."""
+    uv = envs.uv_binary()
+    flags = envs.index_flags()
+
+    def uv_build(cache: Path, name: str) -> None:
+        target = workdir / name
+        env = dict(os.environ, UV_CACHE_DIR=str(cache))
+        subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(target)], check=True, env=env)
+        subprocess.run([uv, "pip", "install", "-q", "--python", str(target / "bin/python"), *flags,
+                        *BENCH_REQUIREMENTS], check=True, env=env)  # fmt: skip
+
+    def pip_build() -> None:
+        target = workdir / "pip"
+        subprocess.run([sys.executable, "-m", "venv", str(target)], check=True)
+        subprocess.run([str(target / "bin/python"), "-m", "pip", "install", "-q", *BENCH_REQUIREMENTS], check=True)
+
+    cold_cache = workdir / "uv-cache-cold"
+    results = {"uv_cold_s": timed(lambda: uv_build(cold_cache, "uv-cold"))}
+    results["uv_warm_s"] = timed(lambda: uv_build(cold_cache, "uv-warm"))  # the cache the cold build filled
+    results["pip_s"] = timed(pip_build)
+    results["pip_over_uv_warm"] = results["pip_s"] / results["uv_warm_s"]
+    results["pip_over_uv_cold"] = results["pip_s"] / results["uv_cold_s"]
+    return results
+
+
+def bench_worker(configs: int, workdir: Path, scenario_id: str = "S3", profile_name: str = "ci",
+                 cell_glob: str = "current_*") -> dict[str, float]:  # fmt: skip
+    """One scenario's baseline jobs: one worker for all configs vs a fresh process per config, same configs,
+    same cell (S3: single process; S4: torchrun with 2 ranks and deepspeed, where start-up costs most)."""
+    profile = load_profile(profile_name, REPO_ROOT / "matrix")
+    plan = build_plan(profile, plan_scenarios(profile, (scenario_id,)), cell_patterns=(cell_glob,), prune=False)
+    profile, cell = plan.profile, plan.cells[0]
+    env = envs.ensure_env(cell, profile, envs.InstallOptions(envs_dir=envs.default_envs_dir()))
+    if env.failure:
+        raise SystemExit(f"cannot build the benchmark cell: {env.failure}")
+    scenario = select([scenario_id])[0]
+    from harness.planning.draws import DrawPlan, plan_configs
+
+    planned = plan_configs([], [], scenario.strategy(), DrawPlan(99, configs * 4, configs))
+    jobs = [Job(i, p["config"], "baseline") for i, p in enumerate(planned)]
+    world_size = 2 if scenario.distributed else 1
+    extra = {"DS_ACCELERATOR": "cpu"} if scenario.distributed else {}
+
+    def spec(tag: str) -> LaunchSpec:
+        return LaunchSpec(python=env.python, module=scenario.module_name, preload=scenario.preload, device="cpu",
+                          world_size=world_size, env={"CUDA_VISIBLE_DEVICES": ""} | extra,
+                          workdir=workdir / scenario_id / tag, job_timeout_s=300, start_timeout_s=300,
+                          stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)))  # fmt: skip
+
+    def check(results) -> None:
+        bad = [r for r in results if r.status != "pass"]
+        if bad:
+            raise SystemExit(f"benchmark job did not pass: {bad[0].detail.get('message')}")
+
+    # Untimed warm-up: first-time costs (bytecode, DeepSpeed's op builders, page cache) are not per config.
+    check(list(run_jobs(spec("warmup"), jobs[:1])))
+    one = timed(lambda: check(list(run_jobs(spec("one"), jobs[:1]))))
+    persistent = timed(lambda: check(list(run_jobs(spec("persistent"), jobs))))
+    per_process = timed(lambda: [check(list(run_jobs(spec(f"p{j.index}"), [j]))) for j in jobs])
+    marginal_persistent = (persistent - one) / (len(jobs) - 1)
+    marginal_process = per_process / len(jobs)
+    return {
+        "scenario": scenario.id,
+        "cell": cell.cell_id,
+        "configs": len(jobs),
+        "one_config_one_worker_s": one,
+        "persistent_total_s": persistent,
+        "process_per_config_total_s": per_process,
+        "marginal_persistent_s": marginal_persistent,
+        "marginal_process_per_config_s": marginal_process,
+        "process_over_persistent": marginal_process / marginal_persistent,
+    }
+
+
+#: Cells for the growth benchmark: recent accelerate releases (small wheels, so env builds stay cheap).
+GROWTH_ACCELERATE = ["1.8.1", "1.9.0", "1.10.1", "1.11.0", "1.12.0", "1.13.0", "1.14.0", "1.15.0"]
+GROWTH_PROFILE = """
+[profile]
+description = "bench: matrix wall time as cells grow"
+device = "cpu"
+scenarios = ["S3-*"]
+examples_per_scenario = 2
+hypothesis_seed = 1
+[axes]
+torch = ["2.13.0"]
+transformers = ["latest"]
+peft = ["latest"]
+accelerate = {accelerate}
+[install]
+extra = ["hypothesis"]
+"""
+
+
+def bench_growth(workdir: Path, sizes: tuple[int, ...] = (1, 2, 4, 8)) -> dict[str, object]:
+    """`python -m harness matrix` over 1, 2, 4, 8 cells (S3, warm environments): wall = fixed + n x per-cell."""
+
+    def run(n: int) -> float:
+        profile = workdir / f"growth{n}.toml"
+        profile.write_text(GROWTH_PROFILE.format(accelerate=json.dumps(GROWTH_ACCELERATE[:n])))
+        command = [sys.executable, "-m", "harness", "matrix", "--profile", str(profile), "--fresh", "--no-report",
+                   "--no-example-db", "--results-dir", str(workdir / f"results{n}")]  # fmt: skip
+        started = time.perf_counter()
+        subprocess.run(command, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - started
+
+    warmup = run(max(sizes))  # builds (or finds) every cell's environment, so the timed runs compare like with like
+    walls = {n: run(n) for n in sizes}
+    xs, ys = list(walls), list(walls.values())
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum((x - mean_x) ** 2 for x in xs)
+    fixed = mean_y - slope * mean_x
+    worst = max(abs(y - (fixed + slope * x)) / y for x, y in zip(xs, ys, strict=True))
+    return {"warmup_s": warmup, "wall_s": {str(n): w for n, w in walls.items()}, "fixed_s": fixed,
+            "per_cell_s": slope, "worst_fit_error": worst}  # fmt: skip
+
+
+def bench_reduction(results_dir: Path) -> dict[str, object]:
+    """Cells each method needs for the same question: the full product and pairwise on a 4x4x4 matrix, and
+    the newest recorded bisect (real cell runs) against the full sweep of its releases."""
+    dims = {"torch": ["2.10.0", "2.11.0", "2.12.0", "2.13.0"], "deepspeed": ["0.19.2", "0.19.4", "0.19.6", "0.19.8"],
+            "bitsandbytes": ["0.47.0", "0.48.0", "0.49.0", "0.50.2"]}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        text = '[profile]\ndevice = "cpu"\n[axes]\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in dims.items())
+        path = Path(tmp) / "wide.toml"
+        path.write_text(text)
+        pairwise = build_plan(load_profile(str(path), Path(tmp)), reduce="pairwise", prune=False).reduction
+    report: dict[str, object] = {"full_product_cells": pairwise.cells_full, "pairwise": pairwise.as_json(),
+                                 "dimensions": {k: len(v) for k, v in dims.items()}}  # fmt: skip
+    verdicts = sorted((results_dir / "bisect").glob("*/verdict.json"))
+    if verdicts:
+        verdict = json.loads(verdicts[-1].read_text())
+        report["bisect"] = {"file": str(verdicts[-1].relative_to(REPO_ROOT)) if verdicts[-1].is_relative_to(REPO_ROOT)
+                            else str(verdicts[-1]), "releases": len(verdict["candidates"]),
+                            "cell_runs": verdict["cell_runs"], "full_sweep_cell_runs": len(verdict["candidates"]),
+                            "first_flip": verdict["first_flip"]}  # fmt: skip
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="compat-matrix bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", type=int, default=8, help="S3 configs for the worker benchmark (>= 2)")
+    parser.add_argument("--skip-env", action="store_true", help="skip the environment-build benchmark")
+    parser.add_argument("--skip-growth", action="store_true", help="skip the cells-growth benchmark")
+    parser.add_argument("--only-reduction", action="store_true", help="only count cells per reduction method")
+    parser.add_argument("--output-dir", type=Path, default=REPO_ROOT / "results" / "bench")
+    args = parser.parse_args(argv)
+    if args.configs < 2:
+        parser.error("--configs must be at least 2")
+    report: dict[str, object] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                                 "hardware": hardware.describe("cpu")}  # fmt: skip
+    report["reduction"] = bench_reduction(REPO_ROOT / "results")
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        work = Path(tmp)
+        if args.only_reduction:
+            pass
+        elif not args.skip_env:
+            print("benchmark 1/3: environment build (uv cold, uv warm, pip) ...", flush=True)
+            report["env_build"] = bench_env_build(work)
+            shutil.rmtree(work / "uv-cache-cold", ignore_errors=True)
+        if not args.only_reduction:
+            print(f"benchmark 2/3: persistent worker vs process per config ({args.configs} S3 configs) ...", flush=True)
+            report["worker"] = bench_worker(args.configs, work)
+        if not args.only_reduction:
+            print("benchmark 2b/3: the same for S4 (torchrun, 2 ranks, deepspeed ZeRO-3; 4 configs) ...", flush=True)
+            report["worker_s4"] = bench_worker(4, work, "S4", "cpu", "current_*ds-latest*")
+        if not args.skip_growth and not args.only_reduction:
+            print("benchmark 3/3: matrix wall time over 1, 2, 4, 8 cells (S3, warm environments) ...", flush=True)
+            report["growth"] = bench_growth(work)
+    print_table(report)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    out = args.output_dir / f"{dt.date.today().isoformat()}.json"
+    if out.is_file():  # a partial run (--skip-*, --only-reduction) updates today's file instead of erasing it
+        report = json.loads(out.read_text()) | report
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+def print_table(report: dict) -> None:
+    rows = []
+    if "env_build" in report:
+        e = report["env_build"]
+        rows += [("env build: uv, cold cache", f"{e['uv_cold_s']:.1f} s", ""),
+                 ("env build: uv, warm cache", f"{e['uv_warm_s']:.1f} s", ""),
+                 ("env build: pip", f"{e['pip_s']:.1f} s", ""),
+                 ("pip / uv warm", f"{e['pip_over_uv_warm']:.1f}x", "target >= 10x"),
+                 ("pip / uv cold", f"{e['pip_over_uv_cold']:.1f}x", "")]  # fmt: skip
+    for key in ("worker", "worker_s4"):
+        if key not in report:
+            continue
+        w = report[key]
+        name = w.get("scenario", "S3")[:2]
+        rows += [(f"{name}: one config, one worker", f"{w['one_config_one_worker_s']:.2f} s", ""),
+                 (f"{name}: {w['configs']} configs, persistent worker", f"{w['persistent_total_s']:.2f} s", ""),
+                 (f"{name}: {w['configs']} configs, one process each", f"{w['process_per_config_total_s']:.2f} s", ""),
+                 (f"{name}: marginal config, persistent", f"{w['marginal_persistent_s']:.3f} s", ""),
+                 (f"{name}: marginal config, process per config", f"{w['marginal_process_per_config_s']:.3f} s", ""),
+                 (f"{name}: process per config / persistent", f"{w['process_over_persistent']:.1f}x",
+                  "target >= 5x")]  # fmt: skip
+    if "reduction" in report:
+        r = report["reduction"]
+        rows += [("reduction: full product 4x4x4", f"{r['full_product_cells']} cells", ""),
+                 ("reduction: pairwise", f"{r['pairwise']['cells']} cells",
+                  f"pair coverage {100 * r['pairwise']['pair_coverage']:.0f} %")]  # fmt: skip
+        if "bisect" in r:
+            b = r["bisect"]
+            rows += [(f"bisect over {b['releases']} releases", f"{b['cell_runs']} runs",
+                      f"full sweep {b['full_sweep_cell_runs']}; first flip {b['first_flip']}")]  # fmt: skip
+    if "growth" in report:
+        g = report["growth"]
+        rows += [(f"matrix, {n} cell(s), S3", f"{w:.1f} s", "") for n, w in g["wall_s"].items()]
+        rows += [("fit: fixed overhead", f"{g['fixed_s']:.1f} s", "wall = fixed + n x per-cell"),
+                 ("fit: per cell", f"{g['per_cell_s']:.1f} s", ""),
+                 ("fit: worst relative error", f"{100 * g['worst_fit_error']:.0f} %", "small: linear")]  # fmt: skip
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{'measure'.ljust(width)} | value      | note")
+    print(f"{'-' * width}-|------------|------------")
+    for name, value, note in rows:
+        print(f"{name.ljust(width)} | {value.ljust(10)} | {note}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""`check`: the answer for the user's own environment, without building any.
+
+Run inside the training environment (`python -m harness check` from a checkout): it runs each scenario's seed
+config with every variant in *this* interpreter (its torch, its GPUs), through the same warm workers as the
+matrix, and prints which target failures this stack has, which fixes work here, and the nearest rows of the
+published table. Exit 1 when a target failure reproduces (so it can gate a CI job), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, TextIO
+
+from harness.define.packages import AXIS_PACKAGES
+from harness.define.registry import Scenario, discover, select
+from harness.errors import UsageError
+from harness.execution import hardware
+from harness.execution.launcher import LaunchSpec, WorkerSession, stack_env
+from harness.execution.scenario_run import observed
+from harness.recording.verdicts import headline, verdict
+
+JOB_TIMEOUT_S = 600.0
+
+
+def installed_versions() -> dict[str, str]:
+    """This environment's stack, as the matrix records it."""
+    found = {"python": ".".join(str(p) for p in sys.version_info[:3])}
+    for name in AXIS_PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def skip_reason(scenario: Scenario, versions: dict[str, str], device: str, gpus: int) -> str | None:
+    missing = [p for p in scenario.requires if p.lower() not in versions]
+    if missing:
+        return f"needs {', '.join(missing)}, which this environment does not have"
+    wanted = scenario.spec.get("device", "any")
+    if wanted not in ("any", device):
+        return f"needs device {wanted}, this machine runs {device}"
+    if scenario.distributed and device == "cuda" and gpus < 2:
+        return "needs 2 GPUs for its ranks, this machine has 1"
+    return None
+
+
+def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sys.stdout) -> int:
+    versions = installed_versions()
+    gpus = len(hardware.visible_gpus())
+    device = "cuda" if gpus else "cpu"
+    scenarios = select(patterns, where="--scenario") if patterns else discover()
+    print("this environment: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f"; {device}", file=stream)
+    reproduced: list[str] = []
+    outcomes: dict[str, list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="compat-check-") as workdir:
+        for scenario in scenarios:
+            reason = skip_reason(scenario, versions, device, gpus)
+            if reason:
+                print(f"\n{scenario.id}: SKIP ({reason})", file=stream)
+                continue
+            records = _run_seed(scenario, device, Path(workdir), versions, gpus)
+            outcomes[scenario.id] = records
+            found = verdict(records, scenario.spec)
+            print(f"\n{scenario.id}: {scenario.spec.get('title', '')}", file=stream)
+            for line in headline(found, scenario.spec):
+                print(f"  {line}", file=stream)
+            if found.state == "target":
+                reproduced.append(
+                    f"{scenario.id} ({', '.join(sorted({r['signature'] for r in found.target_records}))})"
+                )
+    nearest_rows(versions, results_dir, {s.id: s.spec for s in scenarios if s.id in outcomes}, stream)
+    print("", file=stream)
+    if reproduced:
+        print(f"target failures in this environment: {'; '.join(reproduced)}", file=stream)
+        return 1
+    print("no target failure reproduced in this environment", file=stream)
+    return 0
+
+
+def _run_seed(
+    scenario: Scenario, device: str, workdir: Path, versions: dict[str, str], gpus: int
+) -> list[dict[str, Any]]:
+    """The scenario's seed configs (its explicit examples): the baseline of each, then every variant on the
+    configs where the baseline showed the target, in this interpreter and one warm worker."""
+    from harness.planning.draws import config_id
+    from harness.recording.verdicts import matches
+
+    world = 2 if scenario.distributed else 1
+    env = stack_env(device, Path.home() / ".cache" / "compat-matrix" / "torch_extensions" / "check")
+    spec = LaunchSpec(
+        python=Path(sys.executable), module=scenario.module_name, preload=scenario.preload, device=device,
+        world_size=world, env=env, workdir=workdir / scenario.id, job_timeout_s=JOB_TIMEOUT_S,
+        start_timeout_s=JOB_TIMEOUT_S, stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
+    )  # fmt: skip
+    hardware_seen = {"device": device, "world_size": world, "gpu_name": None, "gpu_count": gpus}
+    records: list[dict[str, Any]] = []
+    with WorkerSession(spec) as session:
+
+        def run(items: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
+            done = []
+            for (config, variant), result in zip(items, session.run(items), strict=True):
+                done.append(observed(result) | {"variant": variant, "config": config, "scenario": scenario.id,
+                                                "config_id": config_id(config), "hardware": hardware_seen})  # fmt: skip
+            return done
+
+        records += run([(config, "baseline") for config in scenario.examples()])
+        target = list(scenario.spec.get("target") or [])
+        failing = [r["config"] for r in records if r["outcome"] != "pass" and matches(r["signature"], target)]
+        records += run([(config, variant) for config in failing for variant in scenario.variants[1:]])
+    return records
+
+
+def nearest_rows(versions: dict[str, str], results_dir: Path, specs: dict[str, dict[str, Any]], stream: TextIO) -> None:
+    """The published table's cells whose stack is closest to this one (fewest packages at another version),
+    with what the table says there for the scenarios checked here (`specs`: their id -> SPEC)."""
+    from harness.publishing.report import select_runs
+
+    try:
+        records = select_runs(results_dir).latest()[0]
+    except UsageError as exc:  # unreadable published runs: say so, the check itself still stands
+        print(f"\n(no published table to compare with under {results_dir}: {exc})", file=stream)
+        return
+    if not records:
+        print(f"\n(no published table to compare with under {results_dir})", file=stream)
+        return
+    by_cell: dict[str, dict[str, str]] = {}
+    for record in records:
+        if record.get("versions"):
+            by_cell.setdefault(record["cell"], record["versions"])
+
+    def distance(cell_versions: dict[str, str]) -> int:
+        return sum(cell_versions.get(p, "-").split("+")[0] != versions.get(p, "-").split("+")[0] for p in AXIS_PACKAGES)
+
+    ranked = sorted(by_cell, key=lambda cell: (distance(by_cell[cell]), cell))[:3]
+    print("\nnearest rows of the published table:", file=stream)
+    for cell in ranked:
+        stack = ", ".join(f"{p} {by_cell[cell][p]}" for p in AXIS_PACKAGES if p in by_cell[cell])
+        print(f"  {cell} ({distance(by_cell[cell])} package(s) differ: {stack})", file=stream)
+        for sid in specs:
+            entry = [r for r in records if r["cell"] == cell and r["scenario"] == sid]
+            if entry:
+                print(f"    {sid}: {headline(verdict(entry, specs.get(sid)), specs.get(sid))[0]}", file=stream)

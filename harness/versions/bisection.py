@@ -1,0 +1,185 @@
+"""Bisect one package's releases to the first one where a scenario's outcome flips.
+
+Every other pin stays as in a base cell of the profile. Each probe is a real one-cell matrix run of the
+scenario's explicit examples (and profile configs) under one variant, recorded under
+`results/bisect/<id>/`. The old end is probed first; then a binary search over the releases after it,
+with "beyond the new end" as a virtual candidate, so n releases take at most ceil(log2 n) + 1 cell runs.
+A probe that is `install-failed` or `env-broken` is stepped over (its neighbour is tried) and the verdict
+says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from harness.define.cells import Cell
+from harness.define.packages import AXIS_PACKAGES
+from harness.define.profile import Profile, ScenarioSettings
+from harness.define.registry import select
+from harness.errors import UsageError
+from harness.execution.matrix import run_matrix
+from harness.execution.options import MatrixOptions
+from harness.recording import runs
+from harness.recording.outcomes import FAILING, UNUSABLE
+from harness.recording.records import read_records
+from harness.versions import releases
+
+
+@dataclass
+class Probe:
+    version: str
+    state: str  # "fail" | "pass" | "unusable"
+    signatures: list[str]
+    run_id: str
+    records: int
+
+
+@dataclass
+class Verdict:
+    package: str
+    scenario: str
+    variant: str
+    base_cell: str
+    candidates: list[str]
+    old_state: str
+    first_flip: str | None
+    probes: list[Probe] = field(default_factory=list)
+    stepped_over: list[str] = field(default_factory=list)
+
+    @property
+    def cell_runs(self) -> int:
+        return len(self.probes)
+
+    @property
+    def bound(self) -> int:
+        return math.ceil(math.log2(max(len(self.candidates), 1))) + 1
+
+    def as_json(self) -> dict[str, Any]:
+        data = {k: v for k, v in self.__dict__.items() if k != "probes"}
+        data["probes"] = [p.__dict__ for p in self.probes]
+        data["cell_runs"] = self.cell_runs
+        data["bound_ceil_log2_n_plus_1"] = self.bound
+        return data
+
+
+def bisect(
+    profile: Profile,
+    package: str,
+    scenario_id: str,
+    variant: str,
+    options: MatrixOptions,
+    *,
+    old: str | None = None,
+    new: str | None = None,
+    cell_glob: str | None = None,
+    signature: str | None = None,
+    out_root: Path,
+) -> Verdict:
+    """Find the first release of `package` after `old` whose outcome differs from `old`'s."""
+    if package not in AXIS_PACKAGES:
+        raise UsageError(f"--package {package!r}: not one of {', '.join(AXIS_PACKAGES)}")
+    scenario = select([scenario_id])[0]
+    if variant not in scenario.variants:
+        raise UsageError(f"--variant {variant!r}: {scenario.id} has {', '.join(scenario.variants)}")
+    profile, _ = releases.resolve_axes(profile, options.install.wheelhouse if options.install.offline else None)
+    base = _base_cell(profile, cell_glob)
+    wheelhouse = options.install.wheelhouse if options.install.offline else None
+    available = releases.releases(package, profile.python, wheelhouse)
+    if not available:
+        raise UsageError(f"no releases of {package} found")
+    old = old or _oldest_pinned(profile, package) or str(available[0])
+    new = new or str(available[-1])
+    candidates = [str(v) for v in releases.between(available, old, new)]
+    if len(candidates) < 2 or candidates[0] != str(Version(old)):
+        raise UsageError(f"{package}: need at least two releases from {old} to {new}, found {candidates}")
+
+    bisect_id = f"{package}-{scenario.id.split('-')[0]}-{variant}-{runs.now_iso().replace(':', '')}"
+    out_dir = out_root / bisect_id
+    verdict = Verdict(package, scenario.id, variant, base.cell_id, candidates, "", None)
+
+    def probe(version: str) -> Probe:
+        result = _probe(profile, base, package, version, scenario.id, variant, options, out_dir, signature)
+        verdict.probes.append(result)
+        print(f"bisect: {package}=={version}: {result.state} {' '.join(result.signatures)}", flush=True)
+        return result
+
+    first = probe(candidates[0])
+    if first.state == "unusable":
+        raise UsageError(f"{package}=={old} cannot be installed or imported here; choose another --bad/--good bound")
+    verdict.old_state = first.state
+    usable = list(candidates)
+    lo, hi = 0, len(usable)  # usable[lo] has the old state; hi == len(usable): "no flip in range"
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        result = probe(usable[mid])
+        if result.state == "unusable":
+            # Cannot be the answer: drop it and search the rest (the verdict lists it).
+            verdict.stepped_over.append(usable.pop(mid))
+            hi -= 1
+        elif result.state == verdict.old_state:
+            lo = mid
+        else:
+            hi = mid
+    verdict.first_flip = usable[hi] if hi < len(usable) else None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "verdict.json").write_text(json.dumps(verdict.as_json(), indent=1) + "\n")
+    return verdict
+
+
+def _base_cell(profile: Profile, cell_glob: str | None) -> Cell:
+    """The first runnable cell of the profile's plan (the --cell slice), which the probes vary."""
+    from harness.planning.plan import build_plan
+
+    plan = build_plan(profile, cell_patterns=(cell_glob,) if cell_glob else None, prune=False)
+    cells = [c for c in plan.cells if not c.excluded_reason]
+    if not cells:
+        raise UsageError(f"no cell of profile {profile.name} matches {cell_glob!r}")
+    return cells[0]
+
+
+def _oldest_pinned(profile: Profile, package: str) -> str | None:
+    values = [v for v in profile.axes.get(package, ()) if v[0].isdigit()]
+    return min(values, key=Version) if values else None
+
+
+def _probe(
+    profile: Profile,
+    base: Cell,
+    package: str,
+    version: str,
+    scenario_id: str,
+    variant: str,
+    options: MatrixOptions,
+    out_dir: Path,
+    signature: str | None,
+) -> Probe:
+    """One real one-cell run: the base cell's pins, `package` at `version`, explicit configs only."""
+    pins = base.pins | {package: version}
+    settings = profile.settings_for(scenario_id)
+    single = replace(
+        profile,
+        name=f"bisect-{package}-{version}",
+        axes={p: (v,) for p, v in pins.items()},
+        stacks={},
+        exclusions=(),
+        scenario_settings={scenario_id: replace(settings, cells=None, variants=(variant,), examples=0)}
+        if settings
+        else {scenario_id: ScenarioSettings(variants=(variant,), examples=0)},
+    )
+    probe_options = replace(
+        options, results_dir=out_dir / version, fresh=True, scenario_patterns=(scenario_id,), examples=0,
+        example_db=None, cell_patterns=None,
+    )  # fmt: skip
+    summary = run_matrix(single, probe_options)
+    records = read_records(summary.run_dir / "records.jsonl")
+    if records and all(r["outcome"] in UNUSABLE for r in records):
+        return Probe(version, "unusable", sorted({r["signature"] for r in records}), summary.run_id, len(records))
+    failing = [r for r in records if r["outcome"] in FAILING and (signature is None or r["signature"] == signature)]
+    state = "fail" if failing else "pass"
+    return Probe(version, state, sorted({r["signature"] for r in failing}), summary.run_id, len(records))

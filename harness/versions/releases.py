@@ -1,0 +1,133 @@
+"""Which releases of a package exist: from the index pip is configured for, or from a wheelhouse offline.
+
+Uses the simple repository API's JSON form (PEP 691, with PEP 700's `versions`), so yanked files and
+Requires-Python are seen without downloading anything. Pre-releases are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from harness.define.profile import RULE_PREFIX, Profile, ReleaseRule, parse_rule
+from harness.errors import UsageError
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+ACCEPT = "application/vnd.pypi.simple.v1+json"
+
+
+def index_url() -> str:
+    return os.environ.get("PIP_INDEX_URL", DEFAULT_INDEX).rstrip("/")
+
+
+def index_files(package: str) -> list[dict]:
+    """The package's file entries from the simple API's JSON form (filename, url, yanked, requires-python, ...)."""
+    request = urllib.request.Request(f"{index_url()}/{canonicalize_name(package)}/", headers={"Accept": ACCEPT})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response).get("files", [])
+
+
+def releases(package: str, python: str | None = None, wheelhouse: Path | None = None) -> list[Version]:
+    """Final releases, oldest first, that have at least one file that is not yanked and (if `python` is given)
+    whose Requires-Python admits it."""
+    if wheelhouse is not None:
+        return _from_wheelhouse(package, wheelhouse)
+    usable: set[Version] = set()
+    for item in index_files(package):
+        if item.get("yanked"):
+            continue
+        version = _version_of(item.get("filename", ""))
+        if version is None or version.is_prerelease or version.is_devrelease:
+            continue
+        if python and not _admits(item.get("requires-python"), python):
+            continue
+        usable.add(version)
+    return sorted(usable)
+
+
+def between(versions: list[Version], low: str, high: str) -> list[Version]:
+    """The releases from `low` to `high`, both included."""
+    lo, hi = Version(low), Version(high)
+    return [v for v in versions if lo <= v <= hi]
+
+
+def _admits(requires_python: str | None, python: str) -> bool:
+    if not requires_python:
+        return True
+    try:
+        return SpecifierSet(requires_python).contains(Version(f"{python}.99") if python.count(".") == 1 else python)
+    except (InvalidSpecifier, InvalidVersion):
+        return True  # a malformed field should not hide a release
+
+
+def _version_of(filename: str) -> Version | None:
+    try:
+        if filename.endswith(".whl"):
+            return parse_wheel_filename(filename)[1]
+        if re.search(r"\.(tar\.gz|zip)$", filename):
+            return parse_sdist_filename(filename)[1]
+    except (ValueError, InvalidVersion):
+        return None
+    return None
+
+
+def _from_wheelhouse(package: str, wheelhouse: Path) -> list[Version]:
+    wanted = canonicalize_name(package)
+    found: set[Version] = set()
+    for path in wheelhouse.iterdir():
+        try:
+            if path.name.endswith(".whl"):
+                name, version, _, _ = parse_wheel_filename(path.name)
+            elif re.search(r"\.(tar\.gz|zip)$", path.name):
+                name, version = parse_sdist_filename(path.name)
+            else:
+                continue
+        except (ValueError, InvalidVersion):
+            continue
+        if name == wanted and not version.is_prerelease:
+            found.add(version)
+    return sorted(found)
+
+
+def apply_rule(versions: list[Version], rule: ReleaseRule) -> list[Version]:
+    """The releases a rule selects, oldest first."""
+    chosen = [v for v in versions if rule.specifier is None or rule.specifier.contains(v)]
+    if rule.newest_patch:
+        newest: dict[tuple[int, int], Version] = {}
+        for version in chosen:
+            minor = (version.major, version.minor)
+            newest[minor] = max(newest.get(minor, version), version)
+        chosen = sorted(newest.values())
+    if rule.latest is not None:
+        chosen = chosen[-rule.latest :]
+    return chosen
+
+
+def resolve_axes(
+    profile: Profile, wheelhouse: Path | None = None, recorded: dict[str, list[str]] | None = None
+) -> tuple[Profile, dict[str, list[str]]]:
+    """Replace rule axes with concrete versions. `recorded` (a resumed run's meta) wins, so a run is
+    reproduced exactly even after new releases appear."""
+    resolved: dict[str, list[str]] = {}
+    axes = dict(profile.axes)
+    for package, values in profile.axes.items():
+        if len(values) == 1 and values[0].startswith(RULE_PREFIX):
+            text = values[0][len(RULE_PREFIX) :]
+            if recorded and package in recorded:
+                chosen = recorded[package]
+            else:
+                rule = parse_rule(str(profile.path), f"axes.{package}", text)
+                chosen = [str(v) for v in apply_rule(releases(package, profile.python, wheelhouse), rule)]
+            if not chosen:
+                raise UsageError(f"axes.{package} = {text!r} selects no release of {package}")
+            resolved[package] = chosen
+            axes[package] = tuple(chosen)
+    return (replace(profile, axes=axes) if resolved else profile), resolved
