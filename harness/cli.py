@@ -14,6 +14,7 @@ from pathlib import Path
 from harness.errors import UsageError
 from harness.execution import hardware
 from harness.paths import MATRIX_DIR, RESULTS_DIR
+from harness.publishing.stage import NothingToReport, write_report
 
 
 class _Parser(argparse.ArgumentParser):
@@ -388,47 +389,6 @@ def _shard(text: str) -> tuple[int, int]:
     return index, count
 
 
-class NothingToReport(UsageError):
-    """No run holds a record yet (e.g. a run interrupted before its first record)."""
-
-
-def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | None) -> Path:
-    """The table, site, JSON, JUnit and reproducers from the selected runs; an unwritable target is bad input."""
-    try:
-        return _write_report(results_dir, run_ids, output)
-    except OSError as exc:
-        where = exc.filename or output or results_dir
-        raise UsageError(f"cannot write the report to {where}: {exc.strerror or exc}") from None
-
-
-def _write_report(results_dir: Path, run_ids: list[str] | None, output: Path | None) -> Path:
-    from harness.define.registry import discover
-    from harness.publishing.report import render_markdown, select_runs
-
-    selection = select_runs(results_dir, run_ids)
-    if not selection.run_ids:
-        raise NothingToReport(f"no records under {results_dir / 'runs'}; run `nox -s matrix` first")
-    known = discover()
-    text = render_markdown(selection, {s.id: s.spec for s in known})
-    from harness.publishing.publish import changes_markdown, changes_since_previous
-
-    text += changes_markdown(changes_since_previous(results_dir, selection))
-    output = output or results_dir / "COMPATIBILITY.md"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text)
-    if output == results_dir / "COMPATIBILITY.md":
-        from harness.publishing.publish import publish
-        from harness.publishing.repro import sync_repros
-
-        sync_repros(selection.records, {s.id: s for s in known}, results_dir / "repros")
-        publish(results_dir, selection, {s.id: s.spec for s in known})
-        from harness.publishing.plots import plot_real_size
-        from harness.publishing.report import real_size_rows
-
-        plot_real_size(real_size_rows(selection.latest()[0]), results_dir / "s5-real-size.png")
-    return output
-
-
 def _bisect(args: argparse.Namespace) -> int:
     from packaging.version import InvalidVersion, Version
 
@@ -447,13 +407,24 @@ def _bisect(args: argparse.Namespace) -> int:
     except InvalidVersion as exc:
         raise UsageError(f"--good/--bad: {exc}") from None
     profile = load_profile(args.profile, MATRIX_DIR)
-    install = InstallOptions(envs_dir=default_envs_dir(), offline=args.offline,
-                             wheelhouse=args.wheelhouse.resolve() if args.wheelhouse else None)  # fmt: skip
+    install = InstallOptions(
+        envs_dir=default_envs_dir(),
+        offline=args.offline,
+        wheelhouse=args.wheelhouse.resolve() if args.wheelhouse else None,
+    )
     options = MatrixOptions(results_dir=args.results_dir, install=install)
     verdict = bisect(
-        profile, args.package, args.scenario, args.variant, options, old=old, new=new, cell_glob=args.cell,
-        signature=args.signature, out_root=args.results_dir / "bisect",
-    )  # fmt: skip
+        profile,
+        args.package,
+        args.scenario,
+        args.variant,
+        options,
+        old=old,
+        new=new,
+        cell_glob=args.cell,
+        signature=args.signature,
+        out_root=args.results_dir / "bisect",
+    )
     print(f"\n{verdict.package} on {verdict.scenario} / {verdict.variant}, base cell {verdict.base_cell}")
     print(f"releases in range: {', '.join(verdict.candidates)}")
     for probe in verdict.probes:
@@ -492,37 +463,21 @@ def _check_repros(args: argparse.Namespace) -> int:
             bad += not result["ok"]
             mark = "ok " if result["ok"] else "BAD"
             shown = variant or entry["variant"]
-            print(f"{mark} {entry['file']} --variant {shown}: expected {result['expected']}, "
-                  f"observed {result['observed']} ({result['seconds']} s)", flush=True)  # fmt: skip
+            print(
+                f"{mark} {entry['file']} --variant {shown}: expected {result['expected']}, "
+                f"observed {result['observed']} ({result['seconds']} s)",
+                flush=True,
+            )
     print(f"{len(entries) - skipped} reproducers checked, {skipped} skipped, {bad} disagreements")
     return 1 if bad else 0
 
 
 def _import_runs(args: argparse.Namespace) -> int:
-    """Merge shards into results/runs/<run-id>/: concatenation plus de-duplication, nothing overwritten."""
-    from harness.recording.records import merge, read_records
-    from harness.recording.runs import RunLock, write_meta
-    from harness.textsafe import slug
+    from harness.recording.imports import import_run
 
     for path in args.records:
-        if not path.name.endswith(".records.jsonl") or not path.is_file():
-            raise UsageError(f"{path}: expected an existing <run-id>.records.jsonl")
-        run_id = path.name.removesuffix(".records.jsonl")
-        meta_path = path.with_name(f"{run_id}.meta.json")
-        if not meta_path.is_file():
-            raise UsageError(f"{meta_path}: missing (the run's meta.json travels with its records)")
-        run_dir = args.results_dir / "runs" / slug(run_id, 120)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        lock = RunLock.acquire(run_dir)  # never merge into a run another process is writing
-        try:
-            existing = read_records(run_dir / "records.jsonl")
-            merged = merge([existing, read_records(path)])
-            with open(run_dir / "records.jsonl", "w") as handle:
-                handle.writelines(json.dumps(r, sort_keys=True) + "\n" for r in merged)
-            write_meta(run_dir, json.loads(meta_path.read_text()))
-        finally:
-            lock.release()
-        print(f"{run_id}: {len(merged) - len(existing)} new records ({len(merged)} in all) -> {run_dir}")
+        run_dir, added, total = import_run(path, args.results_dir)
+        print(f"{run_dir.name}: {added} new records ({total} in all) -> {run_dir}")
     return 0
 
 

@@ -706,20 +706,34 @@ def _run_trainer(cfg: dict, variant: str, ctx: dict) -> dict:
     if cfg["input_grads"]:
         model.enable_input_require_grads()
     lora_config = LoraConfig(
-        r=cfg["r"], lora_alpha=cfg["alpha"], lora_dropout=0.0, target_modules=_TARGETS[cfg["targets"]],
-        use_dora=cfg["use_dora"], task_type="CAUSAL_LM",
-    )  # fmt: skip
+        r=cfg["r"],
+        lora_alpha=cfg["alpha"],
+        lora_dropout=0.0,
+        target_modules=_TARGETS[cfg["targets"]],
+        use_dora=cfg["use_dora"],
+        task_type="CAUSAL_LM",
+    )
     peft_model = _get_peft_model(model, lora_config, cfg)
     fsdp_config = {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "use_orig_params": cfg["use_orig_params"]}
     if cfg["fsdp"] == "fsdp2":
         fsdp_config["version"] = 2
     kwargs = {} if cfg["use_reentrant"] is None else {"use_reentrant": cfg["use_reentrant"]}
     args = TrainingArguments(
-        output_dir=ctx["workdir"], per_device_train_batch_size=cfg["batch"], max_steps=cfg["steps"],
-        learning_rate=cfg["lr"], bf16=True, gradient_checkpointing=True, gradient_checkpointing_kwargs=kwargs,
-        fsdp="full_shard auto_wrap", fsdp_config=fsdp_config, report_to=[], save_strategy="no", logging_steps=1,
-        disable_tqdm=True, dataloader_num_workers=0,
-    )  # fmt: skip
+        output_dir=ctx["workdir"],
+        per_device_train_batch_size=cfg["batch"],
+        max_steps=cfg["steps"],
+        learning_rate=cfg["lr"],
+        bf16=True,
+        gradient_checkpointing=True,
+        gradient_checkpointing_kwargs=kwargs,
+        fsdp="full_shard auto_wrap",
+        fsdp_config=fsdp_config,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     trainer = None
     try:
         trainer = Trainer(model=peft_model, args=args, train_dataset=_TokenDataset(cfg, cfg["batch"] * cfg["steps"]))
@@ -732,8 +746,12 @@ def _run_trainer(cfg: dict, variant: str, ctx: dict) -> dict:
         if cfg["fsdp"] == "fsdp2" and ran != "fsdp2":
             raise compat.NotApplicable(f"this stack ignores fsdp_config version=2 and ran {ran}")
         losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-        metrics = {"losses": [round(x, 5) for x in losses], "global_step": trainer.state.global_step,
-                   "train_loss": result.training_loss, "fsdp_that_ran": ran}  # fmt: skip
+        metrics = {
+            "losses": [round(x, 5) for x in losses],
+            "global_step": trainer.state.global_step,
+            "train_loss": result.training_loss,
+            "fsdp_that_ran": ran,
+        }
         if not losses or not all(math.isfinite(x) for x in losses):
             raise compat.CheckFailed("finite_loss", f"losses {losses}", metrics)
         if trainer.state.global_step != cfg["steps"]:

@@ -43,9 +43,18 @@ def interrupted_run(results: Path, records: str, draws: dict | None = None) -> P
     """A run of the ci profile whose writer died (meta says running, nobody holds its lock)."""
     run_dir = results / "runs" / "ci-20261124T000000Z-dead"
     run_dir.mkdir(parents=True)
-    meta = {"run_id": run_dir.name, "profile": "ci", "profile_digest": runs.profile_digest(CI_PROFILE),
-            "status": "running", "shard": None, "started_at": "2026-11-24T00:00:00+00:00", "configs": {},
-            "draws": draws or {}, "hypothesis_profile": "ci", "attempts": []}  # fmt: skip
+    meta = {
+        "run_id": run_dir.name,
+        "profile": "ci",
+        "profile_digest": runs.profile_digest(CI_PROFILE),
+        "status": "running",
+        "shard": None,
+        "started_at": "2026-11-24T00:00:00+00:00",
+        "configs": {},
+        "draws": draws or {},
+        "hypothesis_profile": "ci",
+        "attempts": [],
+    }
     (run_dir / "meta.json").write_text(json.dumps(meta))
     (run_dir / "records.jsonl").write_text(records)
     return run_dir
@@ -101,12 +110,18 @@ def test_report_into_an_unwritable_place(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("case", "extra", "named"),
     [
-        ("unknown [scenario] section", '\n[scenario."S2-qlora-grad-flag"]\nexamples = 2\n',
-         ['scenario."S2-qlora-grad-flag"', "unknown scenario"]),
-        ("negative examples", '\n[scenario."S3-lora-sgd-scaling"]\nexamples = -1\n',
-         ["scenario.S3-lora-sgd-scaling.examples", "0 or more"]),
+        (
+            "unknown [scenario] section",
+            '\n[scenario."S2-qlora-grad-flag"]\nexamples = 2\n',
+            ['scenario."S2-qlora-grad-flag"', "unknown scenario"],
+        ),
+        (
+            "negative examples",
+            '\n[scenario."S3-lora-sgd-scaling"]\nexamples = -1\n',
+            ["scenario.S3-lora-sgd-scaling.examples", "0 or more"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_scenario_sections(tmp_path: Path, case: str, extra: str, named: list[str]) -> None:
     path = write_profile(tmp_path, CI_PROFILE.read_text() + extra, "ci-typo")
     results = tmp_path / "r"
@@ -142,8 +157,20 @@ def test_a_signal_before_the_first_record(tmp_path: Path, sig: signal.Signals, c
     """Stopped while the worker is still starting: the right exit code, the run marked interrupted with the
     signal, no traceback, and no table claiming there are no runs."""
     results = tmp_path / "r"
-    command = [sys.executable, "-m", "harness", "matrix", "--profile", "ci", "--scenario", "S3", "--cell", "old_*",
-               "--results-dir", str(results)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "harness",
+        "matrix",
+        "--profile",
+        "ci",
+        "--scenario",
+        "S3",
+        "--cell",
+        "old_*",
+        "--results-dir",
+        str(results),
+    ]
     proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not list(results.glob("runs/*/worker/*/*/launch-*")):

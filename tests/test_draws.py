@@ -92,9 +92,15 @@ def test_a_shrunk_failure_is_remembered_and_drawn_first(tmp_path: Path) -> None:
     original = next(c for c in draw_configs(STRATEGY, plan) if fails(c))
     db_path = tmp_path / "db"
     result = shrink(
-        STRATEGY, plan, original, "sig", lambda c: "sig" if fails(c) else None,
-        max_seconds=60, max_runs=500, database=ScenarioDatabase(db_path, "S9-toy"),
-    )  # fmt: skip
+        STRATEGY,
+        plan,
+        original,
+        "sig",
+        lambda c: "sig" if fails(c) else None,
+        max_seconds=60,
+        max_runs=500,
+        database=ScenarioDatabase(db_path, "S9-toy"),
+    )
     remembered = remembered_configs(STRATEGY, plan, db_path, "S9-toy")
     assert remembered and remembered[0] == result.minimal
     assert remembered_configs(STRATEGY, plan, db_path, "S8-other") == []  # scenarios do not share memory

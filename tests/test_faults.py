@@ -111,9 +111,18 @@ def test_broken_wheelhouse_is_install_failed(tmp_path: Path) -> None:
     empty.mkdir()
     env = os.environ | {"COMPAT_MATRIX_EXTRA_SCENARIOS": "tests.fault_scenarios.f1_faults"}
     proc, out, err = harness(
-        tmp_path / "results", "--profile", str(PROFILE), "--offline", "--wheelhouse", str(empty),
-        "--envs-dir", str(tmp_path / "envs"), "--cell", "current_*", env=env,
-    )  # fmt: skip
+        tmp_path / "results",
+        "--profile",
+        str(PROFILE),
+        "--offline",
+        "--wheelhouse",
+        str(empty),
+        "--envs-dir",
+        str(tmp_path / "envs"),
+        "--cell",
+        "current_*",
+        env=env,
+    )
     assert proc.returncode == 0, out + err
     records = read_records(next((tmp_path / "results").glob("runs/*/records.jsonl")))
     observed = {r["outcome"] for r in records}

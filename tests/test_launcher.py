@@ -38,9 +38,16 @@ def spec(tmp_path: Path, module: str = "toy_scenario", timeout: float = 3.0) -> 
     (tmp_path / "toy_scenario.py").write_text(TOY)
     (tmp_path / "broken_scenario.py").write_text("import no_such_package_anywhere\n")
     return LaunchSpec(
-        python=Path(sys.executable), module=module, preload=(), device="cpu", world_size=1,
-        env={"PYTHONPATH": str(tmp_path)}, workdir=tmp_path / "work", job_timeout_s=timeout, start_timeout_s=30,
-    )  # fmt: skip
+        python=Path(sys.executable),
+        module=module,
+        preload=(),
+        device="cpu",
+        world_size=1,
+        env={"PYTHONPATH": str(tmp_path)},
+        workdir=tmp_path / "work",
+        job_timeout_s=timeout,
+        start_timeout_s=30,
+    )
 
 
 def test_pass_fail_hang_abort_in_one_stream(tmp_path: Path) -> None:

@@ -208,9 +208,10 @@ def test_repro_reproduces_the_failure_and_its_fix_passes(ci_run: Path) -> None:
     for entry in index:
         assert (ci_run / "repros" / entry["file"]).is_file()
     entry = next(
-        e for e in index
+        e
+        for e in index
         if e["scenario"] == "S2-qlora-grad-flags" and e["variant"] == "baseline" and e["minimal_config_id"]
-    )  # fmt: skip
+    )
     assert "enable_input_require_grads" in entry["passing_fixes"]
     repro = ci_run / "repros" / entry["file"]
     failing = check_repro(repro, entry, timeout_s=900)
@@ -243,8 +244,11 @@ def test_site_json_and_markdown_show_the_facts_of_the_records(ci_run: Path) -> N
     assert embedded["entries"] == document["entries"]
     markdown = (ci_run / "COMPATIBILITY.md").read_text().split("## Summary", 1)[1].split("###", 1)[0]
     scenarios = next(line for line in markdown.splitlines() if line.startswith("| cell |")).split("|")[2:-1]
-    rows = {line.split("|")[1].strip(" `"): line.split("|")[2:-1] for line in markdown.splitlines()
-            if line.startswith("| `")}  # fmt: skip
+    rows = {
+        line.split("|")[1].strip(" `"): line.split("|")[2:-1]
+        for line in markdown.splitlines()
+        if line.startswith("| `")
+    }
     for entry in document["entries"]:
         baseline = [
             r
@@ -272,8 +276,11 @@ def test_check_in_an_old_and_a_new_environment_agrees_with_the_table(ci_run: Pat
         [python] = list(default_envs_dir().glob(f"{stack}_torch-2.13.0_bnb-latest-*/bin/python"))
         proc = subprocess.run(
             [str(python), "-m", "harness", "check", "--scenario", "S2-qlora-grad-flags", "--results-dir", str(ci_run)],
-            capture_output=True, text=True, cwd=REPO_ROOT, timeout=900,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            cwd=REPO_ROOT,
+            timeout=900,
+        )
         assert proc.returncode == expected_exit, proc.stdout + proc.stderr
         row = next(line for line in table.splitlines() if line.startswith(f"| `{stack}_"))
         table_says = "FAIL target `no-grad-element-0`" in row
@@ -290,8 +297,11 @@ def test_upstream_report_for_a_reproducer(ci_run: Path) -> None:
     entry = next(e for e in index if e["scenario"] == "S2-qlora-grad-flags" and e["variant"] == "baseline")
     proc = subprocess.run(
         [sys.executable, "-m", "harness", "upstream-report", entry["file"], "--results-dir", str(ci_run)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     body = proc.stdout
     for heading in ("### System Info", "### Reproduction", "### Expected behavior", "### Actual behavior"):

@@ -45,14 +45,24 @@ def test_two_agents_rendezvous_and_share_the_job_feed(tmp_path: Path) -> None:
     shared.mkdir()
     agent = subprocess.Popen(
         [sys.executable, "-m", "harness", "node-agent", "--watch", str(shared)],
-        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     spec = LaunchSpec(
-        python=python, module="tests.fault_scenarios.f1_faults", preload=("torch",), device="cpu",
-        world_size=1, env={"CUDA_VISIBLE_DEVICES": ""}, workdir=shared / "worker" / "cell" / "F1",
-        job_timeout_s=60, start_timeout_s=180, stop_after_failure=False,
-        nnodes=2, rdzv_endpoint=f"127.0.0.1:{free_port()}",
-    )  # fmt: skip
+        python=python,
+        module="tests.fault_scenarios.f1_faults",
+        preload=("torch",),
+        device="cpu",
+        world_size=1,
+        env={"CUDA_VISIBLE_DEVICES": ""},
+        workdir=shared / "worker" / "cell" / "F1",
+        job_timeout_s=60,
+        start_timeout_s=180,
+        stop_after_failure=False,
+        nnodes=2,
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+    )
     try:
         with WorkerSession(spec) as session:
             first = [r for r in session.run([({"n": 1}, "baseline"), ({"n": 2}, "baseline")])]

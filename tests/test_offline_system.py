@@ -23,8 +23,13 @@ from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.matrix
 
-OLD_STACK = ["transformers==4.41.2", "peft==0.12.0", "accelerate==0.31.0", "tokenizers==0.19.1",
-             "huggingface-hub==0.23.4"]  # fmt: skip
+OLD_STACK = [
+    "transformers==4.41.2",
+    "peft==0.12.0",
+    "accelerate==0.31.0",
+    "tokenizers==0.19.1",
+    "huggingface-hub==0.23.4",
+]
 #: What huggingface-hub 0.23 needs that a hub-1.x system lacks.
 SUPPORT = ["requests", "charset-normalizer", "idna", "urllib3", "certifi"]
 PROFILE = """
@@ -65,8 +70,22 @@ def system_python() -> Path:
 def wheelhouse(tmp_path_factory) -> Path:
     """Built while the network is allowed; the matrix run below gets none."""
     dest = tmp_path_factory.mktemp("wheelhouse")
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d",
-                    str(dest), *OLD_STACK, *SUPPORT], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            str(dest),
+            *OLD_STACK,
+            *SUPPORT,
+        ],
+        check=True,
+    )
     return dest
 
 
@@ -75,15 +94,38 @@ def test_system_torch_overlay_from_wheelhouse_without_network(tmp_path: Path, sy
     profile.write_text(PROFILE)
     results = tmp_path / "results"
     no_network = {
-        "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
-        "http_proxy": "http://127.0.0.1:9", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "UV_OFFLINE": "1",
-    }  # fmt: skip
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "https_proxy": "http://127.0.0.1:9",
+        "http_proxy": "http://127.0.0.1:9",
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": "",
+        "UV_OFFLINE": "1",
+    }
     proc = subprocess.run(
-        [sys.executable, "-m", "harness", "matrix", "--profile", str(profile), "--results-dir", str(results),
-         "--envs-dir", str(tmp_path / "envs"), "--offline", "--wheelhouse", str(wheelhouse),
-         "--system-torch", str(system_python)],
-        capture_output=True, text=True, cwd=REPO_ROOT, env=dict(os.environ) | no_network, timeout=1200,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "matrix",
+            "--profile",
+            str(profile),
+            "--results-dir",
+            str(results),
+            "--envs-dir",
+            str(tmp_path / "envs"),
+            "--offline",
+            "--wheelhouse",
+            str(wheelhouse),
+            "--system-torch",
+            str(system_python),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=dict(os.environ) | no_network,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = read_records(next(results.glob("runs/*/records.jsonl")))
     assert records and all(r["outcome"] == "pass" for r in records), [r["message"] for r in records]

@@ -129,8 +129,10 @@ def test_unknown_variant_in_a_profile_exit_2(tmp_path: Path) -> None:
     results = tmp_path / "results"
     proc = subprocess.run(
         [sys.executable, "-m", "harness", "matrix", "--profile", str(path), "--results-dir", str(results)],
-        capture_output=True, text=True, cwd=REPO_ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+    )
     record_fault("bad input: unknown variant in a profile", "exit 2", f"exit {proc.returncode}")
     assert proc.returncode == 2 and "no_such_fix" in proc.stderr and proc.stderr.count("\n") == 1
     assert not results.exists()
@@ -141,7 +143,9 @@ def test_unwritable_results_dir_exit_2(tmp_path: Path) -> None:
     not_a_dir.write_text("")  # root ignores permission bits: a path under a regular file cannot be created at all
     proc = subprocess.run(
         [sys.executable, "-m", "harness", "matrix", "--profile", "ci", "--results-dir", str(not_a_dir / "results")],
-        capture_output=True, text=True, cwd=REPO_ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+    )
     record_fault("bad input: unwritable results directory", "exit 2", f"exit {proc.returncode}")
     assert proc.returncode == 2 and "not writable" in proc.stderr and proc.stderr.count("\n") == 1

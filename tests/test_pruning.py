@@ -57,10 +57,27 @@ def test_the_matrix_skips_a_pruned_cell_without_installing_it(tmp_path: Path, wh
     results = tmp_path / "results"
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     proc = subprocess.run(
-        [sys.executable, "-m", "harness", "matrix", "--profile", str(profile), "--results-dir", str(results),
-         "--offline", "--wheelhouse", str(wheelhouse), "--envs-dir", str(tmp_path / "envs"), "--no-report"],
-        capture_output=True, text=True, cwd=REPO_ROOT, env=dict(__import__("os").environ) | env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "matrix",
+            "--profile",
+            str(profile),
+            "--results-dir",
+            str(results),
+            "--offline",
+            "--wheelhouse",
+            str(wheelhouse),
+            "--envs-dir",
+            str(tmp_path / "envs"),
+            "--no-report",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=dict(__import__("os").environ) | env,
+    )
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in next(results.glob("runs/*/records.jsonl")).read_text().splitlines()]
     assert records and {r["signature"] for r in records} == {"pruned-incompatible-pins"}

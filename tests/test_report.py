@@ -17,9 +17,18 @@ def write_run(root: Path, run_id: str, profile: str, started: str, records: list
 
 def rec(run: str, cell: str, scenario: str, outcome: str, variant: str = "baseline", sig: str | None = None) -> dict:
     return {
-        "run_id": run, "cell": cell, "scenario": scenario, "variant": variant, "config_id": "c1",
-        "config": {}, "outcome": outcome, "signature": sig, "message": "", "metrics": {}, "started_at": run,
-    }  # fmt: skip
+        "run_id": run,
+        "cell": cell,
+        "scenario": scenario,
+        "variant": variant,
+        "config_id": "c1",
+        "config": {},
+        "outcome": outcome,
+        "signature": sig,
+        "message": "",
+        "metrics": {},
+        "started_at": run,
+    }
 
 
 def test_newer_run_updates_its_cells_without_hiding_the_rest(tmp_path: Path) -> None:
@@ -51,8 +60,9 @@ def test_an_older_run_that_disagrees_is_shown_as_flaky_not_hidden(tmp_path: Path
 
 
 def test_a_disagreement_under_changed_scenario_code_is_not_called_flaky(tmp_path: Path) -> None:
-    write_run(tmp_path, "gpu-1", "gpu", "1", [rec("gpu-1", "a", "S1-x", "fail", sig="s")],
-              scenario_digests={"S1-x": "aaa"})  # fmt: skip
+    write_run(
+        tmp_path, "gpu-1", "gpu", "1", [rec("gpu-1", "a", "S1-x", "fail", sig="s")], scenario_digests={"S1-x": "aaa"}
+    )
     write_run(tmp_path, "gpu-2", "gpu", "2", [rec("gpu-2", "a", "S1-x", "pass")], scenario_digests={"S1-x": "bbb"})
     assert select_runs(tmp_path).conflicting == frozenset()
 
@@ -82,8 +92,10 @@ def test_an_old_record_is_named_by_todays_rules(tmp_path: Path) -> None:
         "IndexError: tuple index out of range\n"
     )
     old = rec("gpu-1", "a", "S1-x", "fail", sig="unclassified-IndexError-df54036f") | {
-        "exc_type": "builtins.IndexError", "message": "tuple index out of range", "traceback": traceback,
-    }  # fmt: skip
+        "exc_type": "builtins.IndexError",
+        "message": "tuple index out of range",
+        "traceback": traceback,
+    }
     write_run(tmp_path, "gpu-1", "gpu", "1", [old])
     stored = (tmp_path / "runs" / "gpu-1" / "records.jsonl").read_text()
     text = render_markdown(select_runs(tmp_path))
@@ -113,13 +125,17 @@ def test_headline_counts_the_target_apart_from_other_failures(tmp_path: Path) ->
 
     dtype = "checkpoint-recompute-dtype[float32->bfloat16]"
     records = [
-        r("c1", "baseline", "fail", dtype), r("c2", "baseline", "fail", dtype),
-        r("c3", "baseline", "fail", "optimizer-bf16-grad-on-fp32-param"), r("c4", "baseline", "pass", dora=False),
-        r("c1", "use_reentrant", "pass"), r("c2", "use_reentrant", "fail", "no-grad-element-0"),
+        r("c1", "baseline", "fail", dtype),
+        r("c2", "baseline", "fail", dtype),
+        r("c3", "baseline", "fail", "optimizer-bf16-grad-on-fp32-param"),
+        r("c4", "baseline", "pass", dora=False),
+        r("c1", "use_reentrant", "pass"),
+        r("c2", "use_reentrant", "fail", "no-grad-element-0"),
         r("c3", "use_reentrant", "fail", "optimizer-bf16-grad-on-fp32-param"),
-        r("c1", "fsdp2", "pass"), r("c2", "fsdp2", "pass"),
+        r("c1", "fsdp2", "pass"),
+        r("c2", "fsdp2", "pass"),
         r("c3", "fsdp2", "fail", "optimizer-bf16-grad-on-fp32-param"),
-    ]  # fmt: skip
+    ]
     write_run(tmp_path, "cpu-1", "cpu", "1", records)
     text = render_markdown(select_runs(tmp_path), {"S1-x": spec})
     row = next(line for line in text.split("## Summary")[1].splitlines() if line.startswith("| `a` |"))

@@ -35,8 +35,18 @@ METHODS = ("truncated-last-line", "kill-9", "sigint")
 
 
 def start(results: Path, *extra: str, profile: Path = PROFILE, env: dict[str, str] | None = None) -> subprocess.Popen:
-    command = [sys.executable, "-m", "harness", "matrix", "--profile", str(profile), "--results-dir", str(results),
-               "--no-report", *extra]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "harness",
+        "matrix",
+        "--profile",
+        str(profile),
+        "--results-dir",
+        str(results),
+        "--no-report",
+        *extra,
+    ]
     log = open(results.parent / f"{results.name}.log", "ab")
     proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     log.close()
@@ -154,8 +164,13 @@ def test_twenty_interruptions_change_no_result(reference, tmp_path: Path) -> Non
     runs = [p for p in (results / "runs").iterdir() if p.is_dir()]
     wrong = wrong_outcomes(records_of(results), reference)
     meta = json.loads((runs[0] / "meta.json").read_text())
-    record_fault(f"{interruptions} interruptions (cut line, kill -9, SIGINT)", "0 keys differ",
-                 f"{len(wrong)} keys differ", orphans=orphans, wrong=len(wrong))  # fmt: skip
+    record_fault(
+        f"{interruptions} interruptions (cut line, kill -9, SIGINT)",
+        "0 keys differ",
+        f"{len(wrong)} keys differ",
+        orphans=orphans,
+        wrong=len(wrong),
+    )
     assert interruptions == POINTS, f"only {interruptions} interruption points were reached"
     assert len(runs) == 1, "every re-run resumed the one unfinished run"
     assert not wrong, "\n".join(wrong[:20])
@@ -179,8 +194,9 @@ def test_two_concurrent_invocations_never_share_a_run(reference, tmp_path: Path)
     codes = sorted([first.wait(timeout=900), second.wait(timeout=900)])
     log = (tmp_path / "r.log").read_text()
     wrong = wrong_outcomes(records_of(results), reference)
-    record_fault("two invocations at once, a third later", "exits [0, 2, 2]", f"exits {[*codes, third_code]}",
-                 wrong=len(wrong))  # fmt: skip
+    record_fault(
+        "two invocations at once, a third later", "exits [0, 2, 2]", f"exits {[*codes, third_code]}", wrong=len(wrong)
+    )
     assert codes == [0, 2] and third_code == 2, log
     assert log.count("is being written by pid") == 2, log
     assert len([p for p in (results / "runs").iterdir() if p.is_dir()]) == 1
@@ -205,6 +221,10 @@ def test_kill9_while_a_job_holds_the_gil_leaves_nothing_running(tmp_path: Path) 
     proc.kill()
     proc.wait()
     left = survivors(proc.pid, within_s=5.0)
-    record_fault("kill -9 of the harness, job holding the GIL", "0 survivors after 5 s",
-                 f"{len(left)} survivors after 5 s", orphans=len(left))  # fmt: skip
+    record_fault(
+        "kill -9 of the harness, job holding the GIL",
+        "0 survivors after 5 s",
+        f"{len(left)} survivors after 5 s",
+        orphans=len(left),
+    )
     assert left == []

@@ -81,8 +81,13 @@ def test_a_spec_that_breaks_the_contract_is_named() -> None:
     from harness.define.registry import validate_spec
     from harness.errors import UsageError
 
-    good = {"id": "S9-x", "title": "t", "target": ["no-grad-element-0"], "controls": [],
-            "variants": {"baseline": ("baseline", "default"), "fix_a": ("fix", "flag a")}}  # fmt: skip
+    good = {
+        "id": "S9-x",
+        "title": "t",
+        "target": ["no-grad-element-0"],
+        "controls": [],
+        "variants": {"baseline": ("baseline", "default"), "fix_a": ("fix", "flag a")},
+    }
     validate_spec("scenarios.s9_x", good)
     broken = [
         ({"target": "sig"}, "SPEC.target"),

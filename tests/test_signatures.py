@@ -108,6 +108,15 @@ def test_the_harness_keeps_only_generic_names() -> None:
     import harness.recording.signatures
 
     source = Path(harness.recording.signatures.__file__).read_text()
-    for specific in ("checkpoint-recompute", "no-grad-element", "dora", "fsdp-", "zero3", "matmul", "zip-length",
-                     "optimizer-bf16", "nn.Parameter"):  # fmt: skip
+    for specific in (
+        "checkpoint-recompute",
+        "no-grad-element",
+        "dora",
+        "fsdp-",
+        "zero3",
+        "matmul",
+        "zip-length",
+        "optimizer-bf16",
+        "nn.Parameter",
+    ):
         assert specific not in source, specific

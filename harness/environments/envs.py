@@ -113,8 +113,10 @@ def default_envs_dir() -> Path:
     home = os.environ.get("HOME", "")
     if not home or not os.path.isabs(home):
         # Path.home() would give "/" or a relative path: a 1.3 GB environment in /.cache, silently.
-        raise UsageError(f"HOME is {home!r}, so there is no cache directory for cell environments: set HOME, "
-                         "XDG_CACHE_HOME or COMPAT_MATRIX_ENVS, or pass --envs-dir")  # fmt: skip
+        raise UsageError(
+            f"HOME is {home!r}, so there is no cache directory for cell environments: set HOME, "
+            "XDG_CACHE_HOME or COMPAT_MATRIX_ENVS, or pass --envs-dir"
+        )
     return Path(home) / ".cache" / "compat-matrix" / "envs"
 
 
@@ -137,9 +139,15 @@ def ensure_env(cell: Cell, profile: Profile, options: InstallOptions) -> EnvResu
     marker = target / MARKER
     if marker.is_file() and not options.rebuild:
         data = json.loads(marker.read_text())
-        return EnvResult(Path(data["python"]), data["versions"], True, time.monotonic() - start,
-                         pythonpath=data.get("pythonpath"), mode=data.get("mode", "uv"),
-                         overlaid=data.get("overlaid", []))  # fmt: skip
+        return EnvResult(
+            Path(data["python"]),
+            data["versions"],
+            True,
+            time.monotonic() - start,
+            pythonpath=data.get("pythonpath"),
+            mode=data.get("mode", "uv"),
+            overlaid=data.get("overlaid", []),
+        )
     if target.exists():
         shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -152,11 +160,28 @@ def ensure_env(cell: Cell, profile: Profile, options: InstallOptions) -> EnvResu
     except InstallFailed as exc:
         shutil.rmtree(target, ignore_errors=True)
         return EnvResult(None, {}, False, time.monotonic() - start, failure=str(exc), mode=options.mode(profile))
-    marker.write_text(json.dumps({"requirements": cell.requirements(), "python": str(result.python),
-                                  "versions": result.versions, "pythonpath": result.pythonpath,
-                                  "mode": result.mode, "overlaid": result.overlaid}, indent=1))  # fmt: skip
-    return EnvResult(result.python, result.versions, False, time.monotonic() - start, pythonpath=result.pythonpath,
-                     mode=result.mode, overlaid=result.overlaid)  # fmt: skip
+    marker.write_text(
+        json.dumps(
+            {
+                "requirements": cell.requirements(),
+                "python": str(result.python),
+                "versions": result.versions,
+                "pythonpath": result.pythonpath,
+                "mode": result.mode,
+                "overlaid": result.overlaid,
+            },
+            indent=1,
+        )
+    )
+    return EnvResult(
+        result.python,
+        result.versions,
+        False,
+        time.monotonic() - start,
+        pythonpath=result.pythonpath,
+        mode=result.mode,
+        overlaid=result.overlaid,
+    )
 
 
 def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Path, deadline: float) -> EnvResult:
@@ -173,9 +198,22 @@ def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Pat
     if late:
         # Built against the torch installed by the first step (DeepSpeed needs torch at build time).
         env = dict(os.environ) | profile.install_env
-        _run(["pip", "install", "--compile-bytecode", "--python", str(python), "--no-build-isolation", *flags, *early,
-              *late], deadline,
-             env=env, uv=True)  # fmt: skip
+        _run(
+            [
+                "pip",
+                "install",
+                "--compile-bytecode",
+                "--python",
+                str(python),
+                "--no-build-isolation",
+                *flags,
+                *early,
+                *late,
+            ],
+            deadline,
+            env=env,
+            uv=True,
+        )
     return EnvResult(python, installed_versions(python), False, 0.0, mode="uv")
 
 
@@ -197,12 +235,20 @@ def _build_overlay(cell: Cell, profile: Profile, options: InstallOptions, target
         overlay = target / "site"
         links = ["--find-links", str(options.wheelhouse)] if options.wheelhouse else []
         index = ["--no-index"] if options.offline or options.wheelhouse else []
-        _run([*_pip_install(python), "--quiet", "--no-deps", "--target", str(overlay), *index, *links, *wanted],
-             deadline)  # fmt: skip
+        _run(
+            [*_pip_install(python), "--quiet", "--no-deps", "--target", str(overlay), *index, *links, *wanted], deadline
+        )
         _check_overlay_closure(python, str(overlay), [Requirement(w).name for w in wanted])
         versions = installed_versions(python, pythonpath=str(overlay))
-        return EnvResult(python, versions, False, 0.0, pythonpath=str(overlay), mode="system-overlay",
-                         overlaid=sorted(Requirement(w).name.lower() for w in wanted))  # fmt: skip
+        return EnvResult(
+            python,
+            versions,
+            False,
+            0.0,
+            pythonpath=str(overlay),
+            mode="system-overlay",
+            overlaid=sorted(Requirement(w).name.lower() for w in wanted),
+        )
     target.mkdir(parents=True, exist_ok=True)
     return EnvResult(python, system, False, 0.0, mode="system")
 
@@ -230,8 +276,9 @@ print(json.dumps(problems))
 def _check_overlay_closure(python: Path, overlay: str, names: list[str]) -> None:
     """--no-deps overlays can miss what the node lacks: say so now, as install-failed, not later at import."""
     env = dict(os.environ, PYTHONPATH=overlay)
-    proc = subprocess.run([str(python), "-c", CHECK_REQUIRES, json.dumps(names)], capture_output=True, text=True,
-                          env=env)  # fmt: skip
+    proc = subprocess.run(
+        [str(python), "-c", CHECK_REQUIRES, json.dumps(names)], capture_output=True, text=True, env=env
+    )
     if proc.returncode != 0:
         return  # no `packaging` on the node: the worker's import check still catches a broken stack
     problems = json.loads(proc.stdout)
@@ -271,8 +318,9 @@ def _run(args: list[str], deadline: float, env: dict[str, str] | None = None, uv
         raise InstallFailed("install timed out")
     command = [uv_binary(), *args] if uv else args
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=remaining, env=env,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.run(
+            command, capture_output=True, text=True, timeout=remaining, env=env, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired:
         raise InstallFailed(f"install timed out after {remaining:.0f} s: {' '.join(args[:2])}") from None
     if proc.returncode != 0:

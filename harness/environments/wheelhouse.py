@@ -60,9 +60,26 @@ def download(lines: list[str], dest: Path, python: str, platforms: list[str]) ->
     tags = [flag for p in platforms for flag in ("--platform", p)]
     for line in lines:
         print(f"  download {line}", flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                        "--python-version", python, "--implementation", "cp", *tags, "-d", str(dest), line],
-                       check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--python-version",
+                python,
+                "--implementation",
+                "cp",
+                *tags,
+                "-d",
+                str(dest),
+                line,
+            ],
+            check=True,
+        )
 
 
 def build_sdists(lines: list[str], dest: Path, torch: str) -> None:
@@ -81,8 +98,11 @@ def build_sdists(lines: list[str], dest: Path, torch: str) -> None:
         env = dict(os.environ) | build_env
         for line in lines:
             print(f"  build {line} (pure-Python wheel, {shown or 'no build variables'}, over {torch})", flush=True)
-            subprocess.run([python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                            "-w", str(dest), line], check=True, env=env)  # fmt: skip
+            subprocess.run(
+                [python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(dest), line],
+                check=True,
+                env=env,
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,11 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     wheels, sdists, support, build_torch = requirements_for(args.profile)
     if args.only:
         keep = {n.lower() for n in args.only}
-        wheels, sdists, support = ([r for r in group if Requirement(r).name.lower() in keep]
-                                   for group in (wheels, sdists, support))  # fmt: skip
+        wheels, sdists, support = (
+            [r for r in group if Requirement(r).name.lower() in keep] for group in (wheels, sdists, support)
+        )
     platforms = list(dict.fromkeys([*args.platform, *DEFAULT_PLATFORMS]))
-    print(f"wheelhouse for profile {args.profile}: {len(wheels)} downloads, {len(sdists)} builds, "
-          f"{len(support)} support wheels -> {args.dest}", flush=True)  # fmt: skip
+    print(
+        f"wheelhouse for profile {args.profile}: {len(wheels)} downloads, {len(sdists)} builds, "
+        f"{len(support)} support wheels -> {args.dest}",
+        flush=True,
+    )
     download(wheels + support, args.dest, args.python, platforms)
     build_sdists(sdists, args.dest, build_torch)
     total = sum(p.stat().st_size for p in args.dest.glob("*.whl"))

@@ -440,10 +440,28 @@ def _watch(
 STACK_WAIT_S = 2.0
 _DUMP_START = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):", re.M)
 #: Collectives a stack can be waiting in (torch.distributed, its c10d internals, DeepSpeed's comm layer).
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
-               "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all", "all_to_all_single", "broadcast",
-               "reduce", "barrier", "monitored_barrier", "gather", "scatter", "send", "recv", "isend", "irecv",
-               "wait")  # fmt: skip
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "_all_gather_base",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "_reduce_scatter_base",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast",
+    "reduce",
+    "barrier",
+    "monitored_barrier",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "wait",
+)
 
 
 def hang_stacks(pids: dict[int, int], out_dir: Path) -> dict[int, str]:

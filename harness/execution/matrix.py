@@ -82,8 +82,10 @@ def _chosen_run(profile: Profile, options: MatrixOptions, digest: str, shard: li
         if not meta:
             raise UsageError(f"--resume {options.resume_run}: no run with meta.json under {run_dir.parent}")
         if meta.get("profile") != profile.name:
-            raise UsageError(f"--resume {options.resume_run}: that run is of profile {meta.get('profile')!r}, "
-                             f"not {profile.name!r} (pass --profile {meta.get('profile')})")  # fmt: skip
+            raise UsageError(
+                f"--resume {options.resume_run}: that run is of profile {meta.get('profile')!r}, "
+                f"not {profile.name!r} (pass --profile {meta.get('profile')})"
+            )
         return run_dir
     if options.fresh:
         return None

@@ -53,9 +53,14 @@ class NodeAgent:
         env = os.environ | info["env"] | {TOKEN_VAR: token, ORCHESTRATOR_VAR: str(os.getpid())}
         log = open(out_dir / f"agent-{os.uname().nodename}-{os.getpid()}.log", "wb")
         proc = subprocess.Popen(
-            info["command"], env=env, cwd=info.get("cwd"), stdout=log, stderr=log,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            info["command"],
+            env=env,
+            cwd=info.get("cwd"),
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
         return proc, token
 

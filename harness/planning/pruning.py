@@ -77,9 +77,10 @@ def _from_index(package: str, version: str) -> str | None:
     """The PEP 658 metadata file if the index serves one; else a small wheel's METADATA; else None."""
     try:
         wheels = [
-            item for item in index_files(package)
+            item
+            for item in index_files(package)
             if item.get("filename", "").endswith(".whl") and str(parse_wheel_filename(item["filename"])[1]) == version
-        ]  # fmt: skip
+        ]
         for item in wheels:
             if item.get("core-metadata") or item.get("dist-info-metadata"):
                 with urllib.request.urlopen(item["url"] + ".metadata", timeout=60) as response:

@@ -24,16 +24,27 @@ def plot_real_size(rows: list[dict[str, Any]], path: Path) -> Path | None:
     labelled: set[int] = set()
     for i, (base, autocast, variant) in enumerate(series):
         for j, release in enumerate(releases):
-            found = [r for r in rows if (r["peft"], r["base"], r["autocast"], r["variant"]) ==
-                     (release, base, autocast, variant) and r["ratio"]]  # fmt: skip
+            found = [
+                r
+                for r in rows
+                if (r["peft"], r["base"], r["autocast"], r["variant"]) == (release, base, autocast, variant)
+                and r["ratio"]
+            ]
             if not found:
                 continue
             row = found[0]
             label = None if i in labelled else f"{base}{', autocast' if autocast else ''}: {variant}"
             labelled.add(i)
-            ax.bar(j + (i - (len(series) - 1) / 2) * width, row["ratio"], width, color=colours[i % len(colours)],
-                   hatch="//" if row["outcome"] != "pass" else None, edgecolor="black", linewidth=0.4,
-                   label=label)  # fmt: skip
+            ax.bar(
+                j + (i - (len(series) - 1) / 2) * width,
+                row["ratio"],
+                width,
+                color=colours[i % len(colours)],
+                hatch="//" if row["outcome"] != "pass" else None,
+                edgecolor="black",
+                linewidth=0.4,
+                label=label,
+            )
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks(range(len(releases)), [f"peft {r}" for r in releases])
     ax.set_ylabel("DoRA / LoRA peak memory")

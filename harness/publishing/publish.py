@@ -128,10 +128,15 @@ def changes_since_previous(results_dir: Path, selection: Selection) -> dict[str,
     newly_failing, newly_fixed = [], []
     for meta in selection.metas:
         older = sorted(
-            (m for m in metas.values() if m.get("profile") == meta.get("profile")
-             and m.get("started_at", "") < meta.get("started_at", "") and not m.get("superseded_by")),
+            (
+                m
+                for m in metas.values()
+                if m.get("profile") == meta.get("profile")
+                and m.get("started_at", "") < meta.get("started_at", "")
+                and not m.get("superseded_by")
+            ),
             key=lambda m: m.get("started_at", ""),
-        )  # fmt: skip
+        )
         if not older:
             continue
         previous = older[-1]
@@ -147,9 +152,16 @@ def changes_since_previous(results_dir: Path, selection: Selection) -> dict[str,
             if not same_code((previous, earlier), (meta, record)):
                 continue  # the scenario itself changed between the runs: not a change of the stack
             old = earlier["outcome"]
-            item = {"cell": record["cell"], "scenario": record["scenario"], "config_id": record["config_id"],
-                    "before": old, "after": record["outcome"], "signature": record.get("signature"),
-                    "previous_run": previous["run_id"], "run": meta["run_id"]}  # fmt: skip
+            item = {
+                "cell": record["cell"],
+                "scenario": record["scenario"],
+                "config_id": record["config_id"],
+                "before": old,
+                "after": record["outcome"],
+                "signature": record.get("signature"),
+                "previous_run": previous["run_id"],
+                "run": meta["run_id"],
+            }
             if old == "pass" and record["outcome"] in BAD:
                 newly_failing.append(item)
             elif old in BAD and record["outcome"] == "pass":
@@ -193,12 +205,23 @@ def write_junit(selection: Selection, out_dir: Path) -> list[Path]:
             failures = sum(1 for r in group if r["outcome"] == "fail")
             errors = sum(1 for r in group if r["outcome"] in BAD and r["outcome"] != "fail")
             skipped = sum(1 for r in group if r["outcome"] in ("skip", "install-failed"))
-            suite = ET.SubElement(suites, "testsuite", name=f"{cell}/{scenario}", tests=str(len(group)),
-                                  failures=str(failures), errors=str(errors), skipped=str(skipped))  # fmt: skip
+            suite = ET.SubElement(
+                suites,
+                "testsuite",
+                name=f"{cell}/{scenario}",
+                tests=str(len(group)),
+                failures=str(failures),
+                errors=str(errors),
+                skipped=str(skipped),
+            )
             for record in group:
-                case = ET.SubElement(suite, "testcase", classname=f"{cell}.{scenario}",
-                                     name=f"{record['variant']}[{record['config_id']}]",
-                                     time=str(record.get("duration_s") or 0))  # fmt: skip
+                case = ET.SubElement(
+                    suite,
+                    "testcase",
+                    classname=f"{cell}.{scenario}",
+                    name=f"{record['variant']}[{record['config_id']}]",
+                    time=str(record.get("duration_s") or 0),
+                )
                 outcome = record["outcome"]
                 if outcome == "fail":
                     node = ET.SubElement(case, "failure", message=record.get("signature") or "", type=outcome)

@@ -64,11 +64,22 @@ def report_body(results_dir: Path, entry: dict[str, Any]) -> str:
         "",
     ]
     if record.get("traceback"):
-        lines += ["<details><summary>Traceback</summary>", "", "```", record["traceback"].strip(), "```", "",
-                  "</details>", ""]  # fmt: skip
+        lines += [
+            "<details><summary>Traceback</summary>",
+            "",
+            "```",
+            record["traceback"].strip(),
+            "```",
+            "",
+            "</details>",
+            "",
+        ]
     if fixes:
-        lines += [f"Workarounds that pass on the same config: {', '.join(f'`{f}`' for f in fixes)} "
-                  f"(`uv run {entry['file']} --variant <name>`).", ""]  # fmt: skip
+        lines += [
+            f"Workarounds that pass on the same config: {', '.join(f'`{f}`' for f in fixes)} "
+            f"(`uv run {entry['file']} --variant <name>`).",
+            "",
+        ]
     flips = _flips(results_dir, entry["scenario"])
     if flips:
         lines += ["First release where the outcome flips (bisected by the harness):", *flips, ""]

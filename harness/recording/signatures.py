@@ -55,8 +55,12 @@ def rename(record: dict[str, Any]) -> dict[str, Any]:
     verdict = classify("exception", detail)
     if verdict.signature == record.get("signature"):
         return record
-    renamed = record | {"signature": verdict.signature, "known_issue": verdict.known_issue,
-                        "classified": verdict.classified, "signature_at_run": record.get("signature")}  # fmt: skip
+    renamed = record | {
+        "signature": verdict.signature,
+        "known_issue": verdict.known_issue,
+        "classified": verdict.classified,
+        "signature_at_run": record.get("signature"),
+    }
     if record["outcome"] == "fail" and verdict.outcome != "skip":
         renamed["outcome"] = verdict.outcome  # e.g. a failure today's rules know as our own setup's (error)
     return renamed

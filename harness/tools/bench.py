@@ -46,8 +46,11 @@ def bench_env_build(workdir: Path) -> dict[str, float]:
         target = workdir / name
         env = dict(os.environ, UV_CACHE_DIR=str(cache))
         subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(target)], check=True, env=env)
-        subprocess.run([uv, "pip", "install", "-q", "--python", str(target / "bin/python"), *flags,
-                        *BENCH_REQUIREMENTS], check=True, env=env)  # fmt: skip
+        subprocess.run(
+            [uv, "pip", "install", "-q", "--python", str(target / "bin/python"), *flags, *BENCH_REQUIREMENTS],
+            check=True,
+            env=env,
+        )
 
     def pip_build() -> None:
         target = workdir / "pip"
@@ -63,8 +66,9 @@ def bench_env_build(workdir: Path) -> dict[str, float]:
     return results
 
 
-def bench_worker(configs: int, workdir: Path, scenario_id: str = "S3", profile_name: str = "ci",
-                 cell_glob: str = "current_*") -> dict[str, float]:  # fmt: skip
+def bench_worker(
+    configs: int, workdir: Path, scenario_id: str = "S3", profile_name: str = "ci", cell_glob: str = "current_*"
+) -> dict[str, float]:
     """One scenario's baseline jobs: one worker for all configs vs a fresh process per config, same configs,
     same cell (S3: single process; S4: torchrun with 2 ranks and deepspeed, where start-up costs most)."""
     profile = load_profile(profile_name, REPO_ROOT / "matrix")
@@ -82,10 +86,18 @@ def bench_worker(configs: int, workdir: Path, scenario_id: str = "S3", profile_n
     extra = {"DS_ACCELERATOR": "cpu"} if scenario.distributed else {}
 
     def spec(tag: str) -> LaunchSpec:
-        return LaunchSpec(python=env.python, module=scenario.module_name, preload=scenario.preload, device="cpu",
-                          world_size=world_size, env={"CUDA_VISIBLE_DEVICES": ""} | extra,
-                          workdir=workdir / scenario_id / tag, job_timeout_s=300, start_timeout_s=300,
-                          stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)))  # fmt: skip
+        return LaunchSpec(
+            python=env.python,
+            module=scenario.module_name,
+            preload=scenario.preload,
+            device="cpu",
+            world_size=world_size,
+            env={"CUDA_VISIBLE_DEVICES": ""} | extra,
+            workdir=workdir / scenario_id / tag,
+            job_timeout_s=300,
+            start_timeout_s=300,
+            stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
+        )
 
     def check(results) -> None:
         bad = [r for r in results if r.status != "pass"]
@@ -137,8 +149,19 @@ def bench_growth(workdir: Path, sizes: tuple[int, ...] = (1, 2, 4, 8)) -> dict[s
     def run(n: int) -> float:
         profile = workdir / f"growth{n}.toml"
         profile.write_text(GROWTH_PROFILE.format(accelerate=json.dumps(GROWTH_ACCELERATE[:n])))
-        command = [sys.executable, "-m", "harness", "matrix", "--profile", str(profile), "--fresh", "--no-report",
-                   "--no-example-db", "--results-dir", str(workdir / f"results{n}")]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "harness",
+            "matrix",
+            "--profile",
+            str(profile),
+            "--fresh",
+            "--no-report",
+            "--no-example-db",
+            "--results-dir",
+            str(workdir / f"results{n}"),
+        ]
         started = time.perf_counter()
         subprocess.run(command, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return time.perf_counter() - started
@@ -150,29 +173,45 @@ def bench_growth(workdir: Path, sizes: tuple[int, ...] = (1, 2, 4, 8)) -> dict[s
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum((x - mean_x) ** 2 for x in xs)
     fixed = mean_y - slope * mean_x
     worst = max(abs(y - (fixed + slope * x)) / y for x, y in zip(xs, ys, strict=True))
-    return {"warmup_s": warmup, "wall_s": {str(n): w for n, w in walls.items()}, "fixed_s": fixed,
-            "per_cell_s": slope, "worst_fit_error": worst}  # fmt: skip
+    return {
+        "warmup_s": warmup,
+        "wall_s": {str(n): w for n, w in walls.items()},
+        "fixed_s": fixed,
+        "per_cell_s": slope,
+        "worst_fit_error": worst,
+    }
 
 
 def bench_reduction(results_dir: Path) -> dict[str, object]:
     """Cells each method needs for the same question: the full product and pairwise on a 4x4x4 matrix, and
     the newest recorded bisect (real cell runs) against the full sweep of its releases."""
-    dims = {"torch": ["2.10.0", "2.11.0", "2.12.0", "2.13.0"], "deepspeed": ["0.19.2", "0.19.4", "0.19.6", "0.19.8"],
-            "bitsandbytes": ["0.47.0", "0.48.0", "0.49.0", "0.50.2"]}  # fmt: skip
+    dims = {
+        "torch": ["2.10.0", "2.11.0", "2.12.0", "2.13.0"],
+        "deepspeed": ["0.19.2", "0.19.4", "0.19.6", "0.19.8"],
+        "bitsandbytes": ["0.47.0", "0.48.0", "0.49.0", "0.50.2"],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         text = '[profile]\ndevice = "cpu"\n[axes]\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in dims.items())
         path = Path(tmp) / "wide.toml"
         path.write_text(text)
         pairwise = build_plan(load_profile(str(path), Path(tmp)), reduce="pairwise", prune=False).reduction
-    report: dict[str, object] = {"full_product_cells": pairwise.cells_full, "pairwise": pairwise.as_json(),
-                                 "dimensions": {k: len(v) for k, v in dims.items()}}  # fmt: skip
+    report: dict[str, object] = {
+        "full_product_cells": pairwise.cells_full,
+        "pairwise": pairwise.as_json(),
+        "dimensions": {k: len(v) for k, v in dims.items()},
+    }
     verdicts = sorted((results_dir / "bisect").glob("*/verdict.json"))
     if verdicts:
         verdict = json.loads(verdicts[-1].read_text())
-        report["bisect"] = {"file": str(verdicts[-1].relative_to(REPO_ROOT)) if verdicts[-1].is_relative_to(REPO_ROOT)
-                            else str(verdicts[-1]), "releases": len(verdict["candidates"]),
-                            "cell_runs": verdict["cell_runs"], "full_sweep_cell_runs": len(verdict["candidates"]),
-                            "first_flip": verdict["first_flip"]}  # fmt: skip
+        report["bisect"] = {
+            "file": str(verdicts[-1].relative_to(REPO_ROOT))
+            if verdicts[-1].is_relative_to(REPO_ROOT)
+            else str(verdicts[-1]),
+            "releases": len(verdict["candidates"]),
+            "cell_runs": verdict["cell_runs"],
+            "full_sweep_cell_runs": len(verdict["candidates"]),
+            "first_flip": verdict["first_flip"],
+        }
     return report
 
 
@@ -186,8 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.configs < 2:
         parser.error("--configs must be at least 2")
-    report: dict[str, object] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                                 "hardware": hardware.describe("cpu")}  # fmt: skip
+    report: dict[str, object] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "hardware": hardware.describe("cpu"),
+    }
     report["reduction"] = bench_reduction(REPO_ROOT / "results")
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         work = Path(tmp)
@@ -220,38 +261,53 @@ def print_table(report: dict) -> None:
     rows = []
     if "env_build" in report:
         e = report["env_build"]
-        rows += [("env build: uv, cold cache", f"{e['uv_cold_s']:.1f} s", ""),
-                 ("env build: uv, warm cache", f"{e['uv_warm_s']:.1f} s", ""),
-                 ("env build: pip", f"{e['pip_s']:.1f} s", ""),
-                 ("pip / uv warm", f"{e['pip_over_uv_warm']:.1f}x", "target >= 10x"),
-                 ("pip / uv cold", f"{e['pip_over_uv_cold']:.1f}x", "")]  # fmt: skip
+        rows += [
+            ("env build: uv, cold cache", f"{e['uv_cold_s']:.1f} s", ""),
+            ("env build: uv, warm cache", f"{e['uv_warm_s']:.1f} s", ""),
+            ("env build: pip", f"{e['pip_s']:.1f} s", ""),
+            ("pip / uv warm", f"{e['pip_over_uv_warm']:.1f}x", "target >= 10x"),
+            ("pip / uv cold", f"{e['pip_over_uv_cold']:.1f}x", ""),
+        ]
     for key in ("worker", "worker_s4"):
         if key not in report:
             continue
         w = report[key]
         name = w.get("scenario", "S3")[:2]
-        rows += [(f"{name}: one config, one worker", f"{w['one_config_one_worker_s']:.2f} s", ""),
-                 (f"{name}: {w['configs']} configs, persistent worker", f"{w['persistent_total_s']:.2f} s", ""),
-                 (f"{name}: {w['configs']} configs, one process each", f"{w['process_per_config_total_s']:.2f} s", ""),
-                 (f"{name}: marginal config, persistent", f"{w['marginal_persistent_s']:.3f} s", ""),
-                 (f"{name}: marginal config, process per config", f"{w['marginal_process_per_config_s']:.3f} s", ""),
-                 (f"{name}: process per config / persistent", f"{w['process_over_persistent']:.1f}x",
-                  "target >= 5x")]  # fmt: skip
+        rows += [
+            (f"{name}: one config, one worker", f"{w['one_config_one_worker_s']:.2f} s", ""),
+            (f"{name}: {w['configs']} configs, persistent worker", f"{w['persistent_total_s']:.2f} s", ""),
+            (f"{name}: {w['configs']} configs, one process each", f"{w['process_per_config_total_s']:.2f} s", ""),
+            (f"{name}: marginal config, persistent", f"{w['marginal_persistent_s']:.3f} s", ""),
+            (f"{name}: marginal config, process per config", f"{w['marginal_process_per_config_s']:.3f} s", ""),
+            (f"{name}: process per config / persistent", f"{w['process_over_persistent']:.1f}x", "target >= 5x"),
+        ]
     if "reduction" in report:
         r = report["reduction"]
-        rows += [("reduction: full product 4x4x4", f"{r['full_product_cells']} cells", ""),
-                 ("reduction: pairwise", f"{r['pairwise']['cells']} cells",
-                  f"pair coverage {100 * r['pairwise']['pair_coverage']:.0f} %")]  # fmt: skip
+        rows += [
+            ("reduction: full product 4x4x4", f"{r['full_product_cells']} cells", ""),
+            (
+                "reduction: pairwise",
+                f"{r['pairwise']['cells']} cells",
+                f"pair coverage {100 * r['pairwise']['pair_coverage']:.0f} %",
+            ),
+        ]
         if "bisect" in r:
             b = r["bisect"]
-            rows += [(f"bisect over {b['releases']} releases", f"{b['cell_runs']} runs",
-                      f"full sweep {b['full_sweep_cell_runs']}; first flip {b['first_flip']}")]  # fmt: skip
+            rows += [
+                (
+                    f"bisect over {b['releases']} releases",
+                    f"{b['cell_runs']} runs",
+                    f"full sweep {b['full_sweep_cell_runs']}; first flip {b['first_flip']}",
+                )
+            ]
     if "growth" in report:
         g = report["growth"]
         rows += [(f"matrix, {n} cell(s), S3", f"{w:.1f} s", "") for n, w in g["wall_s"].items()]
-        rows += [("fit: fixed overhead", f"{g['fixed_s']:.1f} s", "wall = fixed + n x per-cell"),
-                 ("fit: per cell", f"{g['per_cell_s']:.1f} s", ""),
-                 ("fit: worst relative error", f"{100 * g['worst_fit_error']:.0f} %", "small: linear")]  # fmt: skip
+        rows += [
+            ("fit: fixed overhead", f"{g['fixed_s']:.1f} s", "wall = fixed + n x per-cell"),
+            ("fit: per cell", f"{g['per_cell_s']:.1f} s", ""),
+            ("fit: worst relative error", f"{100 * g['worst_fit_error']:.0f} %", "small: linear"),
+        ]
     width = max(len(r[0]) for r in rows)
     print(f"\n{'measure'.ljust(width)} | value      | note")
     print(f"{'-' * width}-|------------|------------")

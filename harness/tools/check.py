@@ -92,10 +92,17 @@ def _run_seed(
     world = 2 if scenario.distributed else 1
     env = stack_env(device, Path.home() / ".cache" / "compat-matrix" / "torch_extensions" / "check")
     spec = LaunchSpec(
-        python=Path(sys.executable), module=scenario.module_name, preload=scenario.preload, device=device,
-        world_size=world, env=env, workdir=workdir / scenario.id, job_timeout_s=JOB_TIMEOUT_S,
-        start_timeout_s=JOB_TIMEOUT_S, stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
-    )  # fmt: skip
+        python=Path(sys.executable),
+        module=scenario.module_name,
+        preload=scenario.preload,
+        device=device,
+        world_size=world,
+        env=env,
+        workdir=workdir / scenario.id,
+        job_timeout_s=JOB_TIMEOUT_S,
+        start_timeout_s=JOB_TIMEOUT_S,
+        stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
+    )
     hardware_seen = {"device": device, "world_size": world, "gpu_name": None, "gpu_count": gpus}
     records: list[dict[str, Any]] = []
     with WorkerSession(spec) as session:
@@ -103,8 +110,16 @@ def _run_seed(
         def run(items: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
             done = []
             for (config, variant), result in zip(items, session.run(items), strict=True):
-                done.append(observed(result) | {"variant": variant, "config": config, "scenario": scenario.id,
-                                                "config_id": config_id(config), "hardware": hardware_seen})  # fmt: skip
+                done.append(
+                    observed(result)
+                    | {
+                        "variant": variant,
+                        "config": config,
+                        "scenario": scenario.id,
+                        "config_id": config_id(config),
+                        "hardware": hardware_seen,
+                    }
+                )
             return done
 
         records += run([(config, "baseline") for config in scenario.examples()])

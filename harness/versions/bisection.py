@@ -173,9 +173,14 @@ def _probe(
         else {scenario_id: ScenarioSettings(variants=(variant,), examples=0)},
     )
     probe_options = replace(
-        options, results_dir=out_dir / version, fresh=True, scenario_patterns=(scenario_id,), examples=0,
-        example_db=None, cell_patterns=None,
-    )  # fmt: skip
+        options,
+        results_dir=out_dir / version,
+        fresh=True,
+        scenario_patterns=(scenario_id,),
+        examples=0,
+        example_db=None,
+        cell_patterns=None,
+    )
     summary = run_matrix(single, probe_options)
     records = read_records(summary.run_dir / "records.jsonl")
     if records and all(r["outcome"] in UNUSABLE for r in records):
