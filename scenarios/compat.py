@@ -66,38 +66,6 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def tiny_llama(
-    hidden: int = 64,
-    layers: int = 2,
-    vocab: int = 128,
-    dtype: str = "float32",
-    seed: int = 0,
-    intermediate: int | None = None,
-    heads: int = 4,
-    kv_heads: int = 4,
-    max_positions: int = 128,
-) -> Any:
-    """A real LlamaForCausalLM built from a config in code (no hub access anywhere). Tiny by default; the
-    same builder makes decoder layers of a real model's shape (e.g. 8B-class: hidden 4096, intermediate
-    14336, 32 heads, 8 KV heads) for measurements that only mean something at size."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=intermediate or hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=max_positions,
-    )
-    model = LlamaForCausalLM(config).to(torch_dtype(dtype))
-    model.train()
-    return model
-
-
 def enable_checkpointing(model: Any, use_reentrant: bool | None) -> str:
     """Turn on HF gradient checkpointing with the release's own entry point.
 

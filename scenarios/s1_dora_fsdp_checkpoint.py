@@ -15,10 +15,9 @@ does it (see accelerate ``Accelerator.prepare_model`` and ``utils/fsdp_utils.fsd
 * bf16 autocast around the forward: what accelerate does with ``mixed_precision="bf16"`` (``native_amp``).
 * HF gradient checkpointing (``TrainingArguments.gradient_checkpointing``) through ``compat.enable_checkpointing``.
 
-Shims that live here (not in compat): ``_partial_hf_checkpointing`` (checkpoint only some decoder layers on
-transformers 4.x, which has no per-layer switch), ``_get_peft_model`` (``autocast_adapter_dtype`` only exists
-from peft 0.12; older releases get the adapter dtype set by hand), ``_wrap_policy`` (per-decoder-layer or peft's
-``fsdp_auto_wrap_policy``), and the FSDP1/FSDP2 preparation.
+The FSDP1/FSDP2 preparation, wrap policies, adapter dtypes and the Trainer path are the kit's
+(``scenarios/kit/``); the one shim that lives here is ``_partial_hf_checkpointing`` (checkpoint only some
+decoder layers on transformers 4.x, which has no per-layer switch).
 
 What was found on CPU/gloo (torch 2.13; details in the harness notes for S1): with peft's wrap policy each
 lora_A/lora_B/magnitude module is its own FSDP1 unit, and DoRA reads ``lora_A.weight`` (dtype, shape) from
@@ -37,6 +36,11 @@ import time
 from hypothesis import strategies as st
 
 from scenarios import compat
+from scenarios.kit import checks, distributed, fsdp, strategies
+from scenarios.kit import trainer as trainer_path
+from scenarios.kit.adapters import lora_config, peft_model_with_adapter_dtype
+from scenarios.kit.models import decoder_layers, device_of, tiny_llama, token_rows
+from scenarios.kit.strategies import seed_config
 
 SPEC = {
     "id": "S1-dora-fsdp-checkpoint",
@@ -130,18 +134,12 @@ DEFAULTS: dict = {
     "path": "manual",
 }
 
-_TARGETS = {
-    "q": ["q_proj"],
-    "qv": ["q_proj", "v_proj"],
-    "all-linear": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    "mlp": ["gate_proj", "up_proj", "down_proj"],
-}
+#: The target-module sets S1's configs choose from (names in the kit's table).
+_TARGET_NAMES = ("q", "qv", "all-linear", "mlp")
 
 
 def _cfg(**kw) -> dict:
-    out = dict(DEFAULTS)
-    out.update(kw)
-    return out
+    return seed_config(DEFAULTS, **kw)
 
 
 def strategy():
@@ -153,7 +151,7 @@ def strategy():
     """
 
     def axis(name: str, *others):
-        return st.sampled_from([DEFAULTS[name], *others])
+        return strategies.axis(DEFAULTS, name, *others)
 
     fsdp_part = st.fixed_dictionaries(
         {
@@ -183,7 +181,7 @@ def strategy():
             "use_dora": axis("use_dora", False),
             "r": axis("r", 4, 16),
             "alpha": axis("alpha", 8, 32),
-            "targets": axis("targets", *[t for t in sorted(_TARGETS) if t != DEFAULTS["targets"]]),
+            "targets": axis("targets", *[t for t in sorted(_TARGET_NAMES) if t != DEFAULTS["targets"]]),
             "adapter_layers": axis("adapter_layers", "last"),
         }
     )
@@ -201,10 +199,7 @@ def strategy():
     )
     # The failure needs several settings at once (see EXAMPLES), so a uniform draw rarely lands on it: half of
     # the draws start from the seed-like defaults and change at most two settings.
-    near_seed = st.tuples(anywhere, st.sets(st.sampled_from(_AXES), max_size=2)).map(
-        lambda t: _cfg(**{k: t[0][k] for k in t[1]})
-    )
-    return st.one_of(near_seed, anywhere)
+    return st.one_of(strategies.near_seed(DEFAULTS, anywhere, _AXES, max_changes=2), anywhere)
 
 
 _AXES = sorted(
@@ -301,23 +296,6 @@ def _apply_variant(config: dict, variant: str) -> dict:
 # ------------------------------------------------------------------------------------------------ shims
 
 
-def _decoder_layers(peft_model):
-    return peft_model.get_base_model().model.layers
-
-
-def _wrap_policy(kind: str, peft_model):
-    import functools
-
-    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-
-    if kind == "peft":
-        from peft.utils.other import fsdp_auto_wrap_policy
-
-        return fsdp_auto_wrap_policy(peft_model)
-    layer_cls = type(_decoder_layers(peft_model)[0])
-    return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={layer_cls})
-
-
 def _selected_layers(layers, which: str) -> list:
     n = len(layers)
     if which == "all":
@@ -331,7 +309,7 @@ def _selected_layers(layers, which: str) -> list:
 
 def _partial_hf_checkpointing(peft_model, keep: list[int]) -> str:
     """Leave HF checkpointing on only for decoder layers ``keep`` (after compat.enable_checkpointing)."""
-    layers = _decoder_layers(peft_model)
+    layers = decoder_layers(peft_model)
     if hasattr(layers[0], "gradient_checkpointing"):  # transformers 5.x: per-layer GradientCheckpointingLayer flag
         for i, layer in enumerate(layers):
             if i not in keep:
@@ -353,159 +331,6 @@ def _partial_hf_checkpointing(peft_model, keep: list[int]) -> str:
     return "wrapped-checkpoint-func"
 
 
-def _get_peft_model(model, lora_config, cfg):
-    """get_peft_model with adapters in fp32 (``adapter_fp32``) or in the model's dtype, on every peft release.
-
-    peft >= 0.12 takes ``autocast_adapter_dtype`` (default True: adapters in fp32); older releases do not, so
-    the adapter dtype is then set by hand to mean the same thing.
-    """
-    import inspect
-
-    import torch
-    from peft import get_peft_model
-
-    if "autocast_adapter_dtype" in inspect.signature(get_peft_model).parameters:
-        peft_model = get_peft_model(model, lora_config, autocast_adapter_dtype=bool(cfg["adapter_fp32"]))
-    else:
-        peft_model = get_peft_model(model, lora_config)
-    want = torch.float32 if cfg["adapter_fp32"] else compat.torch_dtype(cfg["load_dtype"])
-    for name, param in peft_model.named_parameters():
-        if "lora_" in name and param.is_floating_point() and param.dtype != want:
-            param.data = param.data.to(want)
-    return peft_model
-
-
-def _mixed_precision(cfg, fsdp_version: int):
-    dt = compat.torch_dtype
-    if cfg["mp_param"] is None:
-        return None
-    if fsdp_version == 1:
-        from torch.distributed.fsdp import MixedPrecision
-
-        return MixedPrecision(
-            param_dtype=dt(cfg["mp_param"]),
-            reduce_dtype=dt(cfg["mp_reduce"]) if cfg["mp_reduce"] else None,
-            buffer_dtype=dt(cfg["mp_buffer"]) if cfg["mp_buffer"] else None,
-            cast_forward_inputs=bool(cfg["cast_forward_inputs"]),
-        )
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    return MixedPrecisionPolicy(
-        param_dtype=dt(cfg["mp_param"]),
-        reduce_dtype=dt(cfg["mp_reduce"]) if cfg["mp_reduce"] else None,
-        cast_forward_inputs=bool(cfg["cast_forward_inputs"]),
-    )
-
-
-def _prepare_fsdp1(model, cfg, device, policy):
-    import torch
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import ShardingStrategy
-
-    mp = _mixed_precision(cfg, 1)
-    wrapped = FSDP(
-        model,
-        auto_wrap_policy=policy,
-        mixed_precision=mp,
-        use_orig_params=bool(cfg["use_orig_params"]),
-        sharding_strategy=ShardingStrategy.FULL_SHARD,
-        device_id=device,
-        limit_all_gathers=True,
-    )
-    upcast = 0
-    if mp is not None and cfg["accelerate_upcast"]:
-        # accelerate.Accelerator.prepare_model: upcast low-precision trainable flat params to fp32.
-        for module in FSDP.fsdp_modules(wrapped):
-            if not module._has_params:
-                continue
-            param = module._flat_param
-            if param.dtype != torch.float32 and param.requires_grad:
-                param.data = param.data.to(torch.float32)
-                module._handle._orig_param_dtype = torch.float32
-                upcast += 1
-    return wrapped, upcast
-
-
-def _prepare_fsdp2(model, cfg, device, policy):
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-
-    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
-    mp = _mixed_precision(cfg, 2)
-    kwargs = {"mesh": mesh}
-    if mp is not None:
-        kwargs["mp_policy"] = mp
-    upcast = 0
-    if mp is not None and cfg["accelerate_upcast"]:
-        for param in model.parameters():
-            if param.requires_grad and param.dtype != torch.float32:
-                param.data = param.data.to(torch.float32)
-                upcast += 1
-    # FSDP2 groups need one dtype per group; bottom-up like accelerate's fsdp2_prepare_model.
-    modules = list(model.modules())
-    for module in reversed(modules[1:]):
-        if _policy_selects(policy, module) and not isinstance(module, FSDPModule):
-            fully_shard(module, **kwargs)
-    fully_shard(model, **kwargs)
-    return model, upcast
-
-
-def _policy_selects(policy, module) -> bool:
-    return bool(policy(module=module, recurse=False, nonwrapped_numel=0))
-
-
-def _fsdp_activation_checkpointing(model, cfg, policy, keep_layers):
-    """accelerate's fsdp_activation_checkpointing: checkpoint_wrapper on every module the wrap policy selects."""
-    import functools
-
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        apply_activation_checkpointing,
-        checkpoint_wrapper,
-    )
-
-    impl = CheckpointImpl.REENTRANT if cfg["use_reentrant"] else CheckpointImpl.NO_REENTRANT
-    keep_ids = {id(layer) for layer in keep_layers}
-
-    def check_fn(module):
-        # Like accelerate, test the raw modules (FSDP1 wrappers are not selected), so the checkpoint sits
-        # inside the FSDP unit.
-        if cfg["ckpt_layers"] != "all":
-            return id(module) in keep_ids
-        return _policy_selects(policy, module)
-
-    apply_activation_checkpointing(
-        model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=impl), check_fn=check_fn
-    )
-
-
-def _adapter_snapshot(model, fsdp: str) -> dict:
-    """Full (unsharded) copies of every trainable tensor, by clean name. Collective: all ranks call it."""
-    import torch
-
-    out = {}
-    if fsdp == "fsdp1":
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-        with FSDP.summon_full_params(model, writeback=False, rank0_only=False):
-            for name, param in model.named_parameters():
-                if param.requires_grad or "lora_" in name:
-                    out[_clean(name)] = param.detach().float().clone()
-        return out
-    for name, param in model.named_parameters():
-        if param.requires_grad or "lora_" in name:
-            full = param.full_tensor() if hasattr(param, "full_tensor") else param
-            out[_clean(name)] = full.detach().float().clone()
-    return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
-
-
-def _clean(name: str) -> str:
-    for junk in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod."):
-        name = name.replace(junk, "")
-    return name
-
-
 # -------------------------------------------------------------------------------------------------- run
 
 
@@ -523,23 +348,15 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
     import gc
 
     import torch
-    import torch.distributed as dist
-    from peft import LoraConfig
 
     cfg = _apply_variant({**DEFAULTS, **config}, variant)
     if cfg["path"] == "trainer":
         return _run_trainer(cfg, variant, ctx)
     t0 = time.perf_counter()
-    if ctx.get("device", "cpu") == "cuda":
-        device = torch.device("cuda", ctx.get("local_rank", 0))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    device = device_of(ctx)
     rank = ctx.get("rank", 0)
 
-    model = compat.tiny_llama(
-        hidden=cfg["hidden"], layers=cfg["layers"], vocab=cfg["vocab"], dtype=cfg["load_dtype"], seed=0
-    )
+    model = tiny_llama(hidden=cfg["hidden"], layers=cfg["layers"], vocab=cfg["vocab"], dtype=cfg["load_dtype"], seed=0)
     model.config.use_cache = False
     model.to(device)
     ckpt_api = None
@@ -548,36 +365,40 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
     if cfg["input_grads"]:
         model.enable_input_require_grads()
 
-    layers_to_transform = None if cfg["adapter_layers"] == "all" else [cfg["layers"] - 1]
-    lora_config = LoraConfig(
-        r=cfg["r"],
-        lora_alpha=cfg["alpha"],
-        lora_dropout=0.0,
-        target_modules=_TARGETS[cfg["targets"]],
-        use_dora=cfg["use_dora"],
-        task_type="CAUSAL_LM",
-        layers_to_transform=layers_to_transform,
-    )
-    peft_model = _get_peft_model(model, lora_config, cfg)
+    peft_model = _peft_model(model, cfg, layers=None if cfg["adapter_layers"] == "all" else [cfg["layers"] - 1])
     peft_model.train()
-    layers = list(_decoder_layers(peft_model))
+    layers = list(decoder_layers(peft_model))
     keep = _selected_layers(layers, cfg["ckpt_layers"])
     partial_mode = None
     if cfg["ckpt_impl"] == "hf" and cfg["ckpt_layers"] != "all":
         partial_mode = _partial_hf_checkpointing(peft_model, keep)
 
-    policy = _wrap_policy(cfg["wrap"], peft_model)
-    if cfg["fsdp"] == "fsdp1":
-        wrapped, upcast = _prepare_fsdp1(peft_model, cfg, device, policy)
-    else:
-        wrapped, upcast = _prepare_fsdp2(peft_model, cfg, device, policy)
+    policy = fsdp.wrap_policy(cfg["wrap"], peft_model)
+    version = 1 if cfg["fsdp"] == "fsdp1" else 2
+    mp = fsdp.mixed_precision(
+        version,
+        cfg["mp_param"],
+        cfg["mp_reduce"],
+        cfg["mp_buffer"] if version == 1 else None,
+        cfg["cast_forward_inputs"],
+    )
+    wrapped, upcast = fsdp.shard(
+        peft_model,
+        cfg["fsdp"],
+        device,
+        policy,
+        mp,
+        use_orig_params=cfg["use_orig_params"],
+        upcast=cfg["accelerate_upcast"],
+    )
     if cfg["ckpt_impl"] == "fsdp_ac":
-        _fsdp_activation_checkpointing(wrapped, cfg, policy, [layers[i] for i in keep])
+        only = None if cfg["ckpt_layers"] == "all" else [layers[i] for i in keep]
+        fsdp.activation_checkpointing(wrapped, policy, bool(cfg["use_reentrant"]), only)
     wrapped.train()
 
     params = [p for p in wrapped.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=0.0)
-    before = _adapter_snapshot(wrapped, cfg["fsdp"])
+    before = fsdp.adapter_snapshot(wrapped, cfg["fsdp"])
     if cfg["eval_first"]:
         with torch.no_grad(), _amp(cfg, device):
             ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=torch.Generator().manual_seed(7))
@@ -598,21 +419,13 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
         losses.append(loss.item())
         step_times.append(round(time.perf_counter() - ts, 4))
 
-    after = _adapter_snapshot(wrapped, cfg["fsdp"])
-    changed = sorted(k for k in after if k in before and not torch.equal(before[k], after[k]))
-    unchanged = sorted(k for k in after if k in before and k not in changed)
-    trainable_dtypes = sorted({str(p.dtype).replace("torch.", "") for p in params})
-    loss_t = torch.tensor(losses, dtype=torch.float64)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(loss_t)
-        loss_t /= dist.get_world_size()
+    after = fsdp.adapter_snapshot(wrapped, cfg["fsdp"])
+    mean_losses = distributed.mean_over_ranks(losses)
     metrics = {
-        "losses": [round(x, 5) for x in loss_t.tolist()],
-        "adapter_tensors": len(after),
-        "adapter_tensors_changed": len(changed),
-        "unchanged_sample": unchanged[:4],
+        "losses": [round(x, 5) for x in mean_losses],
+        **checks.compare(before, after),
         "fsdp_params_upcast": upcast,
-        "trainable_dtypes": trainable_dtypes,
+        "trainable_dtypes": sorted({str(p.dtype).replace("torch.", "") for p in params}),
         "ckpt_api": ckpt_api or cfg["ckpt_impl"],
         "partial_mode": partial_mode,
         "step_s": step_times,
@@ -623,16 +436,15 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
     del optimizer, params, wrapped, peft_model, model, before, after
     gc.collect()
 
-    if not all(torch.isfinite(loss_t).tolist()):
-        raise compat.CheckFailed("loss_finite", f"losses {metrics['losses']}", metrics=metrics)
-    if metrics["adapter_tensors"] == 0 or unchanged:
-        raise compat.CheckFailed(
-            "adapters_changed",
-            f"{len(unchanged)} of {metrics['adapter_tensors']} adapter tensors unchanged after "
-            f"{cfg['steps']} steps, e.g. {unchanged[:3]}",
-            metrics=metrics,
-        )
+    checks.finite_loss(mean_losses, metrics)
+    checks.adapters_changed(metrics, cfg["steps"])
     return {"metrics": metrics, "path": path}
+
+
+def _peft_model(model, cfg: dict, layers: list[int] | None = None):
+    """LoRA or DoRA on the config's targets, adapters in fp32 or the model's dtype (`adapter_fp32`)."""
+    config = lora_config(cfg["r"], cfg["alpha"], cfg["targets"], use_dora=cfg["use_dora"], layers=layers)
+    return peft_model_with_adapter_dtype(model, config, cfg["adapter_fp32"], cfg["load_dtype"])
 
 
 # ------------------------------------------------------------------------------------------ Trainer path
@@ -641,25 +453,9 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
 _TRAINER_FIXES = {"use_reentrant", "input_grads", "flip_use_orig_params", "fsdp2", "uniform_dtype"}
 
 
-def _fsdp_that_ran(trainer) -> str:
-    """Which FSDP the Trainer really used: transformers 5.x defaults to FSDP2, 4.4x ignores `version`."""
-    import torch.distributed.fsdp as fsdp
-
-    wrapped = getattr(trainer, "model_wrapped", None)
-    if wrapped is None:
-        return "not-wrapped"
-    modules = list(wrapped.modules())
-    if any(isinstance(m, fsdp.FullyShardedDataParallel) for m in modules):
-        return "fsdp1"
-    fsdp2_module = getattr(fsdp, "FSDPModule", None)
-    if fsdp2_module is not None and any(isinstance(m, fsdp2_module) for m in modules):
-        return "fsdp2"
-    return "not-wrapped"
-
-
 def _label_fsdp(exc: BaseException, trainer, cfg: dict) -> None:
     """A failed run still says which FSDP it ran; an FSDP2 request the stack ignored is not applicable."""
-    ran = _fsdp_that_ran(trainer)
+    ran = fsdp.fsdp_that_ran(getattr(trainer, "model_wrapped", None))
     if cfg["fsdp"] == "fsdp2" and ran == "fsdp1":
         raise compat.NotApplicable("this stack ignores fsdp_config version=2 and runs FSDP1") from exc
     try:
@@ -668,104 +464,60 @@ def _label_fsdp(exc: BaseException, trainer, cfg: dict) -> None:
         pass
 
 
-class _TokenDataset:
-    """Random token batches as a map-style dataset (no datasets package, no hub)."""
-
-    def __init__(self, cfg: dict, size: int) -> None:
-        import torch
-
-        gen = torch.Generator().manual_seed(1234)
-        self.rows = [torch.randint(0, cfg["vocab"], (cfg["seq"],), generator=gen) for _ in range(size)]
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, index: int) -> dict:
-        return {"input_ids": self.rows[index], "labels": self.rows[index].clone()}
-
-
 def _run_trainer(cfg: dict, variant: str, ctx: dict) -> dict:
     """HF Trainer + accelerate FSDP, as in peft#1910 (SFTTrainer is a Trainer subclass)."""
-    import math
     import os
 
-    import torch
-    from peft import LoraConfig
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     if ctx.get("device") != "cuda":
         raise compat.NotApplicable("HF Trainer refuses FSDP without an accelerator")
     unsupported = set(variant.split("+")) - {"baseline"} - _TRAINER_FIXES
     if unsupported:
         raise compat.NotApplicable(f"the Trainer path has no knob for {', '.join(sorted(unsupported))}")
-    before_env = dict(os.environ)
-    model = compat.tiny_llama(
-        hidden=cfg["hidden"], layers=cfg["layers"], vocab=cfg["vocab"], dtype=cfg["load_dtype"], seed=0
-    )
+    environ_before = dict(os.environ)
+    model = tiny_llama(hidden=cfg["hidden"], layers=cfg["layers"], vocab=cfg["vocab"], dtype=cfg["load_dtype"], seed=0)
     model.config.use_cache = False
     if cfg["input_grads"]:
         model.enable_input_require_grads()
-    lora_config = LoraConfig(
-        r=cfg["r"],
-        lora_alpha=cfg["alpha"],
-        lora_dropout=0.0,
-        target_modules=_TARGETS[cfg["targets"]],
-        use_dora=cfg["use_dora"],
-        task_type="CAUSAL_LM",
-    )
-    peft_model = _get_peft_model(model, lora_config, cfg)
+    peft_model = _peft_model(model, cfg)
     fsdp_config = {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "use_orig_params": cfg["use_orig_params"]}
     if cfg["fsdp"] == "fsdp2":
         fsdp_config["version"] = 2
-    kwargs = {} if cfg["use_reentrant"] is None else {"use_reentrant": cfg["use_reentrant"]}
-    args = TrainingArguments(
-        output_dir=ctx["workdir"],
+    args = trainer_path.training_arguments(
+        ctx["workdir"],
         per_device_train_batch_size=cfg["batch"],
         max_steps=cfg["steps"],
         learning_rate=cfg["lr"],
         bf16=True,
         gradient_checkpointing=True,
-        gradient_checkpointing_kwargs=kwargs,
+        gradient_checkpointing_kwargs={} if cfg["use_reentrant"] is None else {"use_reentrant": cfg["use_reentrant"]},
         fsdp="full_shard auto_wrap",
         fsdp_config=fsdp_config,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
     )
     trainer = None
     try:
-        trainer = Trainer(model=peft_model, args=args, train_dataset=_TokenDataset(cfg, cfg["batch"] * cfg["steps"]))
+        data = token_rows(cfg["vocab"], cfg["seq"], cfg["batch"] * cfg["steps"], seed=1234)
+        trainer = Trainer(model=peft_model, args=args, train_dataset=data)
         try:
             result = trainer.train()
         except BaseException as exc:
             _label_fsdp(exc, trainer, cfg)
             raise
-        ran = _fsdp_that_ran(trainer)
+        ran = fsdp.fsdp_that_ran(trainer.model_wrapped)
         if cfg["fsdp"] == "fsdp2" and ran != "fsdp2":
             raise compat.NotApplicable(f"this stack ignores fsdp_config version=2 and ran {ran}")
-        losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+        losses = trainer_path.logged_losses(trainer)
         metrics = {
             "losses": [round(x, 5) for x in losses],
             "global_step": trainer.state.global_step,
             "train_loss": result.training_loss,
             "fsdp_that_ran": ran,
         }
-        if not losses or not all(math.isfinite(x) for x in losses):
-            raise compat.CheckFailed("finite_loss", f"losses {losses}", metrics)
-        if trainer.state.global_step != cfg["steps"]:
-            raise compat.CheckFailed("all_steps_ran", f"{trainer.state.global_step} of {cfg['steps']}", metrics)
+        checks.finite_loss(losses, metrics)
+        checks.all_steps_ran(trainer.state.global_step, cfg["steps"], metrics)
         return {"metrics": metrics, "path": f"trainer-{ran}"}
     finally:
         # Trainer sets ACCELERATE_* variables and accelerate keeps process-wide state: undo both so the
         # next job in this worker starts clean.
-        for key in set(os.environ) - set(before_env):
-            del os.environ[key]
-        try:
-            from accelerate.state import AcceleratorState
-
-            AcceleratorState._reset_state(True)
-        except (ImportError, AttributeError):
-            pass
-        torch.cuda.empty_cache()
+        trainer_path.reset(environ_before)

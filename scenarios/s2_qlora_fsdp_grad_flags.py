@@ -17,7 +17,8 @@ process group is up) and broadcasts the directory to the other ranks.
 from __future__ import annotations
 
 from scenarios import compat
-from scenarios import s2_qlora_grad_flags as s2
+from scenarios.kit import checks, distributed, fsdp, qlora
+from scenarios.kit.models import device_of, save_pretrained_tiny
 
 SPEC = {
     "id": "S2-qlora-fsdp-grad-flags",
@@ -37,11 +38,11 @@ SPEC = {
     "target": ["no-grad-element-0"],
     "controls": [],
     # The same fixes as S2 without FSDP, described once there.
-    "variants": dict(s2.SPEC["variants"]),
+    "variants": dict(qlora.VARIANTS),
 }
 
 # The single-process scenario's seed setup with two steps (each one an FSDP round trip); base and order vary.
-_BASE = {k: v for k, v in s2._SEED.items() if k not in ("base", "order")} | {"steps": 2}
+_BASE = {k: v for k, v in qlora.SEED.items() if k not in ("base", "order")} | {"steps": 2}
 
 EXAMPLES: list[dict] = [
     dict(_BASE, base="4bit", order="ckpt_then_peft", fsdp="fsdp1"),
@@ -56,8 +57,8 @@ def strategy():
 
     return st.fixed_dictionaries(
         {
-            "base": st.sampled_from(s2.BASES),
-            "order": st.sampled_from(s2.ORDERS),
+            "base": st.sampled_from(qlora.BASES),
+            "order": st.sampled_from(qlora.ORDERS),
             "fsdp": st.sampled_from(["fsdp1", "fsdp2"]),
             "dtype": st.sampled_from(["bfloat16", "float32"]),
             "hidden": st.sampled_from([64, 128]),
@@ -65,7 +66,7 @@ def strategy():
             "vocab": st.sampled_from([128, 256]),
             "rank": st.sampled_from([4, 8]),
             "alpha": st.sampled_from([8, 16]),
-            "targets": st.sampled_from(s2.TARGET_SETS),
+            "targets": st.sampled_from(qlora.TARGET_SETS),
             "steps": st.just(2),
             "batch": st.integers(1, 2),
             "seq": st.sampled_from([8, 16]),
@@ -74,83 +75,37 @@ def strategy():
     )
 
 
-def _shared_model_dir(config: dict, ctx: dict) -> str:
-    import os
-    import tempfile
-
-    import torch.distributed as dist
-
-    holder = [None]
-    if dist.get_rank() == 0:
-        directory = tempfile.mkdtemp(prefix="s2fsdp-", dir=ctx.get("workdir"))
-        s2._save_tiny_llama(config, directory)
-        holder = [directory]
-    dist.broadcast_object_list(holder, src=0)
-    dist.barrier()
-    if not os.path.isdir(holder[0]):
-        raise RuntimeError(
-            f"rank {dist.get_rank()} cannot see rank 0's model dir {holder[0]} (ranks on different hosts?)"
-        )
-    return holder[0]
-
-
-def _wrap(peft_model, kind: str, device: str):
-    import torch
-
-    if kind == "fsdp1":
-        from peft.utils.other import fsdp_auto_wrap_policy
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-        device_id = torch.device("cpu") if device == "cpu" else torch.device("cuda", torch.cuda.current_device())
-        return FSDP(
-            peft_model, auto_wrap_policy=fsdp_auto_wrap_policy(peft_model), use_orig_params=False, device_id=device_id
-        )
-    if kind == "fsdp2":
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
-
-        try:
-            from torch.distributed.fsdp import fully_shard
-        except ImportError:  # torch < 2.6
-            from torch.distributed._composable.fsdp import fully_shard
-
-        mesh = init_device_mesh(device, (dist.get_world_size(),))
-        for layer in peft_model.get_base_model().model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(peft_model, mesh=mesh)
-        return peft_model
-    raise ValueError(f"unknown fsdp kind {kind!r}")
-
-
 def run(config: dict, variant: str, ctx: dict) -> dict:
     import shutil
 
     import torch
     import torch.distributed as dist
 
-    fixes = compat.parse_variant(variant, s2.FIXES)
+    fixes = compat.parse_variant(variant, qlora.FIXES)
     device = ctx.get("device", "cpu")
     kind = config.get("fsdp", "fsdp1")
     torch.manual_seed(config["seed"])
-    directory = _shared_model_dir(config, ctx)
+    directory = distributed.shared_directory(ctx, "s2fsdp-", lambda path: save_pretrained_tiny(config, path))
     try:
-        model, path, metrics = s2._load(config, directory, device, config.get("base", "4bit"))
+        model, path, metrics = qlora.load_base(config, directory, device, config.get("base", "4bit"))
     finally:
         dist.barrier()
         if dist.get_rank() == 0:
             shutil.rmtree(directory, ignore_errors=True)
-    peft_model, prep = s2._prepare(config, fixes, model)
+    peft_model, prep = qlora.prepare(config, fixes, model)
     metrics.update(prep)
     metrics["order"] = config.get("order", "ckpt_then_peft")
     metrics["fsdp"] = kind
     metrics["param_dtypes_before_wrap"] = ",".join(
         sorted({str(p.dtype).replace("torch.", "") for p in peft_model.parameters()})
     )
-    wrapped = _wrap(peft_model, kind, device)
-    metrics["n_linear4bit_after_wrap"] = s2._count_linear4bit(wrapped)
+    # No mixed precision, no upcast: peft's wrap policy under FSDP1, one unit per decoder layer under FSDP2.
+    policy = fsdp.wrap_policy("peft" if kind == "fsdp1" else "decoder_layer", peft_model)
+    wrapped, _ = fsdp.shard(peft_model, kind, device_of(ctx), policy)
+    metrics["n_linear4bit_after_wrap"] = qlora.count_linear4bit(wrapped)
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
     metrics["n_trainable_tensors"] = len(trainable)
     # different data per rank, as a data-parallel sampler would give
-    metrics.update(s2._train(wrapped, config, device, trainable, config["seed"] + 1000 * ctx.get("rank", 0)))
-    s2._check_grads(metrics, len(trainable))
+    metrics.update(qlora.train(wrapped, config, device, trainable, config["seed"] + 1000 * ctx.get("rank", 0)))
+    checks.adapters_got_grads(metrics, len(trainable))
     return {"metrics": metrics, "path": path}

@@ -18,7 +18,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from scenarios.compat import CheckFailed, parse_variant, tiny_llama, torch_dtype
+from scenarios.compat import CheckFailed, parse_variant, torch_dtype
+from scenarios.kit.adapters import ALL_LINEAR, lora_config
+from scenarios.kit.models import tiny_llama
 
 SPEC = {
     "id": "S3-lora-sgd-scaling",
@@ -44,7 +46,6 @@ SPEC = {
 }
 
 FIXES = ("grad_accum", "grad_clip", "grad_scaler")
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ACCUM_STEPS = 2
 CLIP_NORM = 1e-3  # small enough that clipping always bites, so its c is visible
 SCALER_INIT = 2.0**10
@@ -59,7 +60,7 @@ def strategy() -> st.SearchStrategy[dict[str, Any]]:
             "use_rslora": st.booleans(),
             "lr": st.sampled_from([1.0, 0.1, 0.01]),
             "dtype": st.sampled_from(["float32", "bfloat16"]),
-            "target_modules": st.lists(st.sampled_from(TARGETS), min_size=1, max_size=3, unique=True).map(sorted),
+            "target_modules": st.lists(st.sampled_from(ALL_LINEAR), min_size=1, max_size=3, unique=True).map(sorted),
             "steps": st.integers(min_value=2, max_value=4),
             "hidden": st.sampled_from([32, 64]),
         }
@@ -83,19 +84,14 @@ EXAMPLES = [
 
 def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, Any]:
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
     fixes = parse_variant(variant, FIXES)
     device = torch.device(ctx["device"])
     dtype = torch_dtype(config["dtype"])
     model = tiny_llama(hidden=config["hidden"], dtype=config["dtype"], seed=0).to(device)
-    lora = LoraConfig(
-        r=config["r"],
-        lora_alpha=config["lora_alpha"],
-        use_rslora=config["use_rslora"],
-        target_modules=list(config["target_modules"]),
-        lora_dropout=0.0,
-        task_type="CAUSAL_LM",
+    lora = lora_config(
+        config["r"], config["lora_alpha"], list(config["target_modules"]), use_rslora=config["use_rslora"]
     )
     model = get_peft_model(model, lora)
     model.train()

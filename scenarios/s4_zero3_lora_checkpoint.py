@@ -40,12 +40,15 @@ compared (a fixed ZeRO-3 run should track ZeRO-2 to bf16 rounding).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import Any
 
 from scenarios import compat
+from scenarios.kit import checks, distributed, zero
+from scenarios.kit import trainer as trainer_path
+from scenarios.kit.adapters import cast_trainable, lora_config, named_trainable, trainable_dtypes
+from scenarios.kit.models import load_llama, save_by_hand, tiny_llama, token_rows
 
 SPEC = {
     "id": "S4-zero3-lora-checkpoint",
@@ -77,10 +80,6 @@ SPEC = {
 }
 
 _FIXES = ("use_reentrant", "zero2")
-_TARGETS = {
-    "attn": ["q_proj", "k_proj", "v_proj", "o_proj"],
-    "all": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-}
 
 
 def strategy():  # -> hypothesis.strategies.SearchStrategy[dict]
@@ -162,180 +161,35 @@ def _release_default_reentrant() -> bool:
     return compat.version_tuple(compat.version_of("transformers")) < (5,)
 
 
-def _ds_config(stage: int, dtype: str, batch: int, trainer: bool) -> dict:
-    bf16 = dtype == "bfloat16"
-    return {
-        "train_micro_batch_size_per_gpu": "auto" if trainer else batch,
-        "gradient_accumulation_steps": "auto" if trainer else 1,
-        "gradient_clipping": "auto" if trainer else 1.0,
-        "zero_optimization": {"stage": stage},
-        "bf16": {"enabled": "auto" if trainer else bf16},
-        "fp16": {"enabled": False},
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-
-
-def _dtype_kwarg(dtype: str) -> dict:
-    """`from_pretrained` takes `dtype=` from transformers 4.56 on, `torch_dtype=` before."""
-    key = "dtype" if compat.version_tuple(compat.version_of("transformers")) >= (4, 56) else "torch_dtype"
-    return {key: compat.torch_dtype(dtype)}
-
-
 def _save_tiny(config: dict, ctx: dict) -> str:
     """Build the tiny Llama once per run in this rank's workdir (same seed on every rank)."""
     path = os.path.join(ctx["workdir"], f"s4_tiny_r{ctx['rank']}_{time.monotonic_ns()}")
-    model = compat.tiny_llama(
+    model = tiny_llama(
         hidden=config["hidden"], layers=config["layers"], vocab=128, dtype="float32", seed=config["seed"]
     )
-    # Not save_pretrained: transformers 5.x writes only on global rank 0 once a process group exists,
-    # and each rank's workdir is private. Write config + safetensors by hand on every rank.
-    from safetensors.torch import save_file
-
-    os.makedirs(path, exist_ok=True)
-    model.config.to_json_file(os.path.join(path, "config.json"))
-    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-    save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-    del model, state
+    save_by_hand(model, path)
+    del model
     return path
 
 
-def _load(path: str, config: dict):
-    from transformers import LlamaForCausalLM
+def _peft_model(base, config: dict):
+    """LoRA or DoRA on the config's targets; adapter_dtype "model": the user casts the adapters to the model dtype."""
+    from peft import get_peft_model
 
-    model = LlamaForCausalLM.from_pretrained(path, **_dtype_kwarg(config["dtype"]))
-    model.train()  # from_pretrained returns eval mode: checkpointing would silently do nothing
+    model = get_peft_model(
+        base,
+        lora_config(config["lora_r"], config["lora_alpha"], config["targets"], use_dora=config["adapter"] == "dora"),
+    )
+    if config.get("adapter_dtype", "peft_default") == "model":
+        cast_trainable(model, config["dtype"])
+    elif config.get("adapter_dtype") != "peft_default":
+        raise ValueError(f"unknown adapter_dtype {config.get('adapter_dtype')!r}")
     return model
 
 
-def _lora_config(config: dict):
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=config["lora_r"],
-        lora_alpha=config["lora_alpha"],
-        target_modules=_TARGETS[config["targets"]],
-        lora_dropout=0.0,
-        bias="none",
-        use_dora=config["adapter"] == "dora",
-        task_type="CAUSAL_LM",
-    )
-
-
-def _cast_adapters(model, config: dict) -> None:
-    """adapter_dtype="model": the user casts the trainable (adapter) params to the model dtype."""
-    if config.get("adapter_dtype", "peft_default") == "model":
-        dtype = compat.torch_dtype(config["dtype"])
-        for p in model.parameters():
-            if p.requires_grad and p.is_floating_point() and p.dtype != dtype:
-                p.data = p.data.to(dtype)
-    elif config.get("adapter_dtype") != "peft_default":
-        raise ValueError(f"unknown adapter_dtype {config.get('adapter_dtype')!r}")
-
-
-def _adapter_dtypes(model) -> list[str]:
-    return sorted({str(p.dtype).replace("torch.", "") for p in model.parameters() if p.requires_grad})
-
-
-def _adapter_params(module) -> list[tuple[str, Any]]:
-    return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-
-
-def _snapshot(named: list[tuple[str, Any]]) -> dict[str, Any]:
-    """Full (gathered) fp32 copies of the adapter tensors; a collective under ZeRO-3."""
-    import deepspeed
-
-    params = [p for _, p in named]
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-        return {n: p.detach().float().cpu().clone() for n, p in named}
-
-
-def _compare(before: dict, after: dict) -> dict:
-    changed = [n for n in before if not bool((before[n] == after[n]).all())]
-    lora_b = [n for n in before if "lora_B" in n]
-    deltas = [float((after[n] - before[n]).abs().max()) for n in before] or [0.0]
-    norm = math.sqrt(sum(float(after[n].double().pow(2).sum()) for n in after))
-    return {
-        "adapter_tensors": len(before),
-        "adapter_changed": len(changed),
-        "lora_B_tensors": len(lora_b),
-        "lora_B_changed": sum(1 for n in lora_b if n in changed),
-        "adapter_max_abs_delta": max(deltas),
-        "adapter_norm_after": norm,
-        "unchanged_examples": [n for n in before if n not in changed][:4],
-    }
-
-
-def _mean_over_ranks(values: list[float]) -> list[float]:
-    import torch
-    import torch.distributed as dist
-
-    if not values:
-        return []
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t)
-        t /= dist.get_world_size()
-    return [float(v) for v in t]
-
-
-class PeerFailed(RuntimeError):
-    """Another rank failed during setup; raised here instead of hanging in the next collective."""
-
-
-def _setup_barrier(local_exc: BaseException | None) -> None:
-    """All ranks agree that setup went fine before the first DeepSpeed collective.
-
-    A rank whose setup raised re-raises its own exception unchanged; the others raise PeerFailed
-    instead of waiting in a collective until the process-group timeout (30 min for gloo).
-    """
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        if local_exc is not None:
-            raise local_exc
-        return
-    flag = torch.tensor([1 if local_exc is not None else 0], dtype=torch.int64)
-    dist.all_reduce(flag)
-    if local_exc is not None:
-        raise local_exc
-    if int(flag.item()):
-        raise PeerFailed(f"{int(flag.item())} other rank(s) failed during setup")
-
-
-def _check(metrics: dict) -> None:
-    losses = metrics.get("losses") or []
-    if not losses or not all(math.isfinite(v) for v in losses):
-        raise compat.CheckFailed("loss_finite", f"losses {losses}", metrics=metrics)
-    if metrics["lora_B_tensors"] == 0 or metrics["lora_B_changed"] != metrics["lora_B_tensors"]:
-        raise compat.CheckFailed(
-            "adapter_updated",
-            f"{metrics['lora_B_changed']}/{metrics['lora_B_tensors']} lora_B tensors changed "
-            f"({metrics['adapter_changed']}/{metrics['adapter_tensors']} adapter tensors; "
-            f"unchanged e.g. {metrics['unchanged_examples']})",
-            metrics=metrics,
-        )
-
-
-def _cleanup(*objs) -> None:
-    import gc
-
-    for obj in objs:
-        destroy = getattr(obj, "destroy", None)
-        if callable(destroy):
-            try:
-                destroy()
-            except Exception:  # cleanup after a failed run must not mask the stack exception
-                pass
-    try:
-        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
-        unset_hf_deepspeed_config()
-    except Exception:
-        pass
-    gc.collect()
+def _check(metrics: dict, steps: int) -> None:
+    checks.finite_loss(metrics.get("losses") or [], metrics)
+    checks.adapters_changed(metrics, steps, only_lora_b=True)
 
 
 def _batches(config: dict, ctx: dict, device):
@@ -354,9 +208,8 @@ def _batches(config: dict, ctx: dict, device):
 def _run_loop(config: dict, stage: int, reentrant: bool | None, ctx: dict) -> dict:
     import deepspeed
     import torch
-    from peft import get_peft_model
 
-    ds_config = _ds_config(stage, config["dtype"], config["batch"], trainer=False)
+    ds_config = zero.ds_config(stage, config["dtype"], config["batch"], trainer=False)
     path = _save_tiny(config, ctx)
     dschf = None
     engine = None
@@ -368,40 +221,39 @@ def _run_loop(config: dict, stage: int, reentrant: bool | None, ctx: dict) -> di
                 from transformers.integrations import HfDeepSpeedConfig
 
                 dschf = HfDeepSpeedConfig(ds_config)
-            base = _load(path, config)
+            base = load_llama(path, config["dtype"])
             from transformers.integrations import is_deepspeed_zero3_enabled
 
             zero_init_effective = bool(is_deepspeed_zero3_enabled()) and hasattr(next(base.parameters()), "ds_id")
             base.enable_input_require_grads()  # OpenRLHF does this before get_peft_model
             api = compat.enable_checkpointing(base, reentrant)
-            model = get_peft_model(base, _lora_config(config))
-            _cast_adapters(model, config)
-            adapter_dtypes = _adapter_dtypes(model)
+            model = _peft_model(base, config)
+            adapter_dtypes = trainable_dtypes(model)
             trainable = [p for p in model.parameters() if p.requires_grad]
             optimizer = torch.optim.AdamW(trainable, lr=config["lr"], weight_decay=0.0)
-        except Exception as exc:  # re-raised unchanged by _setup_barrier
+        except Exception as exc:  # re-raised unchanged by setup_barrier
             err = exc
-        _setup_barrier(err)
+        distributed.setup_barrier(err)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
-        named = _adapter_params(engine.module)
-        before = _snapshot(named)
+        named = named_trainable(engine.module)
+        before = zero.gathered_snapshot(named)
         losses = []
         for ids in _batches(config, ctx, engine.device):
             out = engine(input_ids=ids, labels=ids)
             engine.backward(out.loss)
             engine.step()
             losses.append(float(out.loss.detach().float()))
-        after = _snapshot(named)
+        after = zero.gathered_snapshot(named)
         metrics = {
-            "losses": _mean_over_ranks(losses),
+            "losses": distributed.mean_over_ranks(losses),
             "ckpt_api": api,
             "zero_init_effective": zero_init_effective,
             "adapter_dtypes": adapter_dtypes,
-            **_compare(before, after),
+            **checks.compare(before, after),
         }
         return metrics
     finally:
-        _cleanup(engine)
+        zero.cleanup(engine)
         del dschf
         import shutil
 
@@ -409,11 +261,9 @@ def _run_loop(config: dict, stage: int, reentrant: bool | None, ctx: dict) -> di
 
 
 def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) -> dict:
-    import torch
-    from peft import get_peft_model
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
-    ds_config = _ds_config(stage, config["dtype"], config["batch"], trainer=True)
+    ds_config = zero.ds_config(stage, config["dtype"], config["batch"], trainer=True)
     path = _save_tiny(config, ctx)
     trainer = None
     try:
@@ -428,12 +278,7 @@ def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) ->
             warmup_steps=0,
             max_grad_norm=1.0,
             optim="adamw_torch",
-            logging_steps=1,
-            save_strategy="no",
-            report_to=[],
-            disable_tqdm=True,
             remove_unused_columns=False,
-            dataloader_num_workers=0,
             seed=config["seed"],
             bf16=config["dtype"] == "bfloat16",
             deepspeed=ds_config,
@@ -451,25 +296,22 @@ def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) ->
             cpu_flag = "use_cpu=True"
         if config["zero_init"]:
             # HF docs: create TrainingArguments (-> HfDeepSpeedConfig) before loading for zero.Init.
-            args = TrainingArguments(**kwargs)
-            base = _load(path, config)
+            args = trainer_path.training_arguments(**kwargs)
+            base = load_llama(path, config["dtype"])
         else:
-            base = _load(path, config)
-            args = TrainingArguments(**kwargs)
+            base = load_llama(path, config["dtype"])
+            args = trainer_path.training_arguments(**kwargs)
         zero_init_effective = hasattr(next(base.parameters()), "ds_id")
         # As in the loop path (and as TRL / OpenRLHF do): without it, reentrant checkpointing on 4.4x,
         # where Trainer does not enable input grads for a get_peft_model model, fails with S2 instead.
         base.enable_input_require_grads()
-        model = get_peft_model(base, _lora_config(config))
-        _cast_adapters(model, config)
-        adapter_dtypes = _adapter_dtypes(model)
+        model = _peft_model(base, config)
+        adapter_dtypes = trainable_dtypes(model)
         # adapter params are created after from_pretrained, outside zero.Init: still whole tensors here
-        before = {n: p.detach().float().cpu().clone() for n, p in _adapter_params(model)}
-        g = torch.Generator().manual_seed(config["seed"] * 1000 + ctx["rank"])
-        data = []
-        for _ in range(config["steps"] * config["batch"]):
-            ids = torch.randint(0, 128, (config["seq_len"],), generator=g)
-            data.append({"input_ids": ids, "labels": ids.clone()})
+        before = {n: p.detach().float().cpu().clone() for n, p in named_trainable(model)}
+        data = token_rows(
+            128, config["seq_len"], config["steps"] * config["batch"], config["seed"] * 1000 + ctx["rank"]
+        )
         trainer = Trainer(model=model, args=args, train_dataset=data)
         uses_ds = bool(getattr(trainer, "is_deepspeed_enabled", False))
         if not uses_ds:
@@ -479,7 +321,6 @@ def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) ->
                 f"{trainer.accelerator.state.distributed_type}); it would train without ZeRO",
                 metrics={"distributed_type": str(trainer.accelerator.state.distributed_type)},
             )
-        losses: list[float] = []
         trainer.train()
         engine = trainer.model_wrapped
         import deepspeed
@@ -496,22 +337,20 @@ def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) ->
                     "distributed_type": str(trainer.accelerator.state.distributed_type),
                 },
             )
-        for rec in trainer.state.log_history:
-            if "loss" in rec:
-                losses.append(float(rec["loss"]))
-        after = _snapshot(_adapter_params(engine.module if hasattr(engine, "module") else engine))
+        losses = trainer_path.logged_losses(trainer)
+        after = zero.gathered_snapshot(named_trainable(engine.module if hasattr(engine, "module") else engine))
         before = {n: before[n] for n in after if n in before}
         metrics = {
-            "losses": _mean_over_ranks(losses),
+            "losses": distributed.mean_over_ranks(losses),
             "ckpt_api": "TrainingArguments(gradient_checkpointing=True)",
             "trainer_cpu_flag": cpu_flag,
             "zero_init_effective": zero_init_effective,
             "adapter_dtypes": adapter_dtypes,
-            **_compare(before, after),
+            **checks.compare(before, after),
         }
         return metrics
     finally:
-        _cleanup(getattr(trainer, "model_wrapped", None) if trainer is not None else None)
+        zero.cleanup(getattr(trainer, "model_wrapped", None) if trainer is not None else None)
         import shutil
 
         shutil.rmtree(path, ignore_errors=True)
@@ -549,6 +388,6 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
             "seconds": round(time.perf_counter() - t0, 3),
         }
     )
-    _check(metrics)
+    _check(metrics, config["steps"])
     where = "Trainer(deepspeed=dict)" if config["path"] == "trainer" else "deepspeed.initialize+loop"
     return {"metrics": metrics, "path": f"{where}; zero{stage}; {metrics['ckpt_kwargs_passed']}"}

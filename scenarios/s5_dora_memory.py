@@ -42,6 +42,9 @@ import statistics
 import time
 
 from scenarios import compat
+from scenarios.kit import qlora
+from scenarios.kit.adapters import ALL_LINEAR, lora_config, trainable_dtypes
+from scenarios.kit.models import save_pretrained_tiny
 
 SPEC = {
     "id": "S5-dora-memory",
@@ -69,7 +72,6 @@ SPEC = {
 }
 
 FIXES = ("cast_result_to_input_dtype", "autocast_adapter_dtype_false")
-ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 _BASE = {
     "dtype": "bfloat16",
@@ -281,29 +283,18 @@ class _DoraProbe:
 
 def _build(config: dict, device: str, use_dora: bool, fixes: set[str], directory: str):
     import torch
-    from peft import LoraConfig, get_peft_model
-
-    from scenarios import s2_qlora_grad_flags as s2
+    from peft import get_peft_model
 
     torch.manual_seed(config["seed"])
-    model, path, info = s2._load(config, directory, device, config.get("base", "frozen-base"))
+    model, path, info = qlora.load_base(config, directory, device, config.get("base", "frozen-base"))
     model.train()
-    lora = LoraConfig(
-        r=config["rank"],
-        lora_alpha=config["alpha"],
-        target_modules=list(config["targets"]),
-        lora_dropout=0.0,
-        use_dora=use_dora,
-        task_type="CAUSAL_LM",
-    )
+    lora = lora_config(config["rank"], config["alpha"], list(config["targets"]), use_dora=use_dora)
     kwargs = {"autocast_adapter_dtype": False} if "autocast_adapter_dtype_false" in fixes else {}
     if kwargs and "autocast_adapter_dtype" not in inspect.signature(get_peft_model).parameters:
         raise compat.NotApplicable("get_peft_model has no autocast_adapter_dtype before peft 0.12")
     peft_model = get_peft_model(model, lora, **kwargs)
     peft_model.train()
-    info["adapter_dtypes"] = ",".join(
-        sorted({str(p.dtype).replace("torch.", "") for p in peft_model.parameters() if p.requires_grad})
-    )
+    info["adapter_dtypes"] = ",".join(trainable_dtypes(peft_model))
     return peft_model, path, info
 
 
@@ -380,13 +371,11 @@ def _measure(model, config: dict, device: str, probe_state: dict) -> dict:
 def run(config: dict, variant: str, ctx: dict) -> dict:
     import tempfile
 
-    from scenarios import s2_qlora_grad_flags as s2
-
     fixes = compat.parse_variant(variant, FIXES)
     device = ctx.get("device", "cpu")
     metrics: dict = {}
     with tempfile.TemporaryDirectory(dir=ctx.get("workdir")) as directory:
-        s2._save_tiny_llama(config, directory)
+        save_pretrained_tiny(config, directory)
 
         lora_model, path, info = _build(config, device, False, fixes, directory)
         lora = _measure(lora_model, config, device, {"in_dora": 0})

@@ -131,7 +131,9 @@ def test_bad_scenario_sections(tmp_path: Path, case: str, extra: str, named: lis
 
 
 def test_unknown_scenario_in_a_profile_names_file_and_key(tmp_path: Path) -> None:
-    text = CI_PROFILE.read_text().replace('scenarios = ["S2-qlora-grad-flags", "S3-*"]', 'scenarios = ["S9-nope"]')
+    text = CI_PROFILE.read_text().replace(
+        'scenarios = ["S2-qlora-grad-flags", "S3-*", "S6-*"]', 'scenarios = ["S9-nope"]'
+    )
     path = write_profile(tmp_path, text, "ci-unknown")
     proc = harness("matrix", "--profile", str(path), "--results-dir", str(tmp_path / "r"))
     expect_exit_2("unknown scenario in a profile", proc, str(path), "profile.scenarios", "S9-nope")
