@@ -9,16 +9,20 @@ from __future__ import annotations
 import ast
 import json
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.define.registry import discover
 from harness.publishing.report import Selection, render_markdown
 from harness.publishing.repro import render, repro_id, sync_repros
+from tests.conftest import REPO_ROOT
 
 TEXT = st.text(max_size=40)
 PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.!+_-]*$")
@@ -125,3 +129,21 @@ def test_markdown_rows_keep_their_cells(texts: list[dict[str, str]]) -> None:
             # Code spans show their text as text (no HTML inside them); outside them, no raw < or > from a record.
             outside = re.sub(r"`[^`]*`", "", line).replace("<br>", "")
             assert "<" not in outside and ">" not in outside, line
+
+
+@pytest.mark.parametrize("scenario", discover(), ids=lambda s: s.id.split("-")[0])
+def test_every_scenarios_reproducer_finds_its_embedded_modules(tmp_path: Path, scenario) -> None:
+    """A reproducer embeds the kit modules, compat and runtime.job its scenario needs, transitively: its
+    `--help` (which imports all of them, then stops before any torch code) works outside the checkout."""
+    failure = BENIGN | {"scenario": scenario.id, "variant": "baseline"}
+    path = tmp_path / "repro.py"
+    path.write_text(render(failure, scenario, [], "3.11"))
+    # Without the checkout on sys.path (the editable install puts it there), as on a user's machine.
+    outside = (
+        "import runpy, sys; sys.path[:] = [p for p in sys.path if p.rstrip('/') != sys.argv[1]]; "
+        "sys.argv = [sys.argv[2], '--help']; runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    command = [sys.executable, "-c", outside, str(REPO_ROOT), str(path)]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--variant" in proc.stdout

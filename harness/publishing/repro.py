@@ -24,7 +24,7 @@ from harness.textsafe import slug
 RESULT_PREFIX = "REPRO-RESULT "
 
 #: `from scenarios.kit import models, checks` / `from scenarios import compat`: what a scenario's helpers are.
-_IMPORT = re.compile(r"^\s*from (scenarios(?:\.\w+)*) import \(?([\w, \n]+)\)?", re.M)
+_IMPORT = re.compile(r"^\s*from (scenarios(?:\.\w+)*) import (?:\(([^)]*)\)|([^\n#]+))", re.M)
 REPO_ROOT = SCENARIO_DIR.parent
 #: The cell-side code every reproducer embeds, so it runs a job the way the worker does.
 RUNTIME_MODULES = ("runtime.job",)
@@ -261,8 +261,9 @@ def _helper_sources(source: str) -> dict[str, str]:
     todo = [source]
     while todo:
         text = todo.pop()
-        for package, names in _IMPORT.findall(text):
-            for name in (n.strip() for n in names.replace("\n", " ").split(",")):
+        for package, wrapped, plain in _IMPORT.findall(text):
+            names = (wrapped or plain).replace("\n", " ").split(",")
+            for name in (n.split(" as ")[0].strip() for n in names if n.strip()):
                 module = f"{package}.{name}" if _module_file(f"{package}.{name}").is_file() else package
                 if module in found or not _module_file(module).is_file():
                     continue
@@ -290,6 +291,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import importlib.abc
+import importlib.util
 import sys
 import types
 
@@ -299,26 +302,27 @@ _HELPERS: dict[str, str] = {{}}
 {helpers}
 
 
-def _install_helpers() -> None:
-    """Make `from scenarios import compat`, `from runtime.job import run_job` (and the like) find the
-    embedded sources, each as the module of that name."""
-    for dotted in _HELPERS:
-        parts = dotted.split(".")
-        for depth in range(1, len(parts) + 1):
-            name = ".".join(parts[:depth])
-            if name not in sys.modules:
-                module = types.ModuleType(name)
-                if depth < len(parts):
-                    module.__path__ = []
-                sys.modules[name] = module
-                if depth > 1:
-                    setattr(sys.modules[".".join(parts[: depth - 1])], parts[depth - 1], module)
-    for dotted, text in _HELPERS.items():
-        path = dotted.replace(".", "/") + ".py"
-        exec(compile(text, f"<{{path}}>", "exec"), sys.modules[dotted].__dict__)
+class _Embedded(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Import `scenarios.*` and `runtime.*` from the embedded sources (ahead of any checkout on sys.path),
+    each when first imported, so the modules may import each other in any order."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> object:
+        package = any(key.startswith(name + ".") for key in _HELPERS)
+        if name in _HELPERS or package:
+            return importlib.util.spec_from_loader(name, self, is_package=package)
+        return None
+
+    def create_module(self, spec: object) -> None:
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        text = _HELPERS.get(module.__name__)
+        if text is not None:
+            path = module.__name__.replace(".", "/") + ".py"
+            exec(compile(text, f"<{{path}}>", "exec"), module.__dict__)
 
 
-_install_helpers()
+sys.meta_path.insert(0, _Embedded())
 
 from runtime.job import init_distributed, run_job  # noqa: E402  (embedded above)
 
