@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import subprocess
 import sys
+import sysconfig
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,6 @@ from hypothesis import strategies as st
 from harness.define.registry import discover
 from harness.publishing.report import Selection, render_markdown
 from harness.publishing.repro import render, repro_id, sync_repros
-from tests.conftest import REPO_ROOT
 
 TEXT = st.text(max_size=40)
 PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.!+_-]*$")
@@ -138,12 +139,10 @@ def test_every_scenarios_reproducer_finds_its_embedded_modules(tmp_path: Path, s
     failure = BENIGN | {"scenario": scenario.id, "variant": "baseline"}
     path = tmp_path / "repro.py"
     path.write_text(render(failure, scenario, [], "3.11"))
-    # Without the checkout on sys.path (the editable install puts it there), as on a user's machine.
-    outside = (
-        "import runpy, sys; sys.path[:] = [p for p in sys.path if p.rstrip('/') != sys.argv[1]]; "
-        "sys.argv = [sys.argv[2], '--help']; runpy.run_path(sys.argv[0], run_name='__main__')"
-    )
-    command = [sys.executable, "-c", outside, str(REPO_ROOT), str(path)]
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    # Outside the checkout, as on a user's machine: -S skips the .pth files (the editable install's path to the
+    # checkout among them); the venv's packages (hypothesis) stay importable through PYTHONPATH.
+    env = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": os.environ.get("PATH", "")}
+    command = [sys.executable, "-S", str(path), "--help"]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--variant" in proc.stdout
