@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,21 @@ settings.load_profile("ci")
 @pytest.fixture
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+def matrix_command(profile: object, results: object, *extra: object) -> list[str]:
+    """`python -m harness matrix --profile P --results-dir R ...`, as the tests start it."""
+    return [
+        sys.executable,
+        "-m",
+        "harness",
+        "matrix",
+        "--profile",
+        str(profile),
+        "--results-dir",
+        str(results),
+        *map(str, extra),
+    ]
 
 
 def write_profile(tmp_path: Path, text: str, name: str = "p") -> Path:

@@ -21,10 +21,11 @@ from tests.fault_ledger import record_fault
 CI_PROFILE = REPO_ROOT / "matrix" / "ci.toml"
 
 
+HARNESS = [sys.executable, "-m", "harness"]
+
+
 def harness(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *argv], capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=300
-    )
+    return subprocess.run([*HARNESS, *argv], capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=300)
 
 
 def expect_exit_2(case: str, proc: subprocess.CompletedProcess, *named: str) -> None:
@@ -160,9 +161,7 @@ def test_a_signal_before_the_first_record(tmp_path: Path, sig: signal.Signals, c
     signal, no traceback, and no table claiming there are no runs."""
     results = tmp_path / "r"
     command = [
-        sys.executable,
-        "-m",
-        "harness",
+        *HARNESS,
         "matrix",
         "--profile",
         "ci",

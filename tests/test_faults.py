@@ -18,7 +18,7 @@ import pytest
 
 from harness.execution.proctree import processes_started_by
 from harness.recording.records import read_records, record_key
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, matrix_command
 from tests.fault_ledger import record_fault
 
 pytestmark = pytest.mark.matrix
@@ -132,7 +132,7 @@ def test_broken_wheelhouse_is_install_failed(tmp_path: Path) -> None:
 
 def test_sigint_stops_cleanly_with_a_partial_table(tmp_path: Path) -> None:
     results = tmp_path / "results"
-    command = [sys.executable, "-m", "harness", "matrix", "--profile", "ci", "--results-dir", str(results)]
+    command = matrix_command("ci", str(results))
     proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:

@@ -20,7 +20,7 @@ import pytest
 
 from harness.execution.proctree import processes_started_by
 from harness.recording.records import SCHEMA_PATH, read_records, record_key
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, matrix_command
 from tests.fault_ledger import record_fault
 
 pytestmark = pytest.mark.matrix
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.matrix
 
 def run_matrix(results: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [sys.executable, "-m", "harness", "matrix", "--profile", "ci", "--results-dir", str(results), *extra],
+        matrix_command("ci", str(results), *extra),
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
@@ -138,7 +138,7 @@ def test_a_complete_run_is_never_resumed_by_default(tmp_path: Path, ci_run: Path
 
 def test_sigkill_mid_run_loses_and_duplicates_nothing(tmp_path: Path, ci_run: Path) -> None:
     results = tmp_path / "results"
-    command = [sys.executable, "-m", "harness", "matrix", "--profile", "ci", "--results-dir", str(results)]
+    command = matrix_command("ci", str(results))
     proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     records_path = None
     deadline = time.monotonic() + 600

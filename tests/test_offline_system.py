@@ -19,7 +19,7 @@ from harness.define.cells import expand
 from harness.define.profile import load_profile
 from harness.environments import envs
 from harness.recording.records import read_records
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, matrix_command
 
 pytestmark = pytest.mark.matrix
 
@@ -104,14 +104,7 @@ def test_system_torch_overlay_from_wheelhouse_without_network(tmp_path: Path, sy
     }
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "harness",
-            "matrix",
-            "--profile",
-            str(profile),
-            "--results-dir",
-            str(results),
+            *matrix_command(str(profile), str(results)),
             "--envs-dir",
             str(tmp_path / "envs"),
             "--offline",

@@ -11,7 +11,7 @@ import pytest
 from harness.define.cells import expand
 from harness.define.profile import load_profile
 from harness.errors import ProfileError
-from tests.conftest import REPO_ROOT, write_profile
+from tests.conftest import REPO_ROOT, matrix_command, write_profile
 from tests.fault_ledger import record_fault
 
 GOOD = """
@@ -82,15 +82,14 @@ def test_bad_profile_names_file_and_key(tmp_path: Path, mutation, key: str) -> N
     assert str(path) in str(caught.value)
 
 
+def run_matrix(profile: Path, results: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(matrix_command(profile, results), capture_output=True, text=True, cwd=REPO_ROOT)
+
+
 def test_bad_profile_cli_one_line_exit_2_nothing_written(tmp_path: Path) -> None:
     path = write_profile(tmp_path, GOOD.replace('torch = ["2.13.0"]', 'torch = ["2.13.0"]\nfoo = ["1"]'))
     results = tmp_path / "results"
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness", "matrix", "--profile", str(path), "--results-dir", str(results)],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-    )
+    proc = run_matrix(path, results)
     record_fault("bad input: malformed profile key", "exit 2", f"exit {proc.returncode}")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1, proc.stderr
@@ -127,12 +126,7 @@ def test_unknown_variant_in_a_profile_exit_2(tmp_path: Path) -> None:
     text = (REPO_ROOT / "matrix" / "ci.toml").read_text() + typo
     path = write_profile(tmp_path, text, "ci-typo")
     results = tmp_path / "results"
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness", "matrix", "--profile", str(path), "--results-dir", str(results)],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-    )
+    proc = run_matrix(path, results)
     record_fault("bad input: unknown variant in a profile", "exit 2", f"exit {proc.returncode}")
     assert proc.returncode == 2 and "no_such_fix" in proc.stderr and proc.stderr.count("\n") == 1
     assert not results.exists()
@@ -142,7 +136,7 @@ def test_unwritable_results_dir_exit_2(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")  # root ignores permission bits: a path under a regular file cannot be created at all
     proc = subprocess.run(
-        [sys.executable, "-m", "harness", "matrix", "--profile", "ci", "--results-dir", str(not_a_dir / "results")],
+        matrix_command("ci", str(not_a_dir / "results")),
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 from harness.define.cells import expand
 from harness.define.profile import load_profile
 from harness.planning.pruning import conflict
-from tests.conftest import REPO_ROOT, write_profile
+from tests.conftest import REPO_ROOT, matrix_command, write_profile
 
 PROFILE = """
 [profile]
@@ -58,14 +57,7 @@ def test_the_matrix_skips_a_pruned_cell_without_installing_it(tmp_path: Path, wh
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "harness",
-            "matrix",
-            "--profile",
-            str(profile),
-            "--results-dir",
-            str(results),
+            *matrix_command(str(profile), str(results)),
             "--offline",
             "--wheelhouse",
             str(wheelhouse),

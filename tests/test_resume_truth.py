@@ -14,7 +14,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import pytest
 
 from harness.execution.proctree import processes_started_by
 from harness.recording.records import read_records, record_key
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, matrix_command
 from tests.fault_ledger import record_fault
 
 pytestmark = pytest.mark.matrix
@@ -36,14 +35,7 @@ METHODS = ("truncated-last-line", "kill-9", "sigint")
 
 def start(results: Path, *extra: str, profile: Path = PROFILE, env: dict[str, str] | None = None) -> subprocess.Popen:
     command = [
-        sys.executable,
-        "-m",
-        "harness",
-        "matrix",
-        "--profile",
-        str(profile),
-        "--results-dir",
-        str(results),
+        *matrix_command(str(profile), str(results)),
         "--no-report",
         *extra,
     ]

@@ -149,19 +149,8 @@ def bench_growth(workdir: Path, sizes: tuple[int, ...] = (1, 2, 4, 8)) -> dict[s
     def run(n: int) -> float:
         profile = workdir / f"growth{n}.toml"
         profile.write_text(GROWTH_PROFILE.format(accelerate=json.dumps(GROWTH_ACCELERATE[:n])))
-        command = [
-            sys.executable,
-            "-m",
-            "harness",
-            "matrix",
-            "--profile",
-            str(profile),
-            "--fresh",
-            "--no-report",
-            "--no-example-db",
-            "--results-dir",
-            str(workdir / f"results{n}"),
-        ]
+        flags = ["--fresh", "--no-report", "--no-example-db", "--results-dir", str(workdir / f"results{n}")]
+        command = [sys.executable, "-m", "harness", "matrix", "--profile", str(profile), *flags]
         started = time.perf_counter()
         subprocess.run(command, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return time.perf_counter() - started
