@@ -395,7 +395,7 @@ def _bisect(args: argparse.Namespace) -> int:
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.execution.options import MatrixOptions
-    from harness.versions.bisection import bisect
+    from harness.tools.bisection import bisect
 
     if args.offline and args.wheelhouse is None:
         raise UsageError("--offline needs --wheelhouse DIR")
