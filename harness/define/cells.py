@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from packaging.version import Version
 
 from harness.define.packages import AXIS_PACKAGES, short_name
-from harness.define.profile import ABSENT, LATEST, SYSTEM, Profile
+from harness.define.profile import ABSENT, DATE_AXIS, LATEST, SYSTEM, Profile
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,16 @@ class Cell:
                 parts.append(f"{short_name(package)}-{value}")
         return "_".join(parts)
 
+    @property
+    def date(self) -> str | None:
+        """The install date of a cell on a date axis: every package as the index had it that day."""
+        return self.pins.get(DATE_AXIS)
+
     def requirements(self) -> list[str]:
         """Requirement lines: exact pins, bare names for 'latest', nothing for 'none' or 'system'."""
         lines = []
         for package, value in self.choices:
-            if value in (ABSENT, SYSTEM):
+            if value in (ABSENT, SYSTEM) or package == DATE_AXIS:
                 continue
             lines.append(package if value == LATEST else f"{package}=={value}")
         lines.extend(f"{package}{spec}" for package, spec in self.implied)
@@ -53,13 +58,17 @@ class Cell:
 
     def env_key(self, python: str, extra: tuple[str, ...]) -> str:
         """Stable hash of everything that decides the environment's contents."""
-        blob = json.dumps({"python": python, "req": self.requirements(), "extra": list(extra)}, sort_keys=True)
+        facts: dict[str, object] = {"python": python, "req": self.requirements(), "extra": list(extra)}
+        if self.date:
+            facts["date"] = self.date
+        blob = json.dumps(facts, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def expand(profile: Profile) -> list[Cell]:
     """Full product of the axes and the stacks, with implied pins and exclusions applied."""
-    axis_names = [p for p in AXIS_PACKAGES if p in profile.axes]
+    order = (DATE_AXIS, *AXIS_PACKAGES)
+    axis_names = [p for p in order if p in profile.axes]
     stack_names: list[str | None] = list(profile.stacks) or [None]
     stack_packages = frozenset(next(iter(profile.stacks.values()), {}))
     cells = []
@@ -67,7 +76,7 @@ def expand(profile: Profile) -> list[Cell]:
         stack_pins = profile.stacks.get(stack, {}) if stack else {}
         for values in itertools.product(*(profile.axes[a] for a in axis_names)):
             chosen = dict(zip(axis_names, values, strict=True)) | stack_pins
-            ordered = tuple((p, chosen[p]) for p in AXIS_PACKAGES if p in chosen)
+            ordered = tuple((p, chosen[p]) for p in order if p in chosen)
             cell = Cell(
                 stack=stack,
                 choices=ordered,

@@ -6,6 +6,7 @@ than the one the user asked for, and a published table would then answer the wro
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +43,13 @@ PROFILE_SECTION_KEYS = {
     "hypothesis_seed",
     "hypothesis_profile",
     "reduce",
+    "example_variants",
 }
 TIMEOUT_KEYS = {"install_s", "job_s", "worker_start_s"}
-INSTALL_KEYS = {"no_build_isolation", "build_requires", "extra", "env", "mode", "overlay_support"}
+INSTALL_KEYS = {"no_build_isolation", "build_requires", "extra", "env", "mode", "overlay_support", "outside_era"}
+#: The axis of install dates: each value is a day, and a cell gets every package as the index had it then.
+DATE_AXIS = "date"
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 SCENARIO_KEYS = {"examples", "job_timeout_s", "variants", "configs", "cells"}
 
 
@@ -118,12 +123,18 @@ class Profile:
     install_mode: str = "uv"
     #: Wheels layered in system mode whenever the node lacks them (deepspeed's hjson, pydantic, ...).
     overlay_support: tuple[str, ...] = ()
+    #: With a date axis: packages resolved against today's index instead of the cell's date (a bitsandbytes
+    #: that can quantize on CPU), as requirement lines.
+    outside_era: tuple[str, ...] = ()
     scenario_settings: dict[str, ScenarioSettings] = field(default_factory=dict)
     retry: RetryPolicy = RetryPolicy()
     #: Address-space limit per worker process (CPU only): a runaway allocation becomes a recorded OOM crash.
     worker_memory_mb: int | None = None
     #: "none" (the full product) or "pairwise" (every pair of values of two dimensions in some cell).
     reduce: str = "none"
+    #: "all": explicit examples run every variant; "where-baseline-fails": their baseline first and the other
+    #: variants only where it fails, like drawn configs (wide profiles: the seed configs, fixes and controls).
+    example_variants: str = "all"
 
     def settings_for(self, scenario_id: str) -> ScenarioSettings:
         return self.scenario_settings.get(scenario_id, ScenarioSettings())
@@ -223,15 +234,26 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
         install_env=packages.build_env(used) | dict(install_env),
         install_mode=install_mode,
         overlay_support=tuple(_str_list(shown, "install.overlay_support", install.get("overlay_support", []))),
+        outside_era=_outside_era(shown, install.get("outside_era", []), axes),
         scenario_settings=_parse_scenarios(shown, data.get("scenario", {})),
         retry=_parse_retry(shown, data.get("retry", {})),
         reduce=_reduce_method(shown, head.get("reduce", "none")),
+        example_variants=_one_of(
+            shown, "profile.example_variants", head.get("example_variants", "all"), ("all", "where-baseline-fails")
+        ),
         worker_memory_mb=_parse_limits(shown, data.get("limits", {}), device),
     )
 
 
 def _merged(first: list[str], then: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*first, *then]))
+
+
+def _one_of(shown: str, key: str, raw: Any, allowed: tuple[str, ...]) -> str:
+    value = _str(shown, key, raw)
+    if value not in allowed:
+        raise ProfileError(shown, key, f"must be one of {', '.join(allowed)}, got {value!r}")
+    return value
 
 
 def _reduce_method(shown: str, raw: Any) -> str:
@@ -273,11 +295,15 @@ def _all_pins(axes: dict[str, tuple[str, ...]], stacks: dict[str, dict[str, str]
 
 
 def _parse_axes(shown: str, raw: Any) -> dict[str, tuple[str, ...]]:
-    """Versions per package: a list of pins, or a release rule (a string) resolved when the run starts."""
+    """Versions per package: a list of pins, or a release rule (a string) resolved when the run starts. The
+    `date` axis: days (YYYY-MM-DD), or a date rule such as 'peft minors >=0.9'."""
     axes = _table(shown, "axes", raw)
     parsed: dict[str, tuple[str, ...]] = {}
     for package, values in axes.items():
         key = f"axes.{package}"
+        if package == DATE_AXIS:
+            parsed[package] = _parse_dates(shown, key, values)
+            continue
         _known_package(shown, key, package, AXIS_PACKAGES)
         if isinstance(values, str) and values not in (LATEST, ABSENT, SYSTEM):
             parse_rule(shown, key, values)
@@ -290,6 +316,60 @@ def _parse_axes(shown: str, raw: Any) -> dict[str, tuple[str, ...]]:
             raise ProfileError(shown, key, "lists a version twice")
         parsed[package] = tuple(items)
     return parsed
+
+
+@dataclass(frozen=True)
+class DateRule:
+    """'<package> minors <specifier>': the day after each minor release of `package` in the specifier first
+    appeared on the index (that minor is then the newest), plus today."""
+
+    package: str
+    specifier: SpecifierSet
+
+
+def parse_date_rule(shown: str, key: str, text: str) -> DateRule:
+    words = text.split(maxsplit=2)
+    if len(words) >= 2 and words[1] == "minors" and words[0] in AXIS_PACKAGES:
+        try:
+            return DateRule(words[0], SpecifierSet(words[2] if len(words) > 2 else ""))
+        except InvalidSpecifier:
+            pass
+    raise ProfileError(
+        shown, key, f"{text!r} is neither a list of days (YYYY-MM-DD) nor a rule like 'peft minors >=0.9'"
+    )
+
+
+def _parse_dates(shown: str, key: str, values: Any) -> tuple[str, ...]:
+    if isinstance(values, str):
+        parse_date_rule(shown, key, values)
+        return (RULE_PREFIX + values,)
+    items = _str_list(shown, key, values, allow_empty=False)
+    for item in items:
+        if not _DATE.match(item):
+            raise ProfileError(shown, key, f"{item!r} is not a day (YYYY-MM-DD)")
+    if len(set(items)) != len(items):
+        raise ProfileError(shown, key, "lists a day twice")
+    return tuple(items)
+
+
+def _requirement(shown: str, key: str, line: str) -> None:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        name = Requirement(line).name.lower()
+    except InvalidRequirement as exc:
+        raise ProfileError(shown, key, f"{line!r} is not a requirement: {exc}") from None
+    if name not in AXIS_PACKAGES + SUPPORT_PACKAGES:
+        raise ProfileError(shown, key, f"{name!r} is not a package of harness/define/packages.py")
+
+
+def _outside_era(shown: str, raw: Any, axes: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    lines = _str_list(shown, "install.outside_era", raw)
+    if lines and DATE_AXIS not in axes:
+        raise ProfileError(shown, "install.outside_era", "only means something with a date axis")
+    for line in lines:
+        _requirement(shown, "install.outside_era", line)
+    return tuple(lines)
 
 
 @dataclass(frozen=True)

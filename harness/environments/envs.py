@@ -23,7 +23,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from harness.define.cells import Cell
-from harness.define.profile import Profile
+from harness.define.profile import DATE_AXIS, Profile
 from harness.errors import UsageError
 
 MARKER = ".compat-matrix-cell.json"
@@ -128,6 +128,7 @@ def env_dir_for(cell: Cell, profile: Profile, options: InstallOptions) -> Path:
         options.mode(profile),
         *profile.overlay_support,
         "bytecode",
+        *(("outside-era", *profile.outside_era, newest_day(profile)) if cell.date and profile.outside_era else ()),
     )
     return options.envs_dir / f"{cell.cell_id}-{cell.env_key(profile.python, tuple(map(str, extra)))}"
 
@@ -187,9 +188,15 @@ def ensure_env(cell: Cell, profile: Profile, options: InstallOptions) -> EnvResu
 def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Path, deadline: float) -> EnvResult:
     _run(["venv", "--quiet", "--python", profile.python, str(target)], deadline, uv=True)
     python = target / "bin" / "python"
-    flags = index_flags(options=options)
-    late = [r for r in cell.requirements() if _name(r) in profile.no_build_isolation]
-    early = [r for r in cell.requirements() if r not in late] + list(profile.extra_requirements)
+    flags = index_flags(options=options) + era_flags(cell, profile)
+    wanted = cell.requirements()
+    if cell.date:
+        # Packages resolved against today's index: their own line replaces the cell's bare name.
+        outside = {_name(line): line for line in profile.outside_era}
+        named = {_name(r) for r in wanted}
+        wanted = [outside.get(_name(r), r) for r in wanted] + [x for n, x in outside.items() if n not in named]
+    late = [r for r in wanted if _name(r) in profile.no_build_isolation]
+    early = [r for r in wanted if r not in late] + list(profile.extra_requirements)
     if late:
         early += list(profile.build_requires)
     # Precompiled bytecode: without it every worker pays 20-35 s extra on its first import of the stack
@@ -215,6 +222,22 @@ def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Pat
             uv=True,
         )
     return EnvResult(python, installed_versions(python), False, 0.0, mode="uv")
+
+
+def era_flags(cell: Cell, profile: Profile) -> list[str]:
+    """A dated cell resolves every package as the index had it at the start of that day (uv's
+    --exclude-newer), apart from the profile's `outside_era` packages, resolved as of the newest day."""
+    if not cell.date:
+        return []
+    flags = ["--exclude-newer", f"{cell.date}T00:00:00Z"]
+    for line in profile.outside_era:
+        flags += ["--exclude-newer-package", f"{_name(line)}={newest_day(profile)}T23:59:59Z"]
+    return flags
+
+
+def newest_day(profile: Profile) -> str:
+    """The newest day on the profile's (resolved) date axis."""
+    return max(profile.axes.get(DATE_AXIS, ("",)))
 
 
 def _build_overlay(cell: Cell, profile: Profile, options: InstallOptions, target: Path, deadline: float) -> EnvResult:

@@ -18,7 +18,7 @@ from harness.environments import envs
 from harness.execution.launcher import LaunchSpec, WorkerSession, stack_env
 from harness.execution.options import MatrixOptions, MatrixSummary
 from harness.execution.progress import Progress
-from harness.execution.scenario_run import RunContext, drawn_baseline_only, run_scenario
+from harness.execution.scenario_run import RunContext, baseline_first, run_scenario
 from harness.planning.plan import RunPlan
 from harness.recording import runs
 from harness.recording.record import Outcome, make_record, not_run
@@ -44,7 +44,7 @@ def execute(
 
     # Drawn configs count once (their baseline) until it fails; fix variants are added to the total then.
     jobs_total = sum(
-        sum(1 if drawn_baseline_only(s, c) else len(variants[s.id]) for c in wanted_configs(s.id))
+        sum(1 if baseline_first(s, c, plan.profile) else len(variants[s.id]) for c in wanted_configs(s.id))
         for cell in plan.cells
         for s in plan.scenarios
         if plan.selected(s, cell)
@@ -116,19 +116,23 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
             ctx.summary.outcomes[record["outcome"]] = ctx.summary.outcomes.get(record["outcome"], 0) + 1
         progress.job_done(note=f"{cell.cell_id} {scenario.id} {variant}: {record['outcome']}")
 
+    def baseline_failed(scenario: Scenario, variants: tuple[str, ...], planned: dict[str, Any]) -> bool:
+        return writer.outcome_of((cell.cell_id, scenario.id, variants[0], planned["config_id"])) == "fail"
+
     # Everything this cell would run up front, if nothing fails (drawn configs: the baseline only).
+    profile = ctx.plan.profile
     first_pass = [
         (s, v, c)
         for s, variants, planned in work
         for c in planned
-        for v in (variants[:1] if drawn_baseline_only(s, c) else variants)
+        for v in (variants[:1] if baseline_first(s, c, profile) else variants)
     ]
     missing = [(s, v, c) for s, v, c in first_pass if not recorded(s, v, c)]
     fixes_due = [
         (s, variants, c)
         for s, variants, planned in work
         for c in planned
-        if drawn_baseline_only(s, c) and writer.outcome_of((cell.cell_id, s.id, variants[0], c["config_id"])) == "fail"
+        if baseline_first(s, c, profile) and baseline_failed(s, variants, c)
     ]
     for _ in range(len(first_pass) - len(missing)):
         ctx.summary.resumed += 1

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.define.cells import Cell
-from harness.define.profile import RetryPolicy
+from harness.define.profile import Profile, RetryPolicy
 from harness.define.registry import Scenario
 from harness.execution.launcher import JobResult, WorkerSession
 from harness.execution.options import MatrixOptions, MatrixSummary
@@ -45,10 +45,13 @@ class RunContext:
     draws: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def drawn_baseline_only(scenario: Scenario, planned: dict[str, Any]) -> bool:
-    """Drawn configs run the baseline; fix variants follow only where it fails, unless the scenario measures
-    every variant (S3, S5: their variants are measurements, not fixes)."""
-    return draws.is_drawn(planned) and scenario.spec.get("drawn_variants", "failing") == "failing"
+def baseline_first(scenario: Scenario, planned: dict[str, Any], profile: Profile) -> bool:
+    """Whether a config runs its baseline first and its other variants only where that fails: drawn configs
+    do, and explicit examples too under `example_variants = "where-baseline-fails"`. A scenario that measures
+    every variant (S3, S5) runs them all."""
+    if scenario.spec.get("drawn_variants", "failing") != "failing":
+        return False
+    return draws.is_drawn(planned) or profile.example_variants == "where-baseline-fails"
 
 
 def run_scenario(
@@ -66,13 +69,17 @@ def run_scenario(
     session = sessions[0]
     baseline = variants[0]
     confirmed: set[str] = set()  # signatures already confirmed by a retry in this cell x scenario
-    retry = ctx.plan.profile.retry
+    profile = ctx.plan.profile
+    retry = profile.retry
     failed_drawn: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    failed_examples: list[dict[str, Any]] = []
     for variant, planned, fields in _run_batch(sessions, pending, retry, confirmed):
         if variant == baseline and draws.is_drawn(planned) and fields["outcome"] == "fail":
             failed_drawn.append((planned, fields))  # written once shrunk, so the record holds both configs
         else:
             emit(variant, planned, fields)
+            if variant == baseline and fields["outcome"] == "fail" and baseline_first(scenario, planned, profile):
+                failed_examples.append(planned)
 
     shrunk: dict[str, dict[str, Any]] = {}
     for planned, fields in failed_drawn:
@@ -89,7 +96,8 @@ def run_scenario(
         emit(baseline, planned, fields)
 
     # Scenarios that measure every variant ran them already; the others run their fixes now.
-    fixes = [(v, c) for c in [p for p, _ in failed_drawn if drawn_baseline_only(scenario, p)] for v in variants[1:]]
+    failing = [p for p, _ in failed_drawn if baseline_first(scenario, p, profile)] + failed_examples
+    fixes = [(v, c) for c in failing for v in variants[1:]]
     fixes += [(v, c) for vs, c in resumed_fixes for v in vs[1:]]
     fixes = [(v, c) for v, c in fixes if (cell.cell_id, scenario.id, v, c["config_id"]) not in ctx.writer]
     ctx.progress.add_jobs(len(fixes))

@@ -6,6 +6,7 @@ Requires-Python are seen without downloading anything. Pre-releases are left out
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -17,7 +18,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from harness.define.profile import RULE_PREFIX, Profile, ReleaseRule, parse_rule
+from harness.define.profile import DATE_AXIS, RULE_PREFIX, DateRule, Profile, ReleaseRule, parse_date_rule, parse_rule
 from harness.errors import UsageError
 
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -111,6 +112,25 @@ def apply_rule(versions: list[Version], rule: ReleaseRule) -> list[Version]:
     return chosen
 
 
+def minor_release_days(rule: DateRule, today: dt.date | None = None) -> list[str]:
+    """The day after each minor release of the rule's package first appeared on the index (so that minor is the
+    newest one can install that day), plus today: one era-consistent stack per minor."""
+    first_upload: dict[tuple[int, int], dt.datetime] = {}
+    for item in index_files(rule.package):
+        version = _version_of(item.get("filename", ""))
+        uploaded = item.get("upload-time")
+        if version is None or version.is_prerelease or version.is_devrelease or not uploaded:
+            continue
+        if rule.specifier and not rule.specifier.contains(version):
+            continue
+        when = dt.datetime.fromisoformat(uploaded.replace("Z", "+00:00"))
+        minor = (version.major, version.minor)
+        first_upload[minor] = min(first_upload.get(minor, when), when)
+    days = {(when + dt.timedelta(days=1)).date().isoformat() for when in first_upload.values()}
+    days.add((today or dt.datetime.now(dt.UTC).date()).isoformat())
+    return sorted(days)
+
+
 def resolve_axes(
     profile: Profile, wheelhouse: Path | None = None, recorded: dict[str, list[str]] | None = None
 ) -> tuple[Profile, dict[str, list[str]]]:
@@ -123,6 +143,10 @@ def resolve_axes(
             text = values[0][len(RULE_PREFIX) :]
             if recorded and package in recorded:
                 chosen = recorded[package]
+            elif package == DATE_AXIS:
+                if wheelhouse is not None:
+                    raise UsageError(f"axes.date = {text!r}: release dates need the index, not a wheelhouse")
+                chosen = minor_release_days(parse_date_rule(str(profile.path), "axes.date", text))
             else:
                 rule = parse_rule(str(profile.path), f"axes.{package}", text)
                 chosen = [str(v) for v in apply_rule(releases(package, profile.python, wheelhouse), rule)]
