@@ -44,7 +44,11 @@ def mixed_precision(
             buffer_dtype=dt(buffer) if buffer else None,
             cast_forward_inputs=bool(cast_forward_inputs),
         )
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+    except ImportError:  # torch 2.4, 2.5
+        fsdp2_api()
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy
 
     return MixedPrecisionPolicy(
         param_dtype=dt(param),
@@ -98,14 +102,26 @@ def _fsdp1(model: Any, device: Any, policy: Any, mp: Any, use_orig_params: bool,
     return wrapped, count
 
 
+def fsdp2_api() -> tuple[Any, Any]:
+    """(FSDPModule, fully_shard) where this torch has them; FSDP2 does not exist before torch 2.4, so a
+    variant that asks for it is not applicable there (a skip with the reason, not a failure)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+    except ImportError:
+        try:  # torch 2.4, 2.5
+            from torch.distributed._composable.fsdp import FSDPModule, fully_shard
+        except ImportError:
+            import torch
+
+            raise compat.NotApplicable(f"FSDP2 (fully_shard) needs torch >= 2.4, this is {torch.__version__}") from None
+    return FSDPModule, fully_shard
+
+
 def _fsdp2(model: Any, device: Any, policy: Any, mp: Any, upcast: bool) -> tuple[Any, int]:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
-    try:
-        from torch.distributed.fsdp import FSDPModule, fully_shard
-    except ImportError:  # torch < 2.6
-        from torch.distributed._composable.fsdp import FSDPModule, fully_shard
+    FSDPModule, fully_shard = fsdp2_api()
 
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
     kwargs: dict[str, Any] = {"mesh": mesh}
