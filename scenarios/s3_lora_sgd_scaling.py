@@ -18,6 +18,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from scenarios import compat
 from scenarios.compat import CheckFailed, parse_variant, torch_dtype
 from scenarios.kit.adapters import ALL_LINEAR, lora_config
 from scenarios.kit.models import tiny_llama
@@ -109,6 +110,8 @@ def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, 
     hook_grads: dict[str, torch.Tensor] = {}
     handles = [p.register_hook(_saver(hook_grads, name)) for name, p in params.items()]  # the seed's hook
     optimizer = torch.optim.SGD(params.values(), lr=config["lr"])
+    if "grad_scaler" in fixes and not hasattr(torch.amp, "GradScaler"):
+        raise compat.NotApplicable(f"torch {torch.__version__} has no device-generic torch.amp.GradScaler (2.3+)")
     scaler = torch.amp.GradScaler(ctx["device"], init_scale=SCALER_INIT) if "grad_scaler" in fixes else None
     micro_batches = ACCUM_STEPS if "grad_accum" in fixes else 1
     generator = torch.Generator().manual_seed(1)

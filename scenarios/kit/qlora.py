@@ -114,21 +114,13 @@ def quantize_by_hand(model, dtype, device: str) -> None:
             for name, lin in list(parent.named_children()):
                 if not isinstance(lin, torch.nn.Linear):
                     continue
-                q = bnb.nn.Linear4bit(
-                    lin.in_features,
-                    lin.out_features,
-                    bias=lin.bias is not None,
-                    compute_dtype=dtype,
-                    quant_type="nf4",
-                    quant_storage=dtype,
-                )
+                # bitsandbytes < 0.43 has no quant_storage (storage is uint8) and no `module` (no quant_state
+                # recovery under FSDP): pass what this release takes.
+                linear = _supported(bnb.nn.Linear4bit, compute_dtype=dtype, quant_type="nf4", quant_storage=dtype)
+                q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None, **linear)
                 data = lin.weight.data.detach().clone().cpu()
-                try:
-                    q.weight = bnb.nn.Params4bit(
-                        data, requires_grad=False, quant_type="nf4", quant_storage=dtype, module=q
-                    )
-                except TypeError:  # bitsandbytes < 0.43: no `module` (and no quant_state recovery under FSDP)
-                    q.weight = bnb.nn.Params4bit(data, requires_grad=False, quant_type="nf4", quant_storage=dtype)
+                weight = _supported(bnb.nn.Params4bit, quant_type="nf4", quant_storage=dtype, module=q)
+                q.weight = bnb.nn.Params4bit(data, requires_grad=False, **weight)
                 if lin.bias is not None:
                     q.bias = torch.nn.Parameter(lin.bias.data.detach().clone(), requires_grad=False)
                 q = q.to(device)  # Params4bit quantizes on its first move to a real device
@@ -137,6 +129,15 @@ def quantize_by_hand(model, dtype, device: str) -> None:
                 setattr(parent, name, q)
     model.is_loaded_in_4bit = True
     model.is_quantized = True
+
+
+def _supported(factory, **kwargs) -> dict:
+    """The keyword arguments this release of `factory` accepts."""
+    import inspect
+
+    target = factory.__new__ if "__new__" in vars(factory) else factory
+    parameters = inspect.signature(target).parameters
+    return {k: v for k, v in kwargs.items() if k in parameters}
 
 
 def count_linear4bit(model) -> int:
