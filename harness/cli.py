@@ -193,6 +193,19 @@ def build_parser() -> argparse.ArgumentParser:
     bis.add_argument("--offline", action="store_true")
     bis.add_argument("--wheelhouse", type=Path, metavar="DIR")
 
+    fl = sub.add_parser(
+        "flips",
+        help="name every flip of a dated run: which package, then which release, changed a target outcome",
+        description="For each scenario and each pair of neighbouring dates of a dated run (the history profile) "
+        "where the target outcome changes, moves each changed package alone from the older date's release to "
+        "the newer one's (the rest held) in a real one-cell run, then bisects the package whose move "
+        "reproduces the change. Writes results/flips/<run-id>/flips.json and every probe's records.",
+    )
+    fl.add_argument("--run", required=True, metavar="RUN_ID", help="a dated run under results/runs/")
+    fl.add_argument("--profile", default="history", help="the run's profile (default history)")
+    fl.add_argument("--scenario", action="append", metavar="ID", help="only these scenarios (repeatable)")
+    fl.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+
     check = sub.add_parser(
         "check-repros",
         help="run reproducers with `uv run` and check they still reproduce (and their fixes still pass)",
@@ -289,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "import-run":
             return _import_runs(args)
+        if args.command == "flips":
+            return _flips(args)
         if args.command == "bisect":
             return _bisect(args)
         if args.command == "upstream-report":
@@ -434,6 +449,22 @@ def _bisect(args: argparse.Namespace) -> int:
     flip = verdict.first_flip or "none in range"
     print(f"outcome at {verdict.candidates[0]}: {verdict.old_state}; first release where it flips: {flip}")
     print(f"cell runs: {verdict.cell_runs} (bound ceil(log2 {len(verdict.candidates)}) + 1 = {verdict.bound})")
+    return 0
+
+
+def _flips(args: argparse.Namespace) -> int:
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions, default_envs_dir
+    from harness.execution.options import MatrixOptions
+    from harness.tools.flips import describe, find_flips
+
+    run_dir = args.results_dir / "runs" / args.run
+    if not (run_dir / "records.jsonl").is_file():
+        raise UsageError(f"--run {args.run}: no {run_dir / 'records.jsonl'}")
+    profile = load_profile(args.profile, MATRIX_DIR)
+    options = MatrixOptions(results_dir=args.results_dir, install=InstallOptions(envs_dir=default_envs_dir()))
+    for flip in find_flips(run_dir, profile, options, args.results_dir / "flips", scenarios=args.scenario):
+        print(describe(flip), flush=True)
     return 0
 
 

@@ -44,6 +44,21 @@ KNOWN_ISSUES: dict[str, list[str]] = {
     "adapter_survives_reload": ["huggingface/peft#2957"],
 }
 
+#: What the upstream record (../shared/UPSTREAM.md) says changed a failure, to check a measured flip against:
+#: name -> (package, first release with the change, source).
+UPSTREAM_CHANGES: dict[str, tuple[str, str, str]] = {
+    "checkpoint-recompute-shape[0]": (
+        "deepspeed",
+        "0.19.3",
+        "DeepSpeed PR #8148 (Z3 activation checkpointing with frozen params), first released in 0.19.3",
+    ),
+    "no-grad-element-0": (
+        "transformers",
+        "5.0.0",
+        "transformers#43203 made non-reentrant checkpointing the default, shipped in 5.0.0",
+    ),
+}
+
 _METADATA = re.compile(r"saved metadata: \{(?P<saved>[^}]*)\}\s*recomputed metadata: \{(?P<recomputed>[^}]*)\}", re.S)
 _SHAPE = re.compile(r"'shape': torch\.Size\(\[(?P<dims>[^\]]*)\]\)")
 _DTYPE = re.compile(r"'dtype': torch\.(?P<dtype>\w+)")

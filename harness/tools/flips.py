@@ -1,0 +1,186 @@
+"""Every flip of a dated (history) run, named: which package changed a scenario's target outcome, and which
+release of it.
+
+Between two neighbouring dates where a scenario's target outcome changes, each package that differs is moved
+alone from the older date's release to the newer one's, every other axis package held at the older date's
+release (dependencies resolve as of the newer date). A probe is a real one-cell run of the scenario's seed
+configs, baseline only. The package whose move alone reproduces the newer outcome is the one that changed
+it; the existing bisect then finds the first release of it that does. Everything a flip ran is kept under
+`results/flips/<run-id>/`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from harness.define.cells import Cell
+from harness.define.packages import AXIS_PACKAGES
+from harness.define.profile import DATE_AXIS, Profile
+from harness.define.registry import discover
+from harness.errors import UsageError
+from harness.execution.options import MatrixOptions
+from harness.recording.records import read_records
+from harness.recording.verdicts import verdict
+from harness.tools import bisection
+
+#: Target states that say something about the target (not a skip, not a broken environment).
+KNOWN_STATES = ("target", "not-reproduced")
+
+
+@dataclass
+class Flip:
+    scenario: str
+    older: str
+    newer: str
+    older_state: str
+    newer_state: str
+    signature: str
+    #: package -> [older release, newer release]
+    changed: dict[str, list[str]]
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    package: str | None = None
+    release: str | None = None
+    bisect: str | None = None
+    #: The release the upstream record names for this change, where it names one, and whether we agree.
+    upstream: dict[str, Any] | None = None
+
+
+def dated_states(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """scenario -> [{date, state, signature, versions}] in date order, from a dated run's records."""
+    by_key: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        date = (record.get("pins") or {}).get(DATE_AXIS)
+        if date:
+            by_key[(record["scenario"], date)].append(record)
+    states: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for (scenario, date), group in sorted(by_key.items()):
+        found = verdict(group, specs.get(scenario))
+        signature = next((r["signature"] for r in found.target_records), None)
+        versions = next((r.get("versions") for r in group if r.get("versions")), {}) or {}
+        states[scenario].append({"date": date, "state": found.state, "signature": signature, "versions": versions})
+    return dict(states)
+
+
+def flips_in(states: dict[str, list[dict[str, Any]]]) -> list[Flip]:
+    """Neighbouring dates (among those where the target outcome is known) whose target outcome differs."""
+    found = []
+    for scenario, rows in sorted(states.items()):
+        known = [r for r in rows if r["state"] in KNOWN_STATES]
+        for older, newer in itertools.pairwise(known):
+            if older["state"] == newer["state"]:
+                continue
+            changed = {
+                p: [_public(older["versions"].get(p)), _public(newer["versions"].get(p))]
+                for p in AXIS_PACKAGES
+                if _public(older["versions"].get(p)) != _public(newer["versions"].get(p))
+            }
+            signature = older["signature"] or newer["signature"]
+            found.append(
+                Flip(scenario, older["date"], newer["date"], older["state"], newer["state"], signature, changed)
+            )
+    return found
+
+
+Probe = Callable[[Profile, Cell, str, str, str, str, MatrixOptions, Path, str | None], bisection.Probe]
+
+
+def name_flip(
+    flip: Flip,
+    history: Profile,
+    older_versions: dict[str, str],
+    options: MatrixOptions,
+    out_dir: Path,
+    probe: Probe = bisection._probe,
+    bisector: Callable[..., bisection.Verdict] = bisection.bisect,
+) -> Flip:
+    """Move each changed package alone; bisect the one whose move reproduces the newer outcome."""
+    base_profile = _held_profile(history, older_versions, flip)
+    base = Cell(stack=None, choices=tuple((k, v[0]) for k, v in base_profile.axes.items()), implied=())
+    newer_fails = flip.newer_state == "target"
+    for package, (_, new) in flip.changed.items():
+        if new is None:
+            continue
+        result = probe(base_profile, base, package, new, flip.scenario, "baseline", options, out_dir, flip.signature)
+        flip.probes.append({"package": package, "version": new, **asdict(result)})
+        if result.state != "unusable" and (result.state == "fail") == newer_fails:
+            flip.package = package
+            break
+    if flip.package is None:
+        return flip
+    old, new = flip.changed[flip.package]
+    verdict_ = bisector(
+        base_profile,
+        flip.package,
+        flip.scenario,
+        "baseline",
+        options,
+        old=old,
+        new=new,
+        signature=flip.signature,
+        out_root=out_dir / "bisect",
+    )
+    flip.release = verdict_.first_flip
+    flip.bisect = str(out_dir / "bisect")
+    return flip
+
+
+def find_flips(
+    run_dir: Path, history: Profile, options: MatrixOptions, out_root: Path, scenarios: list[str] | None = None
+) -> list[Flip]:
+    """Every flip of the run, named where a probe could name it; written to `out_root/<run-id>/flips.json`."""
+    from scenarios.failure_names import UPSTREAM_CHANGES
+
+    records = read_records(run_dir / "records.jsonl")
+    if not records:
+        raise UsageError(f"{run_dir}: no records")
+    specs = {s.id: s.spec for s in discover()}
+    states = dated_states(records, specs)
+    if not states:
+        raise UsageError(f"{run_dir}: not a dated run (no record has a {DATE_AXIS!r} pin)")
+    named = []
+    out_dir = out_root / run_dir.name
+    for flip in flips_in(states):
+        if scenarios and not any(flip.scenario.startswith(s) for s in scenarios):
+            continue
+        older = next(r["versions"] for r in states[flip.scenario] if r["date"] == flip.older)
+        where = out_dir / f"{flip.scenario.split('-')[0]}-{flip.older}-{flip.newer}"
+        flip = name_flip(flip, history, {p: _public(older.get(p)) for p in AXIS_PACKAGES}, options, where)
+        known = UPSTREAM_CHANGES.get(flip.signature or "")
+        if known:
+            flip.upstream = {"package": known[0], "release": known[1], "source": known[2]}
+            flip.upstream["agrees"] = (flip.package, flip.release) == (known[0], known[1])
+        named.append(flip)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "flips.json").write_text(json.dumps([asdict(f) for f in named], indent=1) + "\n")
+    return named
+
+
+def _held_profile(history: Profile, versions: dict[str, str], flip: Flip) -> Profile:
+    """One cell: every axis package at the older date's release, resolved as of the newer date."""
+    axes: dict[str, tuple[str, ...]] = {DATE_AXIS: (flip.newer,)}
+    axes |= {p: (v,) for p, v in versions.items() if v and p in AXIS_PACKAGES}
+    return replace(history, name=f"flip-{flip.scenario.split('-')[0]}", axes=axes, stacks={}, exclusions=())
+
+
+def _public(version: str | None) -> str | None:
+    return version.split("+", 1)[0] if version else None
+
+
+def describe(flip: Flip) -> str:
+    """'S4 checkpoint-recompute-shape[0]: target -> not-reproduced between 2026-04-15 and 2026-07-29, by
+    deepspeed 0.19.3 (bisected)'."""
+    change = f"{flip.older_state} -> {flip.newer_state} between {flip.older} and {flip.newer}"
+    if flip.package and flip.release:
+        by = f"{flip.package} {flip.release}"
+    elif flip.package:
+        by = f"{flip.package} (release not bisected)"
+    else:
+        tried = ", ".join(f"{p['package']} {p['version']}: {p['state']}" for p in flip.probes) or "no probe"
+        by = f"no single package ({tried})"
+    return f"{flip.scenario.split('-')[0]} {flip.signature}: {change}, by {by}"

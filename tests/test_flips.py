@@ -1,0 +1,78 @@
+"""Naming a flip of a dated run: which package (moved alone) and which release (bisected) changed a target.
+
+Probes and the bisect are stand-ins here (a table of outcomes); the real ones are one-cell matrix runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.define.profile import load_profile
+from harness.environments.envs import InstallOptions
+from harness.execution.options import MatrixOptions
+from harness.tools import bisection, flips
+from tests.conftest import REPO_ROOT
+
+S4 = "S4-zero3-lora-checkpoint"
+VERSIONS = {
+    "2026-04-15": {"torch": "2.11.0+cu128", "transformers": "5.1.0", "peft": "0.19.0", "deepspeed": "0.19.2"},
+    "2026-07-29": {"torch": "2.12.0+cu128", "transformers": "5.1.0", "peft": "0.20.0", "deepspeed": "0.19.4"},
+}
+
+
+def record(date: str, outcome: str, signature: str | None) -> dict:
+    return {
+        "cell": f"era_date-{date}",
+        "pins": {"date": date},
+        "scenario": S4,
+        "variant": "baseline",
+        "config": {"seed": 0},
+        "config_id": "c0",
+        "outcome": outcome,
+        "signature": signature,
+        "versions": VERSIONS[date],
+        "hardware": {"device": "cpu", "world_size": 2},
+    }
+
+
+def test_the_package_whose_move_alone_flips_it_is_named_and_bisected(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "history-x"
+    run_dir.mkdir(parents=True)
+    rows = [record("2026-04-15", "fail", "checkpoint-recompute-shape[0]"), record("2026-07-29", "pass", None)]
+    (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    moved = []
+
+    def probe(profile, base, package, version, scenario, variant, options, out_dir, signature):
+        moved.append((package, version, dict(base.pins)))
+        state = "pass" if package == "deepspeed" else "fail"
+        return bisection.Probe(version, state, [], f"run-{package}", 1)
+
+    def bisector(profile, package, scenario, variant, options, *, old, new, signature, out_root):
+        assert (package, old, new) == ("deepspeed", "0.19.2", "0.19.4")
+        return bisection.Verdict(package, scenario, variant, "base", [old, "0.19.3", new], "fail", "0.19.3")
+
+    profile = load_profile("history", REPO_ROOT / "matrix")
+    options = MatrixOptions(results_dir=tmp_path, install=InstallOptions(envs_dir=tmp_path / "envs"))
+    states = flips.dated_states(rows, {S4: {"target": ["checkpoint-recompute-shape[0]"]}})
+    [flip] = flips.flips_in(states)
+    assert (flip.older, flip.newer, flip.older_state, flip.newer_state) == (
+        "2026-04-15",
+        "2026-07-29",
+        "target",
+        "not-reproduced",
+    )
+    assert set(flip.changed) == {"torch", "peft", "deepspeed"}  # the local label +cu128 is not a change
+    older = {p: v.split("+")[0] for p, v in VERSIONS["2026-04-15"].items()}
+    named = flips.name_flip(flip, profile, older, options, tmp_path / "flip", probe=probe, bisector=bisector)
+    assert (named.package, named.release) == ("deepspeed", "0.19.3")
+    # Each probe moves one package; the rest stay at the older date's releases, resolved as of the newer date.
+    for package, _version, pins in moved:
+        assert pins["date"] == "2026-07-29"
+        assert all(pins[p] == older[p] for p in older if p != package)
+    assert "deepspeed 0.19.3" in flips.describe(named)
+
+
+def test_no_flip_where_the_target_state_is_unknown() -> None:
+    rows = [record("2026-04-15", "env-broken", "env-broken-ValueError"), record("2026-07-29", "pass", None)]
+    states = flips.dated_states(rows, {S4: {"target": ["checkpoint-recompute-shape[0]"]}})
+    assert flips.flips_in(states) == []
