@@ -33,6 +33,10 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
     from harness.publishing.publish import changes_markdown, changes_since_previous
 
     text += changes_markdown(changes_since_previous(results_dir, selection))
+    from harness.publishing.atlas import flips_markdown, newest_flips, plot_timeline
+
+    flips = newest_flips(results_dir, selection.run_ids)
+    text += flips_markdown(flips)
     output = output or results_dir / "COMPATIBILITY.md"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
@@ -46,4 +50,6 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
         from harness.publishing.report import real_size_rows
 
         plot_real_size(real_size_rows(selection.latest()[0]), results_dir / "s5-real-size.png")
+        specs = {s.id: s.spec for s in known}
+        plot_timeline(selection.latest()[0], specs, flips, results_dir / "history-timeline.png")
     return output

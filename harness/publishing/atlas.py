@@ -1,0 +1,156 @@
+"""The atlas view of dated (history) runs: a timeline per scenario (dates with the stack of each, against the
+target outcome, fixes marked, flips labelled) and the "what changed it" list from `compat-matrix flips`."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from harness.define.profile import DATE_AXIS
+from harness.recording.verdicts import verdict
+from harness.textsafe import code, md
+
+#: Colour per verdict state on the timeline.
+COLOURS = {
+    "target": "#d62728",
+    "not-reproduced": "#2ca02c",
+    "failures": "#ff7f0e",
+    "passes": "#2ca02c",
+    "skip": "#c7c7c7",
+    "env-broken": "#7f7f7f",
+    "install-failed": "#7f7f7f",
+}
+STACK = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes")
+SHORT = {"transformers": "tf", "accelerate": "acc", "deepspeed": "ds", "bitsandbytes": "bnb"}
+
+
+def dated_verdicts(
+    records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]
+) -> tuple[list[str], dict[str, dict[str, Any]], dict[str, Any]]:
+    """(dates, {date: versions}, {scenario: {date: Verdict}}) of the records that carry a date pin."""
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    stacks: dict[str, dict[str, Any]] = {}
+    for record in records:
+        date = (record.get("pins") or {}).get(DATE_AXIS)
+        if not date:
+            continue
+        grouped[(record["scenario"], date)].append(record)
+        if record.get("versions"):
+            stacks.setdefault(date, record["versions"])
+    verdicts: dict[str, dict[str, Any]] = defaultdict(dict)
+    for (scenario, date), group in grouped.items():
+        verdicts[scenario][date] = verdict(group, specs.get(scenario))
+    return sorted({d for _, d in grouped}), stacks, dict(verdicts)
+
+
+def plot_timeline(
+    records: list[dict[str, Any]], specs: dict[str, dict[str, Any]], flips: list[dict[str, Any]], path: Path
+) -> Path | None:
+    """One row per scenario, one column per date (its stack under it): the target outcome, the number of
+    configs it shows on, the fixes that remove it (F) or only a workaround (W), and each named flip."""
+    dates, stacks, verdicts = dated_verdicts(records, specs)
+    if not dates:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = sorted(verdicts, key=lambda s: int(s[1:].split("-")[0]))
+    fig, ax = plt.subplots(figsize=(max(8, 1.15 * len(dates)), 1.0 + 0.62 * len(scenarios)))
+    for row, scenario in enumerate(scenarios):
+        kinds = {n: v[0] for n, v in (specs.get(scenario, {}).get("variants") or {}).items()}
+        for col, date in enumerate(dates):
+            found = verdicts[scenario].get(date)
+            state = found.state if found else "empty"
+            colour = COLOURS["failures"] if state == "not-reproduced" and found.others else COLOURS.get(state, "white")
+            ax.add_patch(plt.Rectangle((col, row), 0.96, 0.9, color=colour, ec="#999999"))
+            label = _cell_label(found, kinds)
+            ax.text(col + 0.48, row + 0.45, label, ha="center", va="center", fontsize=7, color="white")
+    for flip in flips:
+        if flip.get("scenario") not in scenarios or flip.get("newer") not in dates:
+            continue
+        row, col = scenarios.index(flip["scenario"]), dates.index(flip["newer"])
+        by = f"{flip['package']} {flip.get('release') or '?'}" if flip.get("package") else "?"
+        ax.plot([col - 0.02, col - 0.02], [row - 0.05, row + 0.95], color="black", linewidth=2)
+        ax.text(col - 0.02, row + 0.98, by, fontsize=6.5, ha="center", va="bottom")
+    ax.set_xlim(0, len(dates))
+    ax.set_ylim(len(scenarios) + 0.2, -0.1)
+    names = [s.split("-")[0] + " " + s.split("-", 1)[1][:22] for s in scenarios]
+    ax.set_yticks([i + 0.45 for i in range(len(scenarios))], names, fontsize=8)
+    stack_labels = [_stack_label(d, stacks.get(d, {})) for d in dates]
+    ax.set_xticks([i + 0.48 for i in range(len(dates))], stack_labels, fontsize=6.5)
+    ax.xaxis.tick_top()
+    ax.set_title(
+        "Target outcome per install date. Red: the scenario's target failure on k/n seed configs (F: a fix removes "
+        "it, W: only a workaround);\norange: not the target, other failures; green: neither; grey: not runnable "
+        "here (skip, env = environment broken); | with a label: a named flip (package and first release)",
+        fontsize=8,
+        pad=62,
+    )
+    for side in ("top", "right", "bottom", "left"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def _cell_label(found: Any, kinds: dict[str, str]) -> str:
+    if found is None:
+        return ""
+    if found.state in ("target", "failures"):
+        fixes = [n for n in found.fixed if kinds.get(n) == "fix"]
+        mark = "F" if fixes else ("W" if found.fixed else "")
+        return f"{len(found.target_records)}/{found.candidates} {mark}".strip()
+    if found.state in ("not-reproduced", "passes"):
+        return f"0/{found.candidates}" + (" +other" if found.others else "")
+    return {"skip": "skip", "env-broken": "env", "install-failed": "inst"}.get(found.state, found.state[:5])
+
+
+def _stack_label(date: str, versions: dict[str, Any]) -> str:
+    parts = [date] + [f"{SHORT.get(p, p)} {str(versions[p]).split('+')[0]}" for p in STACK if versions.get(p)]
+    return "\n".join(parts)
+
+
+def newest_flips(results_dir: Path, run_ids: list[str]) -> list[dict[str, Any]]:
+    """The named flips of the selected dated runs (results/flips/<run-id>/flips.json)."""
+    found: list[dict[str, Any]] = []
+    for run_id in run_ids:
+        path = results_dir / "flips" / run_id / "flips.json"
+        if path.is_file():
+            found += json.loads(path.read_text())
+    return found
+
+
+def flips_markdown(flips: list[dict[str, Any]]) -> str:
+    """The "what changed it" list: one line per flip, with the probes and whether upstream agrees."""
+    if not flips:
+        return ""
+    lines = [
+        "",
+        "## What changed it (flips of the history run)",
+        "",
+        "Between neighbouring install dates where a scenario's target outcome changes, each changed package was "
+        "moved alone (the rest held at the older date's releases) in a real one-cell run, then the one that "
+        "reproduces the change was bisected (`compat-matrix flips`; probes' records under `results/flips/`).",
+        "",
+        "| scenario | failure | change | dates | package | first release | upstream record |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for flip in flips:
+        upstream = flip.get("upstream")
+        agrees = ""
+        if upstream:
+            verdict_ = "agrees" if upstream.get("agrees") else "differs"
+            agrees = f"{md(upstream['package'])} {md(upstream['release'])}: {verdict_}"
+        package = md(flip.get("package") or "none alone")
+        lines.append(
+            f"| {md(flip['scenario'].split('-')[0])} | {code(flip.get('signature') or '-')} | "
+            f"{md(flip['older_state'])} -> {md(flip['newer_state'])} | {md(flip['older'])} .. {md(flip['newer'])} | "
+            f"{package} | {md(flip.get('release') or '-')} | {agrees} |"
+        )
+    return "\n".join(lines) + "\n"
