@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from harness.define.packages import AXIS_PACKAGES, short_name
 from harness.define.profile import DATE_AXIS
 from harness.recording.verdicts import verdict
 from harness.textsafe import code, md
@@ -22,8 +23,6 @@ COLOURS = {
     "env-broken": "#7f7f7f",
     "install-failed": "#7f7f7f",
 }
-STACK = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes")
-SHORT = {"transformers": "tf", "accelerate": "acc", "deepspeed": "ds", "bitsandbytes": "bnb"}
 
 
 def dated_verdicts(
@@ -112,7 +111,7 @@ def _cell_label(found: Any, kinds: dict[str, str]) -> str:
 
 
 def _stack_label(date: str, versions: dict[str, Any]) -> str:
-    parts = [date] + [f"{SHORT.get(p, p)} {str(versions[p]).split('+')[0]}" for p in STACK if versions.get(p)]
+    parts = [date] + [f"{short_name(p)} {str(versions[p]).split('+')[0]}" for p in AXIS_PACKAGES if versions.get(p)]
     return "\n".join(parts)
 
 

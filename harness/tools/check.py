@@ -20,6 +20,7 @@ from harness.errors import UsageError
 from harness.execution import hardware
 from harness.execution.launcher import LaunchSpec, WorkerSession, stack_env
 from harness.execution.scenario_run import observed
+from harness.recording.record import make_record
 from harness.recording.verdicts import headline, verdict
 
 JOB_TIMEOUT_S = 600.0
@@ -110,16 +111,21 @@ def _run_seed(
         def run(items: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
             done = []
             for (config, variant), result in zip(items, session.run(items), strict=True):
-                done.append(
-                    observed(result)
-                    | {
-                        "variant": variant,
-                        "config": config,
-                        "scenario": scenario.id,
-                        "config_id": config_id(config),
-                        "hardware": hardware_seen,
-                    }
+                planned = {"config": config, "config_id": config_id(config), "source": "example"}
+                record = make_record(
+                    run_id="check",
+                    cell_id="this-environment",
+                    pins={},
+                    scenario_id=scenario.id,
+                    variant=variant,
+                    planned=planned,
+                    versions=versions,
+                    hardware=hardware_seen,
+                    install={"mode": "check"},
+                    scenario_digest=None,
+                    outcome=observed(result),
                 )
+                done.append(dict(record))
             return done
 
         records += run([(config, "baseline") for config in scenario.examples()])
