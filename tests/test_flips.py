@@ -43,7 +43,7 @@ def test_the_package_whose_move_alone_flips_it_is_named_and_bisected(tmp_path: P
     moved = []
 
     def probe(profile, base, package, version, scenario, variant, options, out_dir, signature):
-        moved.append((package, version, dict(base.pins)))
+        moved.append((package, profile, dict(base.pins)))
         state = "pass" if package == "deepspeed" else "fail"
         return bisection.Probe(version, state, [], f"run-{package}", 1)
 
@@ -65,10 +65,12 @@ def test_the_package_whose_move_alone_flips_it_is_named_and_bisected(tmp_path: P
     older = {p: v.split("+")[0] for p, v in VERSIONS["2026-04-15"].items()}
     named = flips.name_flip(flip, profile, older, options, tmp_path / "flip", probe=probe, bisector=bisector)
     assert (named.package, named.release) == ("deepspeed", "0.19.3")
-    # Each probe moves one package; the rest stay at the older date's releases, resolved as of the newer date.
-    for package, _version, pins in moved:
-        assert pins["date"] == "2026-07-29"
-        assert all(pins[p] == older[p] for p in older if p != package)
+    # Each probe moves one package: the rest stay at the older date's releases, resolved as of the older date;
+    # only the moved package may come from up to the newer date.
+    for package, profile_seen, pins in moved:
+        assert pins["date"] == "2026-04-15"
+        assert all(pins[p] == older[p] for p in older)
+        assert profile_seen.outside_era == (package,) and profile_seen.outside_era_day == "2026-07-29"
     assert "deepspeed 0.19.3" in flips.describe(named)
 
 

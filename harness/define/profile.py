@@ -126,6 +126,8 @@ class Profile:
     #: With a date axis: packages resolved against today's index instead of the cell's date (a bitsandbytes
     #: that can quantize on CPU), as requirement lines.
     outside_era: tuple[str, ...] = ()
+    #: The day `outside_era` packages are resolved as of (default: the newest day of the date axis).
+    outside_era_day: str | None = None
     scenario_settings: dict[str, ScenarioSettings] = field(default_factory=dict)
     retry: RetryPolicy = RetryPolicy()
     #: Address-space limit per worker process (CPU only): a runaway allocation becomes a recorded OOM crash.

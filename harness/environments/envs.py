@@ -128,7 +128,7 @@ def env_dir_for(cell: Cell, profile: Profile, options: InstallOptions) -> Path:
         options.mode(profile),
         *profile.overlay_support,
         "bytecode",
-        *(("outside-era", *profile.outside_era, newest_day(profile)) if cell.date and profile.outside_era else ()),
+        *_era_facts(cell, profile),
     )
     return options.envs_dir / f"{cell.cell_id}-{cell.env_key(profile.python, tuple(map(str, extra)))}"
 
@@ -194,7 +194,8 @@ def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Pat
         # Packages resolved against today's index: their own line replaces the cell's bare name.
         outside = {_name(line): line for line in profile.outside_era}
         named = {_name(r) for r in wanted}
-        wanted = [outside.get(_name(r), r) for r in wanted] + [x for n, x in outside.items() if n not in named]
+        # A bare name in the cell ('latest') takes the profile's line; an exact pin stays exact.
+        wanted = [outside.get(r, r) for r in wanted] + [x for n, x in outside.items() if n not in named]
     late = [r for r in wanted if _name(r) in profile.no_build_isolation]
     early = [r for r in wanted if r not in late] + list(profile.extra_requirements)
     if late:
@@ -231,13 +232,20 @@ def era_flags(cell: Cell, profile: Profile) -> list[str]:
         return []
     flags = ["--exclude-newer", f"{cell.date}T00:00:00Z"]
     for line in profile.outside_era:
-        flags += ["--exclude-newer-package", f"{_name(line)}={newest_day(profile)}T23:59:59Z"]
+        flags += ["--exclude-newer-package", f"{_name(line)}={era_exception_day(profile)}T23:59:59Z"]
     return flags
 
 
-def newest_day(profile: Profile) -> str:
-    """The newest day on the profile's (resolved) date axis."""
-    return max(profile.axes.get(DATE_AXIS, ("",)))
+def _era_facts(cell: Cell, profile: Profile) -> tuple[str, ...]:
+    """What a dated cell's exceptions add to its environment's identity (nothing for other cells)."""
+    if not (cell.date and profile.outside_era):
+        return ()
+    return ("outside-era", *profile.outside_era, era_exception_day(profile))
+
+
+def era_exception_day(profile: Profile) -> str:
+    """The day `outside_era` packages are resolved as of: the profile's own, else the newest of its dates."""
+    return profile.outside_era_day or max(profile.axes.get(DATE_AXIS, ("",)))
 
 
 def _build_overlay(cell: Cell, profile: Profile, options: InstallOptions, target: Path, deadline: float) -> EnvResult:

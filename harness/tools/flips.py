@@ -2,11 +2,11 @@
 release of it.
 
 Between two neighbouring dates where a scenario's target outcome changes, each package that differs is moved
-alone from the older date's release to the newer one's, every other axis package held at the older date's
-release (dependencies resolve as of the newer date). A probe is a real one-cell run of the scenario's seed
-configs, baseline only. The package whose move alone reproduces the newer outcome is the one that changed
-it; the existing bisect then finds the first release of it that does. Everything a flip ran is kept under
-`results/flips/<run-id>/`.
+alone from the older date's release to the newer one's: every other axis package stays at the older date's
+release and every dependency resolves as of the older date (uv's per-package --exclude-newer). A probe is a
+real one-cell run of the scenario's seed configs, baseline only. A package whose move alone reproduces the
+newer outcome changed it; the existing bisect then finds its first release that does. Everything a flip ran
+is kept under `results/flips/<run-id>/`.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ class Flip:
     #: package -> [older release, newer release]
     changed: dict[str, list[str]]
     probes: list[dict[str, Any]] = field(default_factory=list)
+    #: The packages whose move alone reproduces the newer outcome.
+    reproducing: list[str] = field(default_factory=list)
     package: str | None = None
     release: str | None = None
     bisect: str | None = None
@@ -106,16 +108,17 @@ def name_flip(
     for package, (_, new) in flip.changed.items():
         if new is None:
             continue
-        result = probe(base_profile, base, package, new, flip.scenario, "baseline", options, out_dir, flip.signature)
+        held = _moving(base_profile, package, flip.newer)
+        result = probe(held, base, package, new, flip.scenario, "baseline", options, out_dir, flip.signature)
         flip.probes.append({"package": package, "version": new, **asdict(result)})
         if result.state != "unusable" and (result.state == "fail") == newer_fails:
-            flip.package = package
-            break
-    if flip.package is None:
-        return flip
+            flip.reproducing.append(package)
+    if len(flip.reproducing) != 1:
+        return flip  # none alone (a combination did it), or several alone: the probes say which
+    flip.package = flip.reproducing[0]
     old, new = flip.changed[flip.package]
     verdict_ = bisector(
-        base_profile,
+        _moving(base_profile, flip.package, flip.newer),
         flip.package,
         flip.scenario,
         "baseline",
@@ -162,10 +165,16 @@ def find_flips(
 
 
 def _held_profile(history: Profile, versions: dict[str, str], flip: Flip) -> Profile:
-    """One cell: every axis package at the older date's release, resolved as of the newer date."""
-    axes: dict[str, tuple[str, ...]] = {DATE_AXIS: (flip.newer,)}
+    """One cell: every axis package at the older date's release, everything else resolved as of the older date."""
+    axes: dict[str, tuple[str, ...]] = {DATE_AXIS: (flip.older,)}
     axes |= {p: (v,) for p, v in versions.items() if v and p in AXIS_PACKAGES}
     return replace(history, name=f"flip-{flip.scenario.split('-')[0]}", axes=axes, stacks={}, exclusions=())
+
+
+def _moving(held: Profile, package: str, newer: str) -> Profile:
+    """The held cell with one package allowed up to the newer date (uv's --exclude-newer-package): its other
+    dependencies stay as of the older date, so the probe moves that package and nothing else."""
+    return replace(held, outside_era=(package,), outside_era_day=newer)
 
 
 def _public(version: str | None) -> str | None:
@@ -180,6 +189,8 @@ def describe(flip: Flip) -> str:
         by = f"{flip.package} {flip.release}"
     elif flip.package:
         by = f"{flip.package} (release not bisected)"
+    elif len(flip.reproducing) > 1:
+        by = f"each of {', '.join(flip.reproducing)} alone"
     else:
         tried = ", ".join(f"{p['package']} {p['version']}: {p['state']}" for p in flip.probes) or "no probe"
         by = f"no single package ({tried})"
