@@ -78,3 +78,24 @@ def test_no_flip_where_the_target_state_is_unknown() -> None:
     rows = [record("2026-04-15", "env-broken", "env-broken-ValueError"), record("2026-07-29", "pass", None)]
     states = flips.dated_states(rows, {S4: {"target": ["checkpoint-recompute-shape[0]"]}})
     assert flips.flips_in(states) == []
+
+
+def test_a_package_that_needs_newer_dependencies_is_probed_with_them(tmp_path: Path) -> None:
+    """torch cannot move alone as of the older date (its CUDA libraries are newer): the probe then holds the
+    other axis packages and resolves dependencies as of the newer date, and says so."""
+    rows = [record("2026-04-15", "fail", "checkpoint-recompute-shape[0]"), record("2026-07-29", "pass", None)]
+    [flip] = flips.flips_in(flips.dated_states(rows, {S4: {"target": ["checkpoint-recompute-shape[0]"]}}))
+    flip.changed = {"torch": ["2.11.0", "2.12.0"]}
+
+    def probe(profile, base, package, version, scenario, variant, options, out_dir, signature):
+        state = "unusable" if base.pins["date"] == "2026-04-15" else "fail"
+        return bisection.Probe(version, state, [], "run", 1)
+
+    profile = load_profile("history", REPO_ROOT / "matrix")
+    options = MatrixOptions(results_dir=tmp_path, install=InstallOptions(envs_dir=tmp_path / "envs"))
+    named = flips.name_flip(flip, profile, {"torch": "2.11.0"}, options, tmp_path / "f", probe=probe)
+    assert [(p["package"], p["dependencies"], p["state"]) for p in named.probes] == [
+        ("torch", "older-dependencies", "unusable"),
+        ("torch", "newer-dependencies", "fail"),
+    ]
+    assert named.reproducing == [] and named.package is None  # torch alone keeps the failure: not the cause

@@ -102,15 +102,22 @@ def name_flip(
     bisector: Callable[..., bisection.Verdict] = bisection.bisect,
 ) -> Flip:
     """Move each changed package alone; bisect the one whose move reproduces the newer outcome."""
-    base_profile = _held_profile(history, older_versions, flip)
-    base = Cell(stack=None, choices=tuple((k, v[0]) for k, v in base_profile.axes.items()), implied=())
     newer_fails = flip.newer_state == "target"
+    held_for: dict[str, Profile] = {}
     for package, (_, new) in flip.changed.items():
         if new is None:
             continue
-        held = _moving(base_profile, package, flip.newer)
-        result = probe(held, base, package, new, flip.scenario, "baseline", options, out_dir, flip.signature)
-        flip.probes.append({"package": package, "version": new, **asdict(result)})
+        # First everything else as of the older date; where the newer release cannot install that way (it
+        # needs newer dependencies, as torch needs its CUDA libraries), the other axis packages stay held
+        # and the dependencies resolve as of the newer date: the probe says which.
+        for mode, day in (("older-dependencies", flip.older), ("newer-dependencies", flip.newer)):
+            held = _moving(_held_profile(history, older_versions, flip, day), package, flip.newer)
+            base = Cell(stack=None, choices=tuple((k, v[0]) for k, v in held.axes.items()), implied=())
+            result = probe(held, base, package, new, flip.scenario, "baseline", options, out_dir, flip.signature)
+            flip.probes.append({"package": package, "version": new, "dependencies": mode, **asdict(result)})
+            if result.state != "unusable":
+                held_for[package] = held
+                break
         if result.state != "unusable" and (result.state == "fail") == newer_fails:
             flip.reproducing.append(package)
     if len(flip.reproducing) != 1:
@@ -118,7 +125,7 @@ def name_flip(
     flip.package = flip.reproducing[0]
     old, new = flip.changed[flip.package]
     verdict_ = bisector(
-        _moving(base_profile, flip.package, flip.newer),
+        held_for[flip.package],
         flip.package,
         flip.scenario,
         "baseline",
@@ -164,9 +171,9 @@ def find_flips(
     return named
 
 
-def _held_profile(history: Profile, versions: dict[str, str], flip: Flip) -> Profile:
-    """One cell: every axis package at the older date's release, everything else resolved as of the older date."""
-    axes: dict[str, tuple[str, ...]] = {DATE_AXIS: (flip.older,)}
+def _held_profile(history: Profile, versions: dict[str, str], flip: Flip, day: str) -> Profile:
+    """One cell: every axis package at the older date's release, everything else resolved as of `day`."""
+    axes: dict[str, tuple[str, ...]] = {DATE_AXIS: (day,)}
     axes |= {p: (v,) for p, v in versions.items() if v and p in AXIS_PACKAGES}
     return replace(history, name=f"flip-{flip.scenario.split('-')[0]}", axes=axes, stacks={}, exclusions=())
 
