@@ -47,6 +47,13 @@ KNOWN_ISSUES: dict[str, list[str]] = {
 #: What the upstream record (../shared/UPSTREAM.md) says changed a failure, to check a measured flip against:
 #: name -> (package, first release with the change, source).
 UPSTREAM_CHANGES: dict[str, tuple[str, str, str]] = {
+    # S1's target needs DoRA to run under FSDP at all: peft#1737 (fixed by PR #1806) first released in 0.12.0;
+    # before it DoRA under FSDP fails in other ways.
+    "checkpoint-recompute-dtype": (
+        "peft",
+        "0.12.0",
+        "peft#1737 (DoRA under FSDP) fixed by PR #1806, first released in 0.12.0; earlier releases fail otherwise",
+    ),
     "checkpoint-recompute-shape[0]": (
         "deepspeed",
         "0.19.3",

@@ -161,7 +161,8 @@ def find_flips(
         older = next(r["versions"] for r in states[flip.scenario] if r["date"] == flip.older)
         where = out_dir / f"{flip.scenario.split('-')[0]}-{flip.older}-{flip.newer}"
         flip = name_flip(flip, history, {p: _public(older.get(p)) for p in AXIS_PACKAGES}, options, where)
-        known = UPSTREAM_CHANGES.get(flip.signature or "")
+        family = (flip.signature or "").split("[")[0]
+        known = UPSTREAM_CHANGES.get(flip.signature or "") or UPSTREAM_CHANGES.get(family)
         if known:
             flip.upstream = {"package": known[0], "release": known[1], "source": known[2]}
             flip.upstream["agrees"] = (flip.package, flip.release) == (known[0], known[1])
