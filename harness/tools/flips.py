@@ -113,7 +113,9 @@ def name_flip(
         for mode, day in (("older-dependencies", flip.older), ("newer-dependencies", flip.newer)):
             held = _moving(_held_profile(history, older_versions, flip, day), package, flip.newer)
             base = Cell(stack=None, choices=tuple((k, v[0]) for k, v in held.axes.items()), implied=())
-            result = probe(held, base, package, new, flip.scenario, "baseline", options, out_dir, flip.signature)
+            result = probe(
+                held, base, package, new, flip.scenario, "baseline", options, out_dir / package, flip.signature
+            )
             flip.probes.append({"package": package, "version": new, "dependencies": mode, **asdict(result)})
             if result.state != "unusable":
                 held_for[package] = held
