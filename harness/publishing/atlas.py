@@ -153,3 +153,47 @@ def flips_markdown(flips: list[dict[str, Any]]) -> str:
             f"{package} | {md(flip.get('release') or '-')} | {agrees} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def plot_s5_history(records: list[dict[str, Any]], path: Path) -> Path | None:
+    """S5's DoRA/LoRA peak-memory ratio per install date (the peft release under each), one line per seed
+    config (its base as it really ran, autocast or not), baseline only; a cross marks the target failing."""
+    points: dict[str, list[tuple[str, float, bool]]] = defaultdict(list)
+    peft_at: dict[str, str] = {}
+    for r in records:
+        date = (r.get("pins") or {}).get(DATE_AXIS)
+        ratio = (r.get("metrics") or {}).get("dora_lora_peak_ratio")
+        if not date or not r["scenario"].startswith("S5-") or r["variant"] != "baseline" or ratio is None:
+            continue
+        config = r.get("config") or {}
+        line = f"{r.get('path') or config.get('base')}{', autocast' if config.get('autocast') else ''}"
+        points[line].append((date, float(ratio), r["outcome"] != "pass"))
+        peft_at.setdefault(date, str((r.get("versions") or {}).get("peft", "?")))
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dates = sorted(peft_at)
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.9 * len(dates) + 3), 4.2))
+    for line, values in sorted(points.items()):
+        values.sort()
+        xs = [dates.index(d) for d, _, _ in values]
+        ax.plot(xs, [v for _, v, _ in values], marker="o", label=line)
+        for x, (_, v, failed) in zip(xs, values, strict=True):
+            if failed:
+                ax.plot([x], [v], marker="x", color="black", markersize=9)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(range(len(dates)), [f"{d}\npeft {peft_at[d]}" for d in dates], fontsize=7)
+    ax.set_ylabel("DoRA / LoRA peak memory")
+    ax.set_title(
+        "S5 on CPU per install date: DoRA's peak memory over LoRA's (x: the fp32-leak check failed)", fontsize=9
+    )
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path

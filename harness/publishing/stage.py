@@ -33,7 +33,7 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
     from harness.publishing.publish import changes_markdown, changes_since_previous
 
     text += changes_markdown(changes_since_previous(results_dir, selection))
-    from harness.publishing.atlas import flips_markdown, newest_flips, plot_timeline
+    from harness.publishing.atlas import flips_markdown, newest_flips, plot_s5_history, plot_timeline
 
     flips = newest_flips(results_dir, selection.run_ids)
     text += flips_markdown(flips)
@@ -52,4 +52,5 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
         plot_real_size(real_size_rows(selection.latest()[0]), results_dir / "s5-real-size.png")
         specs = {s.id: s.spec for s in known}
         plot_timeline(selection.latest()[0], specs, flips, results_dir / "history-timeline.png")
+        plot_s5_history(selection.latest()[0], results_dir / "history-s5-ratio.png")
     return output
