@@ -74,7 +74,8 @@ def plot_timeline(
         row, col = scenarios.index(flip["scenario"]), dates.index(flip["newer"])
         by = f"{flip['package']} {flip.get('release') or '?'}" if flip.get("package") else "?"
         ax.plot([col - 0.02, col - 0.02], [row - 0.05, row + 0.95], color="black", linewidth=2)
-        ax.text(col - 0.02, row + 0.98, by, fontsize=6.5, ha="center", va="bottom")
+        box = {"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "black", "linewidth": 0.6}
+        ax.text(col - 0.02, row + 0.45, by, fontsize=6.5, ha="center", va="center", bbox=box)
     ax.set_xlim(0, len(dates))
     ax.set_ylim(len(scenarios) + 0.2, -0.1)
     names = [s.split("-")[0] + " " + s.split("-", 1)[1][:22] for s in scenarios]
@@ -83,9 +84,10 @@ def plot_timeline(
     ax.set_xticks([i + 0.48 for i in range(len(dates))], stack_labels, fontsize=6.5)
     ax.xaxis.tick_top()
     ax.set_title(
-        "Target outcome per install date. Red: the scenario's target failure on k/n seed configs (F: a fix removes "
-        "it, W: only a workaround);\norange: not the target, other failures; green: neither; grey: not runnable "
-        "here (skip, env = environment broken); | with a label: a named flip (package and first release)",
+        "Target outcome per install date (the stack installed that day above each column).\n"
+        "Red: the target failure on k/n seed configs (F: a fix removes it, W: only a workaround). "
+        "Orange: not the target, other failures.\nGreen: neither. Grey: not runnable here (env: environment "
+        "broken). A labelled bar: a named flip (package, first release).",
         fontsize=8,
         pad=62,
     )
