@@ -96,6 +96,8 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         "output tensor must have the same type as input tensor" in message  # the same, through NCCL
     ):
         return "zero3-allgather-mixed-dtype"  # deepspeed 0.19.2: fp32 adapters next to bf16 persistent params
+    if "No such file or directory: 'numactl'" in message:
+        return "deepspeed-cpu-needs-numactl"  # DeepSpeed's CPU accelerator binds cores with the numactl binary
     if "zip() argument 2 is longer than argument 1" in message:
         return "zip-length-mismatch"  # transformers 4.41 Trainer + deepspeed 0.19 + torch 2.13 scheduler step
     if "expected dtype float for `end` but got dtype c10::BFloat16" in message or (
