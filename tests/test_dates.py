@@ -108,3 +108,13 @@ def test_wide_profiles_run_an_examples_fixes_only_where_its_baseline_fails(tmp_p
     assert baseline_first(s1, example, wide) and not baseline_first(s1, example, plain)
     assert baseline_first(s1, drawn, plain)
     assert not baseline_first(s3, example, wide)  # S3 measures every variant
+
+
+def test_dated_cells_take_no_local_wheels() -> None:
+    """A find-links wheel has no upload date, so uv cannot hold it to the cell's day: a local torch 2.13.0 once
+    landed in the 2025-07-04 stack. Dated cells resolve from the index alone."""
+    from harness.environments.envs import index_flags
+
+    environ = {"PIP_FIND_LINKS": "/opt/wheels"}
+    assert index_flags(environ) == ["--find-links", "/opt/wheels"]
+    assert index_flags(environ, dated=True) == []

@@ -84,15 +84,19 @@ def uv_binary() -> str:
         return found
 
 
-def index_flags(environ: dict[str, str] | None = None, options: InstallOptions | None = None) -> list[str]:
-    """uv flags equivalent to the pip settings in the environment, or offline flags for a wheelhouse."""
+def index_flags(
+    environ: dict[str, str] | None = None, options: InstallOptions | None = None, dated: bool = False
+) -> list[str]:
+    """uv flags equivalent to the pip settings in the environment, or offline flags for a wheelhouse. A dated
+    cell gets no find-links: local wheels carry no upload date, so `--exclude-newer` cannot hold them to the
+    cell's day (a local torch 2.13.0 would otherwise land in a 2025 stack)."""
     if options is not None and options.offline:
         if options.wheelhouse is None:
             raise InstallFailed("--offline needs --wheelhouse DIR")
         return ["--offline", "--no-index", "--find-links", str(options.wheelhouse)]
     environ = dict(os.environ if environ is None else environ)
     flags: list[str] = []
-    for location in environ.get("PIP_FIND_LINKS", "").split():
+    for location in [] if dated else environ.get("PIP_FIND_LINKS", "").split():
         flags += ["--find-links", location]
     if options is not None and options.wheelhouse is not None:
         flags += ["--find-links", str(options.wheelhouse)]
@@ -188,7 +192,7 @@ def ensure_env(cell: Cell, profile: Profile, options: InstallOptions) -> EnvResu
 def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Path, deadline: float) -> EnvResult:
     _run(["venv", "--quiet", "--python", profile.python, str(target)], deadline, uv=True)
     python = target / "bin" / "python"
-    flags = index_flags(options=options) + era_flags(cell, profile)
+    flags = index_flags(options=options, dated=bool(cell.date)) + era_flags(cell, profile)
     wanted = cell.requirements()
     if cell.date:
         # Packages resolved against today's index: their own line replaces the cell's bare name.
