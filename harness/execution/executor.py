@@ -254,7 +254,12 @@ def _skip_reason(scenario: Scenario, versions: dict[str, str], device: str, worl
 
 
 def _worker_env(device: str, options: MatrixOptions, env_result: envs.EnvResult) -> dict[str, str]:
-    env = stack_env(device, options.install.envs_dir.parent / "torch_extensions" / _env_name(env_result))
+    extensions = options.install.envs_dir.parent / "torch_extensions" / _env_name(env_result)
+    # A JIT build (DeepSpeed's ops) killed with its job leaves torch's build lock behind, and every later job
+    # of this environment would wait on it until its timeout. No worker of this environment runs now.
+    for stale in extensions.glob("*/lock"):
+        stale.unlink(missing_ok=True)
+    env = stack_env(device, extensions)
     if env_result.pythonpath:
         env["PYTHONPATH"] = env_result.pythonpath
     env |= {k: v for k, v in os.environ.items() if k.startswith("COMPAT_MATRIX_SCENARIO_")}
