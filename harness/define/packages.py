@@ -77,6 +77,11 @@ def import_name(name: str) -> str:
     return package.import_name if package else name.replace("-", "_")
 
 
+def public_version(version: str | None) -> str | None:
+    """Without a local label (2.13.0+cpu -> 2.13.0): the index decides the build, `==` still matches it."""
+    return version.split("+", 1)[0] if version else version
+
+
 def late_installed(names: list[str]) -> list[str]:
     """Those of `names` that must be built against the environment's torch, in a second install step."""
     return [n for n in names if n in BY_NAME and BY_NAME[n].no_build_isolation]

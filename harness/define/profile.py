@@ -239,7 +239,7 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
         outside_era=_outside_era(shown, install.get("outside_era", []), axes),
         scenario_settings=_parse_scenarios(shown, data.get("scenario", {})),
         retry=_parse_retry(shown, data.get("retry", {})),
-        reduce=_reduce_method(shown, head.get("reduce", "none")),
+        reduce=_one_of(shown, "profile.reduce", head.get("reduce", "none"), ("none", "pairwise")),
         example_variants=_one_of(
             shown, "profile.example_variants", head.get("example_variants", "all"), ("all", "where-baseline-fails")
         ),
@@ -255,13 +255,6 @@ def _one_of(shown: str, key: str, raw: Any, allowed: tuple[str, ...]) -> str:
     value = _str(shown, key, raw)
     if value not in allowed:
         raise ProfileError(shown, key, f"must be one of {', '.join(allowed)}, got {value!r}")
-    return value
-
-
-def _reduce_method(shown: str, raw: Any) -> str:
-    value = _str(shown, "profile.reduce", raw)
-    if value not in ("none", "pairwise"):
-        raise ProfileError(shown, "profile.reduce", f"must be 'none' or 'pairwise', got {value!r}")
     return value
 
 

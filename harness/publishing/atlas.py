@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from harness.define.packages import AXIS_PACKAGES, short_name
+from harness.define.packages import AXIS_PACKAGES, public_version, short_name
 from harness.define.profile import DATE_AXIS
 from harness.recording.verdicts import verdict
 from harness.textsafe import code, md
@@ -113,7 +113,7 @@ def _cell_label(found: Any, kinds: dict[str, str]) -> str:
 
 
 def _stack_label(date: str, versions: dict[str, Any]) -> str:
-    parts = [date] + [f"{short_name(p)} {str(versions[p]).split('+')[0]}" for p in AXIS_PACKAGES if versions.get(p)]
+    parts = [date] + [f"{short_name(p)} {public_version(str(versions[p]))}" for p in AXIS_PACKAGES if versions.get(p)]
     return "\n".join(parts)
 
 

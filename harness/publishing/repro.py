@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from harness.define.packages import PINNED_PACKAGES
+from harness.define.packages import PINNED_PACKAGES, public_version
 from harness.define.registry import SCENARIO_DIR, Scenario
 from harness.planning.draws import config_id
 from harness.textsafe import slug
@@ -176,9 +176,9 @@ def render(failure: dict[str, Any], scenario: Scenario, fixes: list[str], python
         versions = {k: v for k, v in versions.items() if k in PINNED_PACKAGES}
     # Every distribution the cell had, at its exact version: the reproducer rebuilds the cell, not a cousin.
     deps = [
-        f"{name}=={_public(v)}"
+        f"{name}=={public_version(v)}"
         for name, v in sorted(versions.items())
-        if name != "python" and _NAME.match(name) and _VERSION.match(_public(v))
+        if name != "python" and _NAME.match(name) and _VERSION.match(public_version(v))
     ]
     if "hypothesis" not in versions:
         deps.append("hypothesis")  # scenarios build their strategy at import
@@ -247,11 +247,6 @@ def _doc_line(text: str) -> str:
     can close the string), whitespace runs kept as they are for the indented command lines."""
     kept = "".join(ch if ch.isprintable() else " " for ch in text)
     return kept.replace('"', "'").rstrip()
-
-
-def _public(version: str) -> str:
-    """Drop a local label (2.13.0+cpu -> 2.13.0): the index decides the build, `==` still matches it."""
-    return version.split("+", 1)[0]
 
 
 def _helper_sources(source: str) -> dict[str, str]:

@@ -29,7 +29,8 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
     if not selection.run_ids:
         raise NothingToReport(f"no records under {results_dir / 'runs'}; run `nox -s matrix` first")
     known = discover()
-    text = render_markdown(selection, {s.id: s.spec for s in known})
+    specs = {s.id: s.spec for s in known}
+    text = render_markdown(selection, specs)
     from harness.publishing.publish import changes_markdown, changes_since_previous
 
     text += changes_markdown(changes_since_previous(results_dir, selection))
@@ -45,12 +46,12 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
         from harness.publishing.repro import sync_repros
 
         sync_repros(selection.records, {s.id: s for s in known}, results_dir / "repros")
-        publish(results_dir, selection, {s.id: s.spec for s in known})
+        publish(results_dir, selection, specs)
         from harness.publishing.plots import plot_real_size
         from harness.publishing.report import real_size_rows
 
-        plot_real_size(real_size_rows(selection.latest()[0]), results_dir / "s5-real-size.png")
-        specs = {s.id: s.spec for s in known}
-        plot_timeline(selection.latest()[0], specs, flips, results_dir / "history-timeline.png")
-        plot_s5_history(selection.latest()[0], results_dir / "history-s5-ratio.png")
+        latest = selection.latest()[0]
+        plot_real_size(real_size_rows(latest), results_dir / "s5-real-size.png")
+        plot_timeline(latest, specs, flips, results_dir / "history-timeline.png")
+        plot_s5_history(latest, results_dir / "history-s5-ratio.png")
     return output

@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from harness.define.cells import Cell
-from harness.define.packages import AXIS_PACKAGES
+from harness.define.packages import AXIS_PACKAGES, public_version
 from harness.define.profile import DATE_AXIS, Profile
 from harness.define.registry import discover
 from harness.errors import UsageError
 from harness.execution.options import MatrixOptions
+from harness.publishing.atlas import dated_verdicts
 from harness.recording.records import read_records
-from harness.recording.verdicts import verdict
 from harness.tools import bisection
 
 #: Target states that say something about the target (not a skip, not a broken environment).
@@ -55,18 +54,19 @@ class Flip:
 
 def dated_states(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """scenario -> [{date, state, signature, versions}] in date order, from a dated run's records."""
-    by_key: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for record in records:
-        date = (record.get("pins") or {}).get(DATE_AXIS)
-        if date:
-            by_key[(record["scenario"], date)].append(record)
-    states: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for (scenario, date), group in sorted(by_key.items()):
-        found = verdict(group, specs.get(scenario))
-        signature = next((r["signature"] for r in found.target_records), None)
-        versions = next((r.get("versions") for r in group if r.get("versions")), {}) or {}
-        states[scenario].append({"date": date, "state": found.state, "signature": signature, "versions": versions})
-    return dict(states)
+    _, stacks, verdicts = dated_verdicts(records, specs)
+    return {
+        scenario: [
+            {
+                "date": date,
+                "state": found.state,
+                "signature": next((r["signature"] for r in found.target_records), None),
+                "versions": stacks.get(date, {}),
+            }
+            for date, found in sorted(by_date.items())
+        ]
+        for scenario, by_date in verdicts.items()
+    }
 
 
 def flips_in(states: dict[str, list[dict[str, Any]]]) -> list[Flip]:
@@ -78,9 +78,9 @@ def flips_in(states: dict[str, list[dict[str, Any]]]) -> list[Flip]:
             if older["state"] == newer["state"]:
                 continue
             changed = {
-                p: [_public(older["versions"].get(p)), _public(newer["versions"].get(p))]
+                p: [public_version(older["versions"].get(p)), public_version(newer["versions"].get(p))]
                 for p in AXIS_PACKAGES
-                if _public(older["versions"].get(p)) != _public(newer["versions"].get(p))
+                if public_version(older["versions"].get(p)) != public_version(newer["versions"].get(p))
             }
             signature = older["signature"] or newer["signature"]
             found.append(
@@ -162,7 +162,7 @@ def find_flips(
             continue
         older = next(r["versions"] for r in states[flip.scenario] if r["date"] == flip.older)
         where = out_dir / f"{flip.scenario.split('-')[0]}-{flip.older}-{flip.newer}"
-        flip = name_flip(flip, history, {p: _public(older.get(p)) for p in AXIS_PACKAGES}, options, where)
+        flip = name_flip(flip, history, {p: public_version(older.get(p)) for p in AXIS_PACKAGES}, options, where)
         family = (flip.signature or "").split("[")[0]
         known = UPSTREAM_CHANGES.get(flip.signature or "") or UPSTREAM_CHANGES.get(family)
         if known:
@@ -185,10 +185,6 @@ def _moving(held: Profile, package: str, newer: str) -> Profile:
     """The held cell with one package allowed up to the newer date (uv's --exclude-newer-package): its other
     dependencies stay as of the older date, so the probe moves that package and nothing else."""
     return replace(held, outside_era=(package,), outside_era_day=newer)
-
-
-def _public(version: str | None) -> str | None:
-    return version.split("+", 1)[0] if version else None
 
 
 def describe(flip: Flip) -> str:
