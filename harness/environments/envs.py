@@ -80,7 +80,7 @@ def uv_binary() -> str:
     except (ImportError, FileNotFoundError):
         found = shutil.which("uv")
         if not found:
-            raise FileNotFoundError("uv is not installed; install the project (pip install -e .), which depends on it") from None
+            raise FileNotFoundError("uv is not installed; pip install -e . (the project depends on it)") from None
         return found
 
 
