@@ -51,8 +51,15 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
                 wheelhouse=options.install.wheelhouse if options.install.offline else None,
                 resolved=previous.get("resolved_axes"),
             )
+            # meta.json is written inside the selection lock: the next invocation sees this run.
             if run_dir is None:
-                run_dir = runs.create_run_dir(options.results_dir, profile.name)
+                meta: dict[str, Any] = {}
+
+                def first_meta(run_id: str) -> dict[str, Any]:
+                    meta.update(_meta_for_attempt({}, run_id, plan, options, machine))
+                    return meta
+
+                run_dir = runs.create_run_dir(options.results_dir, profile.name, first_meta)
                 lock = runs.RunLock.acquire(run_dir)
                 why = "--fresh" if options.fresh else f"no unfinished run of profile {profile.name} to resume"
                 _say(stream, f"new run {run_dir.name} ({why})")
@@ -61,8 +68,8 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
                 # We hold its lock now, so a `running` run's writer is gone: it was interrupted.
                 status = "interrupted" if previous.get("status") == "running" else previous.get("status")
                 _say(stream, f"resuming run {run_dir.name}, status {status} ({why})")
-            meta = _meta_for_attempt(previous, run_dir, plan, options, machine)
-            runs.write_meta(run_dir, meta)  # inside the selection lock: the next invocation sees this run
+                meta = _meta_for_attempt(previous, run_dir.name, plan, options, machine)
+                runs.write_meta(run_dir, meta)
         return execute(plan, options, meta, previous.get("status"), run_dir, machine, stream)
     finally:
         if lock is not None:
@@ -114,7 +121,7 @@ def _check_resume_options(previous: dict[str, Any], options: MatrixOptions, run_
 
 
 def _meta_for_attempt(
-    previous: dict[str, Any], run_dir: Path, plan: RunPlan, options: MatrixOptions, machine: dict[str, Any]
+    previous: dict[str, Any], run_id: str, plan: RunPlan, options: MatrixOptions, machine: dict[str, Any]
 ) -> dict[str, Any]:
     """meta.json is append-only history: facts about records already written never change. A new attempt
     adds an `attempts` entry (its slice, digests, host, status) and only adds what the run did not have yet
@@ -125,7 +132,7 @@ def _meta_for_attempt(
     meta = dict(previous)
     if not meta:
         meta = {
-            "run_id": run_dir.name,
+            "run_id": run_id,
             "profile": profile.name,
             "profile_digest": runs.profile_digest(profile.path),
             "profile_file": str(profile.path.relative_to(REPO_ROOT))

@@ -16,7 +16,8 @@ import os
 import secrets
 import socket
 import subprocess
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -37,16 +38,21 @@ def new_run_id(profile_name: str) -> str:
     return f"{profile_name}-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(2)}"
 
 
-def create_run_dir(results_dir: Path, profile_name: str) -> Path:
-    """A new, empty run directory with a fresh id (atomic: two runs never share one)."""
+def create_run_dir(results_dir: Path, profile_name: str, meta_for: Callable[[str], dict[str, Any]]) -> Path:
+    """A new run directory with a fresh id that appears with its meta.json already inside (written in
+    `runs/.staging/`, then renamed into place): a run killed at any moment is either absent or resumable,
+    never an empty directory that the next invocation cannot resume. Callers hold the selection lock."""
     runs_root = results_dir / "runs"
-    runs_root.mkdir(parents=True, exist_ok=True)
+    staging_root = runs_root / ".staging"
+    staging_root.mkdir(parents=True, exist_ok=True)
     for _ in range(100):
-        run_dir = runs_root / new_run_id(profile_name)
-        try:
-            run_dir.mkdir()
-        except FileExistsError:
+        run_id = new_run_id(profile_name)
+        run_dir = runs_root / run_id
+        if run_dir.exists():
             continue
+        staging = Path(tempfile.mkdtemp(prefix=f"{run_id}-", dir=staging_root))
+        write_meta(staging, meta_for(run_id))
+        staging.rename(run_dir)
         return run_dir
     raise OSError(f"could not create a unique run directory under {runs_root}")
 
