@@ -40,11 +40,12 @@ def new_run_id(profile_name: str) -> str:
 
 def create_run_dir(results_dir: Path, profile_name: str, meta_for: Callable[[str], dict[str, Any]]) -> Path:
     """A new run directory with a fresh id that appears with its meta.json already inside (written in
-    `runs/.staging/`, then renamed into place): a run killed at any moment is either absent or resumable,
+    `<results>/.run-staging/`, then renamed into place): a run killed at any moment is either absent or resumable,
     never an empty directory that the next invocation cannot resume. Callers hold the selection lock."""
     runs_root = results_dir / "runs"
-    staging_root = runs_root / ".staging"
-    staging_root.mkdir(parents=True, exist_ok=True)
+    runs_root.mkdir(parents=True, exist_ok=True)
+    staging_root = results_dir / ".run-staging"  # beside runs/, so nothing under runs/ is ever half-made
+    staging_root.mkdir(exist_ok=True)
     for _ in range(100):
         run_id = new_run_id(profile_name)
         run_dir = runs_root / run_id
@@ -53,6 +54,10 @@ def create_run_dir(results_dir: Path, profile_name: str, meta_for: Callable[[str
         staging = Path(tempfile.mkdtemp(prefix=f"{run_id}-", dir=staging_root))
         write_meta(staging, meta_for(run_id))
         staging.rename(run_dir)
+        try:
+            staging_root.rmdir()  # leave no trace unless another staging is under way
+        except OSError:
+            pass
         return run_dir
     raise OSError(f"could not create a unique run directory under {runs_root}")
 
