@@ -153,10 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--nnodes",
         type=int,
         default=1,
-        help="multi-node: distributed scenarios span this many nodes (the others run `node-agent`); the profile's "
-        "world_size then counts ranks per node",
+        help="multi-node, inside a Slurm allocation (`sbatch -N N` / `salloc -N N`): each distributed launch is "
+        "`srun --nodes N` + torchrun with c10d rendezvous, one agent per node; the world size then counts ranks "
+        "per node. The checkout, --results-dir and --envs-dir must be on a filesystem every node shares",
     )
-    matrix.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="multi-node: torchrun c10d rendezvous on node 0")
+    matrix.add_argument(
+        "--rdzv-endpoint",
+        metavar="HOST:PORT",
+        help="multi-node: where the c10d store listens (default: this host on a free port)",
+    )
 
     report = sub.add_parser("report", help="regenerate results/COMPATIBILITY.md from records")
     report.add_argument(
@@ -218,14 +223,26 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--limit", type=int, default=0, help="at most this many reproducers (0: all)")
     check.add_argument("--fixes", action="store_true", help="also run the first passing fix variant of each")
 
-    agent = sub.add_parser(
-        "node-agent",
-        help="on the other nodes of a multi-node run: join every launch node 0 makes",
-        description="Multi-node runs: node 0 runs `matrix --nnodes N --rdzv-endpoint HOST:PORT` with --results-dir "
-        "(and --envs-dir) on a shared filesystem; every other node runs this with --watch <that results dir>. It "
-        "starts this node's torchrun agent for each launch (c10d rendezvous) and stops it when node 0 is done.",
+    sl = sub.add_parser(
+        "slurm",
+        help="run a profile as a Slurm job array (one shard per task) plus a merge-and-report job",
+        description="Submits `sbatch --array=1-N`: array task I runs `matrix --shard I/N --no-report` (every N-th "
+        "cell), and a report job that starts when the whole array has ended (`--dependency=afterany`) merges the "
+        "shards' runs into one table (`report`). The checkout, this Python, --results-dir and the environments "
+        "directory must be on a filesystem every node shares. Job scripts and logs go to <results-dir>/slurm/<time>/.",
     )
-    agent.add_argument("--watch", type=Path, required=True, help="node 0's --results-dir (shared filesystem)")
+    sl.add_argument("--profile", required=True, help="profile name in matrix/ or a path to a .toml")
+    sl.add_argument("--tasks", type=int, required=True, help="array size: the profile's cells split this many ways")
+    sl.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    sl.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="passed to both sbatch calls, e.g. --sbatch-arg=--partition=gpu --sbatch-arg=--gres=gpu:4",
+    )
+    sl.add_argument("--wait", action="store_true", help="block until the report job has ended; exit with its status")
+    sl.add_argument("matrix_args", nargs="*", metavar="-- MATRIX_ARGS", help="more `matrix` options for every task")
 
     chk = sub.add_parser(
         "check",
@@ -317,12 +334,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_check(args.scenarios, args.results_dir)
         if args.command == "check-repros":
             return _check_repros(args)
-        if args.command == "node-agent":
-            from harness.execution.node_agent import serve
-
-            if not args.watch.is_dir():
-                raise UsageError(f"--watch {args.watch}: no such directory")
-            return serve(args.watch)
+        if args.command == "slurm":
+            return _slurm(args)
         return _list(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -343,8 +356,13 @@ def _matrix(args: argparse.Namespace) -> int:
     shard = _shard(args.shard) if args.shard else None
     if args.slots is not None and args.slots < 1:
         raise UsageError("--slots must be 1 or more")
-    if args.nnodes < 1 or (args.nnodes > 1 and not args.rdzv_endpoint):
-        raise UsageError("--nnodes must be 1 or more, and more than 1 needs --rdzv-endpoint HOST:PORT")
+    if args.nnodes < 1:
+        raise UsageError("--nnodes must be 1 or more")
+    if args.nnodes > 1:
+        from harness.execution import slurm
+
+        slurm.require("srun")
+        args.rdzv_endpoint = args.rdzv_endpoint or slurm.default_rdzv_endpoint()
     if args.offline and args.wheelhouse is None:
         raise UsageError("--offline needs --wheelhouse DIR")
     if args.wheelhouse is not None and not args.wheelhouse.is_dir():
@@ -392,6 +410,20 @@ def _matrix(args: argparse.Namespace) -> int:
     if summary.interrupted:
         return 143 if summary.signal == "SIGTERM" else 130
     return 1 if summary.outcomes.get("error") else 0
+
+
+def _slurm(args: argparse.Namespace) -> int:
+    from harness.define.profile import load_profile
+    from harness.execution.slurm import submit_profile
+
+    load_profile(args.profile, MATRIX_DIR)  # bad input is reported here, not in N job logs
+    sub = submit_profile(args.profile, args.tasks, args.results_dir, args.matrix_args, args.sbatch_arg, args.wait)
+    print(f"array job {sub.array_job} ({args.tasks} tasks), report job {sub.report_job}; logs in {sub.folder}")
+    if sub.report_status is None:
+        print(f"watch with: squeue -j {sub.array_job},{sub.report_job}")
+        return 0
+    print(f"report job ended with status {sub.report_status}: {sub.folder / 'report.out'}")
+    return sub.report_status
 
 
 def _shard(text: str) -> tuple[int, int]:

@@ -45,13 +45,6 @@ def only_run(results: Path) -> Path:
     return runs[0]
 
 
-@pytest.fixture(scope="module")
-def ci_run(tmp_path_factory) -> Path:
-    results = tmp_path_factory.mktemp("results")
-    run_matrix(results)
-    return results
-
-
 def test_records_are_complete_and_valid(ci_run: Path) -> None:
     run_dir = only_run(ci_run)
     records = read_records(run_dir / "records.jsonl")

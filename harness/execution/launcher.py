@@ -20,6 +20,7 @@ from typing import Any
 
 from harness.execution import guard
 from harness.execution.proctree import ORCHESTRATOR_VAR, TOKEN_VAR, kill_token
+from harness.execution.slurm import srun_prefix
 from harness.paths import REPO_ROOT
 
 #: The cell-side worker, run as a module from the repository root (on PYTHONPATH): nothing of harness/ is on
@@ -61,9 +62,9 @@ class LaunchSpec:
     stop_after_failure: bool = True
     #: RLIMIT_AS for the worker tree, in MiB (CPU only; None: no limit).
     memory_limit_mb: int | None = None
-    #: Multi-node: this many torchrun agents meet at `rdzv_endpoint` (c10d rendezvous). The others are
-    #: started by `python -m harness node-agent` on each node, from the launch.json written here; the
-    #: launch directory must be on a filesystem all nodes share. `world_size` counts ranks per node.
+    #: Multi-node: `srun` starts one torchrun agent on each of this many nodes of the Slurm allocation and
+    #: they meet at `rdzv_endpoint` (c10d rendezvous). The launch directory must be on a filesystem all
+    #: nodes share. `world_size` counts ranks per node.
     nnodes: int = 1
     rdzv_endpoint: str | None = None
     #: Which packing slot this worker is (e.g. {"cuda_visible_devices": "2"}), for the records.
@@ -205,11 +206,6 @@ def _launch_once(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Iterator[Jo
         }
     )
     command = _command(spec, jobs_file, out_dir)
-    if spec.nnodes > 1:
-        # For the node agents: the same command, and the environment the cell needs (not this node's own).
-        shared_env = {k: v for k, v in env.items() if k in spec.env or k in ("PYTHONPATH", "PYTHONUNBUFFERED")}
-        launch = {"command": command, "env": shared_env, "cwd": str(REPO_ROOT)}
-        (out_dir / "launch.json").write_text(json.dumps(launch))
     stderr_path = out_dir / "stderr.log"
     with open(out_dir / "stdout.log", "wb") as stdout, open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen(
@@ -226,7 +222,7 @@ def _launch_once(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Iterator[Jo
         yield from _watch(spec, jobs, feed, proc, out_dir, token)
     finally:
         if spec.nnodes > 1:
-            (out_dir / "stop").write_text("")  # node agents stop their part of this launch
+            _end_step(proc)  # srun forwards SIGTERM to every node's agent and ends the step
         kill_token(token)
         if proc.poll() is None:
             proc.kill()
@@ -263,6 +259,7 @@ def _command(spec: LaunchSpec, jobs_file: Path, out_dir: Path) -> list[str]:
     else:
         where = ["--standalone"]
     return [
+        *(srun_prefix(spec.nnodes) if spec.nnodes > 1 else []),
         str(spec.python),
         "-m",
         "torch.distributed.run",
@@ -274,6 +271,17 @@ def _command(spec: LaunchSpec, jobs_file: Path, out_dir: Path) -> list[str]:
         str(jobs_file),
         str(out_dir),
     ]
+
+
+def _end_step(proc: subprocess.Popen) -> None:
+    """Stop a multi-node launch on every node: the remote agents are not this machine's processes, so they are
+    ended through srun (SIGTERM: srun signals the step's tasks everywhere), then srun itself."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _new_launch_dir(workdir: Path, attempt: int, token: str) -> Path:

@@ -35,7 +35,7 @@ class MatrixOptions:
     reduce: str | None = None
     #: Workers a single-process scenario is packed over (default: one per GPU on CUDA, 1 on CPU).
     slots: int | None = None
-    #: Multi-node: distributed scenarios span this many nodes (see harness/execution/node_agent.py).
+    #: Multi-node: distributed scenarios span this many Slurm nodes (srun + torchrun c10d; see execution/slurm.py).
     nnodes: int = 1
     rdzv_endpoint: str | None = None
 

@@ -88,4 +88,8 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
         _say(f"rank {rank}: matching a catastrophic regex, holding the GIL")
         re.match(r"(a+)+$", "a" * 40 + "b")
     dist.all_reduce(tensor)
-    return {"metrics": {"sum": float(tensor.item())}}
+    # Which Slurm node each rank ran on (-1 outside Slurm), so a multi-node test sees the ranks spread.
+    node = torch.tensor([float(os.environ.get("SLURM_NODEID", -1))])
+    nodes = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(nodes, node)
+    return {"metrics": {"sum": float(tensor.item()), "nodes": sorted(int(n.item()) for n in nodes)}}
