@@ -130,6 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
         "`report` merges the shards (newest evidence per cell and scenario)",
     )
     matrix.add_argument(
+        "--world-size",
+        action="append",
+        type=int,
+        dest="world_sizes",
+        metavar="N",
+        help="only the cells of the profile's world_size axis that run at N ranks (repeatable): a runner with N "
+        "GPUs takes the cells that need N",
+    )
+    matrix.add_argument(
         "--no-shrink", action="store_true", help="record drawn failures without shrinking them (faster, less to learn)"
     )
     matrix.add_argument(
@@ -394,6 +403,7 @@ def _matrix(args: argparse.Namespace) -> int:
         reduce=args.reduce,
         no_prune=args.no_prune,
         shard=shard,
+        world_sizes=tuple(args.world_sizes) if args.world_sizes else None,
         no_shrink=args.no_shrink,
     )
     summary = run_matrix(profile, options)
@@ -567,7 +577,15 @@ def _list(args: argparse.Namespace) -> int:
         cells, reduction, resolved = plan.cells, plan.reduction, plan.resolved_axes
         if resolved and not args.json:
             print("# release rules resolved: " + "; ".join(f"{k} = {', '.join(v)}" for k, v in resolved.items()))
-        items = [{"cell": c.cell_id, "requirements": c.requirements(), "excluded": c.excluded_reason} for c in cells]
+        items = [
+            {
+                "cell": c.cell_id,
+                "world_size": c.world_size,
+                "requirements": c.requirements(),
+                "excluded": c.excluded_reason,
+            }
+            for c in cells
+        ]
         if not args.json:
             print(
                 f"# {reduction.cells} of {reduction.cells_full} cells ({reduction.method}); pairs covered "

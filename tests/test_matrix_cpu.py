@@ -20,7 +20,7 @@ import pytest
 
 from harness.execution.proctree import processes_started_by
 from harness.recording.records import SCHEMA_PATH, read_records, record_key
-from tests.conftest import REPO_ROOT, matrix_command
+from tests.conftest import REPO_ROOT, matrix_command, write_profile
 from tests.fault_ledger import record_fault
 
 pytestmark = pytest.mark.matrix
@@ -305,3 +305,62 @@ def test_upstream_report_for_a_reproducer(ci_run: Path) -> None:
         assert heading in body
     assert "- `transformers`: 4.41.2" in body and "# /// script" in body
     assert "element 0 of tensors does not require grad" in body and "enable_input_require_grads" in body
+
+
+WORLD_SIZE_AXIS = """
+[profile]
+description = "world size as an axis: the ci profile's current stack at 1 and 2 ranks"
+device = "cpu"
+world_size = [1, 2]
+scenarios = ["S1-*", "S3-*"]
+examples_per_scenario = 0
+hypothesis_seed = 20261121
+
+[axes]
+torch = ["2.13.0"]
+bitsandbytes = ["latest"]
+
+[stacks.current]
+transformers = "latest"
+peft = "latest"
+accelerate = "latest"
+
+[install]
+extra = ["hypothesis"]
+
+[scenario."S1-dora-fsdp-checkpoint"]
+variants = ["baseline"]
+
+[scenario."S3-lora-sgd-scaling"]
+variants = ["baseline"]
+"""
+
+
+def test_world_size_axis_expands_cells_and_the_table_shows_each(tmp_path: Path, ci_run: Path) -> None:
+    """Issue check: `world_size = [1, 2]` gives a cell per world size (one environment), each record says its
+    world size, the table shows both cells, and a single-process scenario runs once per stack."""
+    profile = write_profile(tmp_path, WORLD_SIZE_AXIS, "ws")
+    proc = run_matrix_profile(profile, tmp_path / "results")
+    records = read_records(only_run(tmp_path / "results") / "records.jsonl")
+    by_cell: dict[str, dict[str, set]] = {}
+    for r in records:
+        seen = by_cell.setdefault(r["cell"], {})
+        seen.setdefault(r["scenario"], set()).add((r["outcome"], r["hardware"]["world_size"]))
+    assert set(by_cell) == {"current_ws-1", "current_ws-2"}, proc.stdout
+    assert by_cell["current_ws-1"]["S1-dora-fsdp-checkpoint"] == {("skip", 1)}, "S1 needs 2 ranks: skipped, saying so"
+    assert {ws for _, ws in by_cell["current_ws-2"]["S1-dora-fsdp-checkpoint"]} == {2}
+    assert {o for o, _ in by_cell["current_ws-2"]["S1-dora-fsdp-checkpoint"]} <= {"pass", "fail"}
+    assert "S3-lora-sgd-scaling" in by_cell["current_ws-1"] and "S3-lora-sgd-scaling" not in by_cell["current_ws-2"]
+    skip = next(r for r in records if r["cell"] == "current_ws-1" and r["scenario"].startswith("S1"))
+    assert "needs at least 2 ranks" in skip["message"]
+    table = (tmp_path / "results" / "COMPATIBILITY.md").read_text()
+    assert "current_ws-1" in table and "current_ws-2" in table
+    assert "world size 2" in table
+
+
+def run_matrix_profile(profile: Path, results: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        matrix_command(profile, results, "--no-example-db"), capture_output=True, text=True, cwd=REPO_ROOT, timeout=1800
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc

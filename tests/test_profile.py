@@ -59,6 +59,24 @@ def test_implied_pins_and_exclusions(tmp_path: Path) -> None:
     assert by_stack["old"].excluded_reason is None
 
 
+def test_world_size_axis_expands_every_cell(tmp_path: Path) -> None:
+    """`world_size = [1, 2, 4]`: one cell per world size and stack, named by it, sharing the stack's environment;
+    `--world-size 4` keeps the cells a 4-GPU runner takes."""
+    from harness.environments.envs import InstallOptions, env_dir_for
+    from harness.planning.plan import build_plan
+
+    path = write_profile(tmp_path, GOOD.replace('device = "cpu"', 'device = "cpu"\nworld_size = [1, 2, 4]'))
+    profile = load_profile(str(path), tmp_path)
+    cells = expand(profile)
+    assert [c.cell_id for c in cells] == [f"{stack}_torch-2.13.0_ws-{n}" for stack in ("old", "new") for n in (1, 2, 4)]
+    options = InstallOptions(envs_dir=tmp_path / "envs")
+    assert len({env_dir_for(c, profile, options) for c in cells}) == 2, "one environment per stack"
+    four = build_plan(profile, world_sizes=(4,), prune=False).cells
+    assert [c.cell_id for c in four] == ["old_torch-2.13.0_ws-4", "new_torch-2.13.0_ws-4"]
+    single = load_profile(str(write_profile(tmp_path, GOOD, "single")), tmp_path)
+    assert [c.cell_id for c in expand(single)] == ["old_torch-2.13.0", "new_torch-2.13.0"], "one size: ids unchanged"
+
+
 @pytest.mark.parametrize(
     ("mutation", "key"),
     [
@@ -72,6 +90,10 @@ def test_implied_pins_and_exclusions(tmp_path: Path) -> None:
         (lambda t: t.replace('device = "cpu"', 'device = "tpu"'), "profile.device"),
         (lambda t: t + "\n[timeouts]\njob_s = -1\n", "timeouts.job_s"),
         (lambda t: t.replace("[axes]", "[axes"), "toml"),
+        (lambda t: t.replace('device = "cpu"', 'device = "cpu"\nworld_size = []'), "profile.world_size"),
+        (lambda t: t.replace('device = "cpu"', 'device = "cpu"\nworld_size = [2, 0]'), "profile.world_size"),
+        (lambda t: t.replace('device = "cpu"', 'device = "cpu"\nworld_size = [2, 2]'), "profile.world_size"),
+        (lambda t: t.replace('device = "cpu"', 'device = "cpu"\nworld_size = "many"'), "profile.world_size"),
     ],
 )
 def test_bad_profile_names_file_and_key(tmp_path: Path, mutation, key: str) -> None:
@@ -143,3 +165,15 @@ def test_unwritable_results_dir_exit_2(tmp_path: Path) -> None:
     )
     record_fault("bad input: unwritable results directory", "exit 2", f"exit {proc.returncode}")
     assert proc.returncode == 2 and "not writable" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_a_cell_needing_more_gpus_than_the_node_has_is_skipped_with_the_reason() -> None:
+    from harness.define.registry import discover
+    from harness.execution.executor import _gpu_shortfall
+
+    s1 = next(s for s in discover() if s.id.startswith("S1-"))
+    s3 = next(s for s in discover() if s.id.startswith("S3-"))
+    assert _gpu_shortfall(s1, "cuda", 4, {"gpu_count": 2}) == "needs 4 GPUs (world size 4), this node has 2"
+    assert _gpu_shortfall(s1, "cuda", 2, {"gpu_count": 2}) is None
+    assert _gpu_shortfall(s1, "cpu", 4, {"gpu_count": 0}) is None, "gloo ranks are processes"
+    assert _gpu_shortfall(s3, "cuda", 1, {"gpu_count": 1}) is None

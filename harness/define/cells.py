@@ -23,6 +23,11 @@ class Cell:
     excluded_reason: str | None = None
     #: Packages the stack sets jointly; the stack's name stands for them in the id.
     stack_packages: frozenset[str] = field(default=frozenset(), compare=False)
+    #: Ranks a distributed scenario runs with in this cell (the profile's world_size axis): an int, or
+    #: "all-gpus" (whatever the node has). Single-process scenarios always run one rank.
+    world_size: int | str = 2
+    #: Whether the profile lists several world sizes: then the id says which ("..._ws-4").
+    world_size_in_id: bool = field(default=False, compare=False)
 
     @property
     def pins(self) -> dict[str, str]:
@@ -30,7 +35,12 @@ class Cell:
 
     @property
     def cell_id(self) -> str:
-        """Readable and filesystem-safe: 'old_torch-2.13.0_ds-0.19.2_bnb-latest'."""
+        """Readable and filesystem-safe: 'old_torch-2.13.0_ds-0.19.2_bnb-latest' (+ '_ws-4' on a world-size axis)."""
+        return self.stack_id + (f"_ws-{self.world_size}" if self.world_size_in_id else "")
+
+    @property
+    def stack_id(self) -> str:
+        """The id of what is installed: cells that differ only in world size share one environment."""
         parts = [self.stack] if self.stack else []
         for package, value in self.choices:
             if package not in self.stack_packages:
@@ -77,14 +87,17 @@ def expand(profile: Profile) -> list[Cell]:
         for values in itertools.product(*(profile.axes[a] for a in axis_names)):
             chosen = dict(zip(axis_names, values, strict=True)) | stack_pins
             ordered = tuple((p, chosen[p]) for p in order if p in chosen)
-            cell = Cell(
-                stack=stack,
-                choices=ordered,
-                implied=_implied_pins(profile, chosen),
-                excluded_reason=_exclusion_reason(profile, stack, chosen),
-                stack_packages=stack_packages,
-            )
-            cells.append(cell)
+            for world_size in profile.world_sizes:
+                cell = Cell(
+                    stack=stack,
+                    choices=ordered,
+                    implied=_implied_pins(profile, chosen),
+                    excluded_reason=_exclusion_reason(profile, stack, chosen),
+                    stack_packages=stack_packages,
+                    world_size=world_size,
+                    world_size_in_id=len(profile.world_sizes) > 1,
+                )
+                cells.append(cell)
     return cells
 
 

@@ -104,7 +104,8 @@ class Profile:
     description: str
     python: str
     device: str
-    world_size: int | str
+    #: The world-size axis: cells are expanded over it (an int each, or "all-gpus": whatever the node has).
+    world_sizes: tuple[int | str, ...]
     scenarios: tuple[str, ...]
     examples_per_scenario: int
     hypothesis_seed: int
@@ -154,6 +155,19 @@ def available_profiles(matrix_dir: Path) -> list[str]:
     return sorted(p.stem for p in matrix_dir.glob("*.toml"))
 
 
+def _world_sizes(shown: str, value: Any) -> tuple[int | str, ...]:
+    """`world_size = 2`, `[1, 2, 4]` (an axis: one cell per value) or "all-gpus"."""
+    values = value if isinstance(value, list) else [value]
+    if not values or len(set(map(str, values))) != len(values):
+        raise ProfileError(shown, "profile.world_size", f"must list distinct world sizes, got {value!r}")
+    for item in values:
+        if not (item == "all-gpus" or (isinstance(item, int) and not isinstance(item, bool) and item >= 1)):
+            raise ProfileError(
+                shown, "profile.world_size", f"must be positive integers or 'all-gpus', got {item!r} in {value!r}"
+            )
+    return tuple(values)
+
+
 def load_profile(name_or_path: str, matrix_dir: Path) -> Profile:
     """Read and validate a profile; raise ProfileError naming the file and key on any problem."""
     path = profile_path(name_or_path, matrix_dir)
@@ -177,9 +191,7 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
     device = _str(shown, "profile.device", head.get("device", "auto"))
     if device not in DEVICES:
         raise ProfileError(shown, "profile.device", f"must be one of {', '.join(DEVICES)}, got {device!r}")
-    world_size = head.get("world_size", "all-gpus" if device == "cuda" else 2)
-    if not (world_size == "all-gpus" or (isinstance(world_size, int) and world_size >= 1)):
-        raise ProfileError(shown, "profile.world_size", f"must be a positive integer or 'all-gpus', got {world_size!r}")
+    world_sizes = _world_sizes(shown, head.get("world_size", 2))
     python = _str(shown, "profile.python", head.get("python", "3.11"))
     _version(shown, "profile.python", python)
 
@@ -209,7 +221,7 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
         description=_str(shown, "profile.description", head.get("description", "")),
         python=python,
         device=device,
-        world_size=world_size,
+        world_sizes=world_sizes,
         scenarios=tuple(_str_list(shown, "profile.scenarios", head.get("scenarios", ["*"]), allow_empty=False)),
         examples_per_scenario=_non_negative_int(
             shown, "profile.examples_per_scenario", head.get("examples_per_scenario", 3)

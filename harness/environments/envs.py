@@ -11,6 +11,7 @@ Two modes:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -134,13 +135,22 @@ def env_dir_for(cell: Cell, profile: Profile, options: InstallOptions) -> Path:
         "bytecode",
         *_era_facts(cell, profile),
     )
-    return options.envs_dir / f"{cell.cell_id}-{cell.env_key(profile.python, tuple(map(str, extra)))}"
+    return options.envs_dir / f"{cell.stack_id}-{cell.env_key(profile.python, tuple(map(str, extra)))}"
 
 
 def ensure_env(cell: Cell, profile: Profile, options: InstallOptions) -> EnvResult:
-    """Return a working environment for the cell, building it unless a matching one exists."""
-    start = time.monotonic()
+    """Return a working environment for the cell, building it unless a matching one exists. One process builds
+    an environment at a time (Slurm array tasks and shards share the environments directory, and cells that
+    differ only in world size share an environment); the others wait and then reuse it."""
     target = env_dir_for(cell, profile, options)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_env(cell, profile, options, target)
+
+
+def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: Path) -> EnvResult:
+    start = time.monotonic()
     marker = target / MARKER
     if marker.is_file() and not options.rebuild:
         data = json.loads(marker.read_text())

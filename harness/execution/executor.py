@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.define.cells import Cell
-from harness.define.profile import Profile
 from harness.define.registry import Scenario
 from harness.environments import envs
 from harness.execution.launcher import LaunchSpec, WorkerSession, stack_env
@@ -166,9 +165,11 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
         resumed_fixes = [(variants, c) for s, variants, c in fixes_due if s is scenario]
         if not pending and not resumed_fixes:
             continue
-        per_node = _world_size(scenario, ctx.plan.profile, ctx.machine)
+        per_node = _world_size(scenario, cell, ctx.machine)
         world_size = per_node * (ctx.options.nnodes if scenario.distributed else 1)  # what records report
-        skip = _skip_reason(scenario, env.versions, device, world_size)
+        skip = _skip_reason(scenario, env.versions, device, world_size) or _gpu_shortfall(
+            scenario, device, per_node, ctx.machine
+        )
         if skip:
             for variant, planned in pending:
                 write(scenario, variant, planned, not_run("skip", "not-applicable", skip), env.versions, world_size)
@@ -233,12 +234,21 @@ def _gpu_ids(count: int) -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def _world_size(scenario: Scenario, profile: Profile, machine: dict[str, Any]) -> int:
+def _world_size(scenario: Scenario, cell: Cell, machine: dict[str, Any]) -> int:
+    """Ranks per node: the cell's world size for a distributed scenario, one rank otherwise."""
     if not scenario.distributed:
         return 1
-    if profile.world_size == "all-gpus":
+    if cell.world_size == "all-gpus":
         return max(int(machine["gpu_count"]), 1)
-    return int(profile.world_size)
+    return int(cell.world_size)
+
+
+def _gpu_shortfall(scenario: Scenario, device: str, ranks: int, machine: dict[str, Any]) -> str | None:
+    """A cell whose world size needs more GPUs than this node has is skipped, saying so (one rank per GPU)."""
+    gpus = int(machine.get("gpu_count") or 0)
+    if device == "cuda" and scenario.distributed and ranks > gpus:
+        return f"needs {ranks} GPUs (world size {ranks}), this node has {gpus}"
+    return None
 
 
 def _skip_reason(scenario: Scenario, versions: dict[str, str], device: str, world_size: int) -> str | None:

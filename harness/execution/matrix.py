@@ -46,6 +46,7 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
                 scenario_plan,
                 cell_patterns=options.cell_patterns,
                 shard=options.shard,
+                world_sizes=options.world_sizes,
                 reduce=options.reduce,
                 prune=not options.no_prune,
                 wheelhouse=options.install.wheelhouse if options.install.offline else None,

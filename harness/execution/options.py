@@ -27,6 +27,8 @@ class MatrixOptions:
     hypothesis_profile: str | None = None
     #: (I, N): run only every N-th cell starting at the I-th (1-based), for several machines.
     shard: tuple[int, int] | None = None
+    #: Only the cells of these world sizes (--world-size; a runner takes the cells its GPUs can hold).
+    world_sizes: tuple[int, ...] | None = None
     #: Record drawn failures without shrinking them (quick runs, benchmarks of the batch itself).
     no_shrink: bool = False
     #: Skip reading package metadata to prune impossible cells.

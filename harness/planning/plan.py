@@ -51,8 +51,12 @@ class RunPlan:
         return self.scenario_plan.scenarios
 
     def selected(self, scenario: Scenario, cell: Cell) -> bool:
-        """`[scenario."<id>"] cells = [globs]` limits a scenario to some cells."""
+        """`[scenario."<id>"] cells = [globs]` limits a scenario to some cells. On a world-size axis a
+        single-process scenario runs once per stack, in the cell of the first world size listed: in the others
+        it would repeat the same one-rank job."""
         globs = self.profile.settings_for(scenario.id).cells
+        if not scenario.distributed and cell.world_size != self.profile.world_sizes[0]:
+            return False
         return globs is None or matches(cell.cell_id, globs)
 
 
@@ -78,6 +82,7 @@ def build_plan(
     *,
     cell_patterns: tuple[str, ...] | None = None,
     shard: tuple[int, int] | None = None,
+    world_sizes: tuple[int, ...] | None = None,
     reduce: str | None = None,
     prune: bool = True,
     wheelhouse: Path | None = None,
@@ -88,7 +93,7 @@ def build_plan(
     scenario_plan = scenario_plan or plan_scenarios(profile)
     profile, resolved_axes = releases.resolve_axes(profile, wheelhouse, resolved)
     cells, reduction = reduce_cells(expand(profile), reduce or profile.reduce)
-    cells = _sliced(cells, cell_patterns, shard, profile)
+    cells = _sliced(_of_world_sizes(cells, world_sizes, profile), cell_patterns, shard, profile)
     pruned = _prune(cells, profile, wheelhouse) if prune else {}
     return RunPlan(profile, scenario_plan, tuple(cells), reduction, resolved_axes, pruned)
 
@@ -158,6 +163,17 @@ def _check_scenario_sections(profile: Profile) -> None:
             raise UsageError(
                 f'{profile.path}: scenario."{scenario_id}": unknown scenario (known: {", ".join(sorted(known))})'
             )
+
+
+def _of_world_sizes(cells: list[Cell], wanted: tuple[int, ...] | None, profile: Profile) -> list[Cell]:
+    """--world-size N: only the cells that run at N ranks (a runner with N GPUs takes those)."""
+    if not wanted:
+        return cells
+    chosen = [c for c in cells if c.world_size in wanted]
+    if not chosen:
+        listed = ", ".join(map(str, profile.world_sizes))
+        raise UsageError(f"--world-size {' '.join(map(str, wanted))}: profile {profile.name} lists {listed}")
+    return chosen
 
 
 def _sliced(
