@@ -130,6 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
         "`report` merges the shards (newest evidence per cell and scenario)",
     )
     matrix.add_argument(
+        "--grow",
+        action="store_true",
+        help="with --resume on a dated run (history): add the days its date rule gives now (a new peft minor, "
+        "today) to the run and run only the new days' cells; prints whether the newest stack's outcomes differ "
+        "from the previous newest day's",
+    )
+    matrix.add_argument(
+        "--add-date",
+        action="append",
+        default=[],
+        dest="add_dates",
+        metavar="YYYY-MM-DD",
+        help="with --grow: also add this install day (repeatable)",
+    )
+    matrix.add_argument(
         "--world-size",
         action="append",
         type=int,
@@ -378,6 +393,10 @@ def _matrix(args: argparse.Namespace) -> int:
         raise UsageError(f"--wheelhouse {args.wheelhouse}: no such directory")
     if args.fresh and args.resume_run:
         raise UsageError("--fresh and --resume exclude each other")
+    if (args.grow or args.add_dates) and not args.resume_run:
+        raise UsageError("--grow and --add-date add days to a dated run: pass --resume RUN_ID")
+    if args.add_dates and not args.grow:
+        raise UsageError("--add-date needs --grow")
     profile = load_profile(args.profile or default_profile(), MATRIX_DIR)
     install = InstallOptions(
         envs_dir=args.envs_dir or default_envs_dir(),
@@ -404,6 +423,8 @@ def _matrix(args: argparse.Namespace) -> int:
         no_prune=args.no_prune,
         shard=shard,
         world_sizes=tuple(args.world_sizes) if args.world_sizes else None,
+        grow=args.grow,
+        add_dates=tuple(args.add_dates),
         no_shrink=args.no_shrink,
     )
     summary = run_matrix(profile, options)
@@ -412,6 +433,12 @@ def _matrix(args: argparse.Namespace) -> int:
         f"outcomes {json.dumps(summary.outcomes, sort_keys=True)}"
     )
     print(f"records: {summary.run_dir / 'records.jsonl'}")
+    if args.grow:
+        from harness.publishing.growth import newest_change_text
+
+        text = newest_change_text(summary.run_dir)
+        print(text)
+        (summary.run_dir / "newest-change.md").write_text(text + "\n")
     if not args.no_report:
         try:
             print(f"table: {write_report(args.results_dir, None, None)}")

@@ -12,7 +12,7 @@ import pytest
 from harness.define.cells import expand
 from harness.define.profile import load_profile, parse_date_rule
 from harness.environments.envs import era_flags
-from harness.errors import ProfileError
+from harness.errors import ProfileError, UsageError
 from harness.versions import releases
 from tests.conftest import write_profile
 
@@ -118,3 +118,24 @@ def test_dated_cells_take_no_local_wheels() -> None:
     environ = {"PIP_FIND_LINKS": "/opt/wheels"}
     assert index_flags(environ) == ["--find-links", "/opt/wheels"]
     assert index_flags(environ, dated=True) == []
+
+
+def test_growing_a_dated_run_adds_only_new_days(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--grow: the run's days stay (other resolved axes too), the days the rule gives now and --add-date join
+    them, so the plan's new cells are exactly the new days'."""
+    from harness.planning.plan import build_plan
+
+    ruled = DATED.replace('date = ["2024-03-01", "2025-01-10"]', 'date = "peft minors >=0.9"')
+    profile = load_profile(str(write_profile(tmp_path, ruled)), tmp_path)
+    monkeypatch.setattr(releases, "minor_release_days", lambda rule, today=None: ["2024-03-01", "2025-01-10"])
+    recorded = {"date": ["2024-03-01"], "deepspeed": ["0.19.2"]}
+    grown = releases.grown_dates(profile, recorded, ("2026-12-01",))
+    assert grown == {"date": ["2024-03-01", "2025-01-10", "2026-12-01"], "deepspeed": ["0.19.2"]}
+    before = {c.cell_id for c in build_plan(profile, resolved=recorded, prune=False).cells}
+    after = {c.cell_id for c in build_plan(profile, resolved=grown, prune=False).cells}
+    assert before < after and after - before == {"era_date-2025-01-10", "era_date-2026-12-01"}
+    with pytest.raises(UsageError):
+        releases.grown_dates(profile, recorded, ("Dec 1",))
+    listed = load_profile(str(write_profile(tmp_path, DATED, "listed")), tmp_path)
+    with pytest.raises(UsageError, match="add the day there"):
+        releases.grown_dates(listed, recorded, ())

@@ -50,7 +50,7 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
                 reduce=options.reduce,
                 prune=not options.no_prune,
                 wheelhouse=options.install.wheelhouse if options.install.offline else None,
-                resolved=previous.get("resolved_axes"),
+                resolved=_resolved_axes(profile, previous, options),
             )
             # meta.json is written inside the selection lock: the next invocation sees this run.
             if run_dir is None:
@@ -98,6 +98,18 @@ def _chosen_run(profile: Profile, options: MatrixOptions, digest: str, shard: li
     if options.fresh:
         return None
     return runs.find_resumable(options.results_dir, profile.name, digest, shard)
+
+
+def _resolved_axes(profile: Profile, previous: dict[str, Any], options: MatrixOptions) -> dict[str, list[str]] | None:
+    """A resumed run's release lists (so it reproduces exactly), its date axis grown with --grow."""
+    recorded = previous.get("resolved_axes")
+    if not options.grow:
+        return recorded
+    if not previous:
+        raise UsageError("--grow adds days to an existing dated run: pass --resume RUN_ID")
+    from harness.versions.releases import grown_dates
+
+    return grown_dates(profile, recorded, options.add_dates)
 
 
 def _check_resume_options(previous: dict[str, Any], options: MatrixOptions, run_dir: Path | None) -> None:
@@ -170,6 +182,8 @@ def _meta_for_attempt(
     meta["pruned"] = plan.pruned | (meta.get("pruned") or {})
     meta.setdefault("reduction", plan.reduction.as_json())
     meta.setdefault("resolved_axes", plan.resolved_axes)
+    if options.grow:
+        meta["resolved_axes"] = plan.resolved_axes  # the grown date axis: a later resume keeps the new days
     meta["status"] = "running"
     attempt = {
         "started_at": runs.now_iso(),

@@ -29,6 +29,9 @@ class MatrixOptions:
     shard: tuple[int, int] | None = None
     #: Only the cells of these world sizes (--world-size; a runner takes the cells its GPUs can hold).
     world_sizes: tuple[int, ...] | None = None
+    #: A dated run: add the days its date rule gives now (and `add_dates`) to the resumed run's date axis.
+    grow: bool = False
+    add_dates: tuple[str, ...] = ()
     #: Record drawn failures without shrinking them (quick runs, benchmarks of the batch itself).
     no_shrink: bool = False
     #: Skip reading package metadata to prune impossible cells.

@@ -155,3 +155,27 @@ def resolve_axes(
             resolved[package] = chosen
             axes[package] = tuple(chosen)
     return (replace(profile, axes=axes) if resolved else profile), resolved
+
+
+def grown_dates(
+    profile: Profile, recorded: dict[str, list[str]] | None, added: tuple[str, ...]
+) -> dict[str, list[str]]:
+    """A dated run's resolved axes with its date axis grown: the days it has, plus the days its rule gives now
+    (a new peft minor, today) and any `added`. Only the date axis moves; every other resolved axis stays, so
+    the cells already recorded are the same cells and only the new days' cells run."""
+    if DATE_AXIS not in profile.axes:
+        raise UsageError(f"--grow: profile {profile.name} has no date axis")
+    values = profile.axes[DATE_AXIS]
+    if not (len(values) == 1 and values[0].startswith(RULE_PREFIX)):
+        raise UsageError(
+            f"--grow: {profile.path} lists its days (axes.date); add the day there and --resume the run instead"
+        )
+    text = values[0][len(RULE_PREFIX) :]
+    now = minor_release_days(parse_date_rule(str(profile.path), "axes.date", text))
+    for day in added:
+        try:
+            dt.date.fromisoformat(day)
+        except ValueError:
+            raise UsageError(f"--add-date {day!r}: expected YYYY-MM-DD") from None
+    had = list((recorded or {}).get(DATE_AXIS, []))
+    return dict(recorded or {}) | {DATE_AXIS: sorted({*had, *now, *added})}
