@@ -7,6 +7,7 @@ always leaves meta.json saying how the attempt ended.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -16,6 +17,7 @@ from harness.define.registry import Scenario
 from harness.environments import envs
 from harness.execution.launcher import LaunchSpec, WorkerSession, stack_env
 from harness.execution.options import MatrixOptions, MatrixSummary
+from harness.execution.phases import CLOCK
 from harness.execution.progress import Progress
 from harness.execution.scenario_run import RunContext, baseline_first, run_scenario
 from harness.planning.plan import RunPlan
@@ -49,6 +51,8 @@ def execute(
         if plan.selected(s, cell)
     )
     progress = Progress(len(plan.cells), jobs_total, stream)
+    CLOCK.reset()
+    started = time.monotonic()
     summary = MatrixSummary(meta["run_id"], run_dir, 0, 0, {})
     writer = RecordWriter(run_dir / "records.jsonl")
     context = RunContext(plan, options, machine, meta["run_id"], run_dir, writer, progress, summary, meta["draws"])
@@ -69,7 +73,8 @@ def execute(
     finally:
         writer.close()
         now = runs.now_iso()
-        attempt |= {"status": status, "finished_at": now, "records_written": summary.written}
+        phases = CLOCK.sums() | {"execute_wall": round(time.monotonic() - started, 2)}
+        attempt |= {"status": status, "finished_at": now, "records_written": summary.written, "phases_s": phases}
         if status != previous_status or summary.written:
             meta["finished_at"] = now
         meta["status"] = status
@@ -151,7 +156,8 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
         return
 
     progress.start_cell(cell.cell_id, "building environment")
-    env = envs.ensure_env(cell, ctx.plan.profile, ctx.options.install)
+    with CLOCK.measure("environments"):
+        env = envs.ensure_env(cell, ctx.plan.profile, ctx.options.install)
     install_info |= {"mode": env.mode, "overlaid": env.overlaid}
     if env.failure:
         progress.message(f"{cell.cell_id}: install-failed: {env.failure.splitlines()[0][:200]}")
@@ -264,16 +270,35 @@ def _skip_reason(scenario: Scenario, versions: dict[str, str], device: str, worl
 
 
 def _worker_env(device: str, options: MatrixOptions, env_result: envs.EnvResult) -> dict[str, str]:
-    extensions = options.install.envs_dir.parent / "torch_extensions" / _env_name(env_result)
+    extensions = options.install.envs_dir.parent / "torch_extensions" / _jit_cache_name(env_result)
     # A JIT build (DeepSpeed's ops) killed with its job leaves torch's build lock behind, and every later job
-    # of this environment would wait on it until its timeout. No worker of this environment runs now.
+    # would wait on it until its timeout. A build takes well under STALE_BUILD_LOCK_S; an older lock is stale
+    # (a younger one may be another process's build in progress: array tasks share this cache).
     for stale in extensions.glob("*/lock"):
-        stale.unlink(missing_ok=True)
+        try:
+            if time.time() - stale.stat().st_mtime > STALE_BUILD_LOCK_S:
+                stale.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass
     env = stack_env(device, extensions)
     if env_result.pythonpath:
         env["PYTHONPATH"] = env_result.pythonpath
     env |= {k: v for k, v in os.environ.items() if k.startswith("COMPAT_MATRIX_SCENARIO_")}
     return env
+
+
+#: Older than this, a torch extension build lock is a killed build's leftover.
+STALE_BUILD_LOCK_S = 120
+
+
+def _jit_cache_name(env_result: envs.EnvResult) -> str:
+    """The JIT cache of DeepSpeed's ops, shared by every environment with the same python, torch and deepspeed
+    (what a build depends on): cells that differ elsewhere build each op once, not once per cell."""
+    versions = env_result.versions
+    if not versions.get("torch"):
+        return _env_name(env_result)
+    python = versions.get("python", "py")
+    return f"py{python}-torch{versions['torch']}-ds{versions.get('deepspeed', 'none')}"
 
 
 def _env_name(env_result: envs.EnvResult) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.execution import guard
+from harness.execution.phases import CLOCK
 from harness.execution.proctree import ORCHESTRATOR_VAR, TOKEN_VAR, kill_token
 from harness.execution.slurm import srun_prefix
 from harness.paths import REPO_ROOT
@@ -120,6 +121,7 @@ def run_jobs(spec: LaunchSpec, jobs: list[Job] | JobQueue) -> Iterator[JobResult
         for result in _launch_once(spec, queue, queue.launches):
             produced += 1
             queue.done.add(result.index)
+            CLOCK.add("jobs", result.duration_s)
             yield result
             if result.status == "env-broken":
                 while queue.remaining():
@@ -342,6 +344,8 @@ def _watch(
                     ready.add(rank)
                     if event.get("pid"):
                         pids[rank] = int(event["pid"])
+                    if len(ready) == len(readers):
+                        CLOCK.add("worker-start", time.monotonic() - launched)
                 elif kind == "import-failed":
                     detail = {k: event.get(k) for k in ("exc_type", "message", "traceback")}
                     yield JobResult(pending[0], "env-broken", detail)

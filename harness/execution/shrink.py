@@ -17,6 +17,7 @@ from typing import Any
 from hypothesis import Phase
 from hypothesis.database import ExampleDatabase
 
+from harness.execution.phases import CLOCK
 from harness.planning.draws import DrawPlan, config_id, explore
 
 
@@ -94,4 +95,5 @@ def shrink(
         pass
     result.reached = state["reached"]
     result.seconds = time.monotonic() - started
+    CLOCK.add("shrinking", result.seconds)
     return result

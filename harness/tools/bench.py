@@ -204,6 +204,69 @@ def bench_reduction(results_dir: Path) -> dict[str, object]:
     return report
 
 
+def _run_cli(args: list[str], env: dict[str, str] | None = None) -> float:
+    """Wall seconds of one `python -m harness ...` (it must succeed: a benchmark of a failed run means nothing)."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"benchmark run failed ({proc.returncode}): {' '.join(args)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
+    return wall
+
+
+def _last_attempt(results: Path) -> tuple[dict[str, object], int]:
+    """The newest run's last attempt (its phases) and its record count."""
+    run_dir = max((results / "runs").iterdir(), key=lambda d: d.stat().st_mtime)
+    meta = json.loads((run_dir / "meta.json").read_text())
+    return meta["attempts"][-1], len((run_dir / "records.jsonl").read_text().splitlines())
+
+
+def bench_first_run(workdir: Path, profile: str) -> dict[str, object]:
+    """The README's main command on `profile` twice, side by side: cold (new results, environments, JIT and uv
+    caches; the package index is the only thing not local) and warm (the same caches, a new run). Each run's
+    time by phase comes from its meta.json (`phases_s`); `report` is the table and site written afterwards."""
+    env = dict(os.environ, UV_CACHE_DIR=str(workdir / "uv-cache"), COMPAT_MATRIX_ENVS=str(workdir / "envs"))
+    out: dict[str, object] = {"profile": profile}
+    for kind in ("cold", "warm"):
+        results = workdir / f"results-{kind}"
+        wall = _run_cli(["matrix", "--profile", profile, "--results-dir", str(results)], env)
+        attempt, records = _last_attempt(results)
+        phases = dict(attempt.get("phases_s") or {})
+        execute = float(phases.get("execute_wall", wall))
+        phases["outside execute (plan, meta, report)"] = round(wall - execute, 2)
+        out[kind] = {"wall_s": round(wall, 1), "records": records, "phases_s": phases}
+    return out
+
+
+def bench_history_cell(workdir: Path, run_id: str, day: str) -> dict[str, object]:
+    """Marginal cost of one more history cell: a copy of a finished history run grows by one install day
+    (`matrix --resume RUN --grow --add-date DAY`, warm uv cache); only that day's cell may run."""
+    results = workdir / "history"
+    shutil.copytree(
+        REPO_ROOT / "results" / "runs" / run_id, results / "runs" / run_id, ignore=shutil.ignore_patterns("worker")
+    )
+    before = (results / "runs" / run_id / "records.jsonl").read_text().splitlines()
+    args = ["matrix", "--profile", "history", "--no-example-db", "--no-report", "--results-dir", str(results)]
+    wall = _run_cli([*args, "--resume", run_id, "--grow", "--add-date", day])
+    after = (results / "runs" / run_id / "records.jsonl").read_text().splitlines()
+    assert after[: len(before)] == before, "growing a run must keep every record byte for byte"
+    new = [json.loads(line) for line in after[len(before) :]]
+    attempt, _ = _last_attempt(results)
+    return {
+        "run": run_id,
+        "day": day,
+        "wall_s": round(wall, 1),
+        "new_records": len(new),
+        "cells_run": sorted({r["cell"] for r in new}),
+        "scenarios": len({r["scenario"] for r in new}),
+        "phases_s": attempt.get("phases_s"),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="compat-matrix bench", description=__doc__.splitlines()[0])
     parser.add_argument("--configs", type=int, default=8, help="S3 configs for the worker benchmark (>= 2)")
@@ -211,7 +274,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-growth", action="store_true", help="skip the cells-growth benchmark")
     parser.add_argument("--only-reduction", action="store_true", help="only count cells per reduction method")
     parser.add_argument("--output-dir", type=Path, default=REPO_ROOT / "results" / "bench")
+    parser.add_argument(
+        "--first-run",
+        metavar="PROFILE",
+        nargs="?",
+        const="cpu",
+        help="only: the main command on PROFILE (default cpu) cold, then warm, with each run's time by phase",
+    )
+    parser.add_argument(
+        "--history-cell",
+        nargs=2,
+        metavar=("RUN_ID", "DAY"),
+        help="only: the marginal cost of one more history cell (a copy of RUN_ID grown by DAY)",
+    )
     args = parser.parse_args(argv)
+    if args.first_run or args.history_cell:
+        return _only(args)
     if args.configs < 2:
         parser.error("--configs must be at least 2")
     report: dict[str, object] = {
@@ -246,8 +324,53 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _only(args: argparse.Namespace) -> int:
+    """The long benchmarks, each on its own (minutes to tens of minutes): printed and added to today's file."""
+    report: dict[str, object] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "hardware": hardware.describe("cpu"),
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        if args.first_run:
+            print(f"first run: the {args.first_run} profile cold, then warm ...", flush=True)
+            report["first_run"] = bench_first_run(Path(tmp), args.first_run)
+        if args.history_cell:
+            print(f"history: one more day ({args.history_cell[1]}) on a copy of {args.history_cell[0]} ...", flush=True)
+            report["history_cell"] = bench_history_cell(Path(tmp), *args.history_cell)
+    print_table(report)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    out = args.output_dir / f"{dt.date.today().isoformat()}.json"
+    if out.is_file():
+        report = json.loads(out.read_text()) | report
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
 def print_table(report: dict) -> None:
     rows = []
+    if "first_run" in report:
+        f = report["first_run"]
+        rows += [
+            (
+                f"first run ({f['profile']}): wall",
+                f"{f['cold']['wall_s']:.0f} s cold",
+                f"{f['warm']['wall_s']:.0f} s warm",
+            )
+        ]
+        for phase in sorted(set(f["cold"]["phases_s"]) | set(f["warm"]["phases_s"])):
+            cold, warm = f["cold"]["phases_s"].get(phase, 0.0), f["warm"]["phases_s"].get(phase, 0.0)
+            rows.append((f"  phase: {phase}", f"{cold:.0f} s cold", f"{warm:.0f} s warm"))
+        rows.append(("  records", f"{f['cold']['records']} cold", f"{f['warm']['records']} warm"))
+    if "history_cell" in report:
+        h = report["history_cell"]
+        rows += [
+            (
+                f"history: one more day ({h['day']})",
+                f"{h['wall_s']:.0f} s",
+                f"{h['new_records']} records, cells {h['cells_run']}",
+            ),
+        ]
     if "env_build" in report:
         e = report["env_build"]
         rows += [
