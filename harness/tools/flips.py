@@ -157,11 +157,17 @@ def find_flips(
         raise UsageError(f"{run_dir}: not a dated run (no record has a {DATE_AXIS!r} pin)")
     named = []
     out_dir = out_root / run_dir.name
-    for flip in flips_in(states):
+    # Flips named by an earlier invocation (e.g. of other scenarios) stay in flips.json unless named again.
+    earlier = json.loads((out_dir / "flips.json").read_text()) if (out_dir / "flips.json").is_file() else []
+    found = flips_in(states)
+    for flip in found:
         if scenarios and not any(flip.scenario.startswith(s) for s in scenarios):
             continue
         older = next(r["versions"] for r in states[flip.scenario] if r["date"] == flip.older)
-        where = out_dir / f"{flip.scenario.split('-')[0]}-{flip.older}-{flip.newer}"
+        # The mode's number names the folder, or the full id where a mode has two scenarios (S2).
+        mode = flip.scenario.split("-")[0]
+        label = mode if len({f.scenario for f in found if f.scenario.split("-")[0] == mode}) == 1 else flip.scenario
+        where = out_dir / f"{label}-{flip.older}-{flip.newer}"
         flip = name_flip(flip, history, {p: public_version(older.get(p)) for p in AXIS_PACKAGES}, options, where)
         family = (flip.signature or "").split("[")[0]
         known = UPSTREAM_CHANGES.get(flip.signature or "") or UPSTREAM_CHANGES.get(family)
@@ -170,7 +176,9 @@ def find_flips(
             flip.upstream["agrees"] = (flip.package, flip.release) == (known[0], known[1])
         named.append(flip)
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "flips.json").write_text(json.dumps([asdict(f) for f in named], indent=1) + "\n")
+        fresh = {(f.scenario, f.older, f.newer) for f in named}
+        kept = [e for e in earlier if (e["scenario"], e["older"], e["newer"]) not in fresh]
+        (out_dir / "flips.json").write_text(json.dumps([*kept, *(asdict(f) for f in named)], indent=1) + "\n")
     return named
 
 
