@@ -10,6 +10,7 @@ worker loses nothing finished.
 from __future__ import annotations
 
 import faulthandler
+import gc
 import importlib
 import json
 import os
@@ -52,12 +53,15 @@ def main(jobs_file: str, out_dir: str) -> int:
     except BaseException as exc:
         emit({"event": "import-failed", **describe(exc)})
         return 3
+    _freeze_heap()
     emit({"event": "ready", "import_s": round(time.monotonic() - started, 3), "pid": os.getpid()})
 
-    for job in _jobs(spec):
+    for number, job in enumerate(_jobs(spec)):
         emit({"event": "start", "index": job["index"], "uid": job.get("uid")})
         result = run_job(module.run, job["config"], job["variant"], spec["device"], rank, local_rank, world_size)
         emit({"event": "end", "index": job["index"], "uid": job.get("uid"), **result})
+        if number == 0:
+            _freeze_heap()  # what the first job imported lazily (deepspeed's and transformers' submodules)
         if result["status"] != "pass" and world_size > 1:
             if spec.get("stop_after_failure", True):
                 # A failure can leave collectives out of step between ranks: let the launcher restart us.
@@ -69,6 +73,15 @@ def main(jobs_file: str, out_dir: str) -> int:
             dist.barrier()
     finish_distributed(world_size)
     return 0
+
+
+def _freeze_heap() -> None:
+    """Move what is alive now (torch, transformers, deepspeed: millions of objects) out of the cyclic GC's
+    reach. Scenarios and DeepSpeed call gc.collect() after every job; with the libraries' objects frozen each
+    call scans only the job's own objects (S4 on CPU: 0.47 s per call before, 0.01 s after). Garbage is
+    collected first, so nothing dead is kept; a job's results do not depend on when collection runs."""
+    gc.collect()
+    gc.freeze()
 
 
 def _stderr_to_file(path: Path) -> None:
