@@ -7,12 +7,14 @@ always leaves meta.json saying how the attempt ended.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from harness.define.cells import Cell
+from harness.define.profile import Profile
 from harness.define.registry import Scenario
 from harness.environments import envs
 from harness.execution.launcher import LaunchSpec, WorkerSession, stack_env
@@ -57,10 +59,20 @@ def execute(
     writer = RecordWriter(run_dir / "records.jsonl")
     context = RunContext(plan, options, machine, meta["run_id"], run_dir, writer, progress, summary, meta["draws"])
     status = "interrupted"
+    prefetch = EnvPrefetch(plan.profile, options.install)
+    context.prefetch = prefetch
+
+    def work_of(cell: Cell) -> Work:
+        return [(s, variants[s.id], wanted_configs(s.id)) for s in plan.scenarios if plan.selected(s, cell)]
+
     try:
-        for cell in plan.cells:
-            work = [(s, variants[s.id], wanted_configs(s.id)) for s in plan.scenarios if plan.selected(s, cell)]
-            _run_cell(cell, work, context)
+        for position, cell in enumerate(plan.cells):
+            # The next cell that will need an environment builds it while this one's jobs run.
+            upcoming = (c for c in plan.cells[position + 1 :] if _builds_env(c, work_of(c), context))
+            following = next(upcoming, None)
+            if following is not None:
+                prefetch.start(following)
+            _run_cell(cell, work_of(cell), context)
             progress.cell_done()
         status = "complete"
     except KeyboardInterrupt as exc:
@@ -84,6 +96,53 @@ def execute(
 
 
 Work = list[tuple[Scenario, tuple[str, ...], list[dict[str, Any]]]]
+
+
+class EnvPrefetch:
+    """Builds the next cell's environment in a background thread while the current cell's jobs run (on a
+    cold machine a build is mostly downloading and unpacking, the jobs mostly compute). Daemon threads: an
+    interrupted run does not wait for a build nobody will use."""
+
+    def __init__(self, profile: Profile, install: envs.InstallOptions) -> None:
+        self._profile, self._install = profile, install
+        self._builds: dict[Path, tuple[threading.Thread, list[envs.EnvResult]]] = {}
+
+    def start(self, cell: Cell) -> None:
+        target = envs.env_dir_for(cell, self._profile, self._install)
+        if target in self._builds:
+            return
+        box: list[envs.EnvResult] = []
+
+        def build() -> None:
+            box.append(envs.ensure_env(cell, self._profile, self._install))
+
+        thread = threading.Thread(target=build, name=f"prefetch-{cell.cell_id}", daemon=True)
+        thread.start()
+        self._builds[target] = (thread, box)
+
+    def get(self, cell: Cell) -> envs.EnvResult:
+        """The prefetched result, or a build now (none started, or it raised: the error then shows here)."""
+        found = self._builds.pop(envs.env_dir_for(cell, self._profile, self._install), None)
+        if found:
+            thread, box = found
+            thread.join()
+            if box:
+                return box[0]
+        return envs.ensure_env(cell, self._profile, self._install)
+
+
+def _builds_env(cell: Cell, work: Work, ctx: RunContext) -> bool:
+    """Whether running this cell will need its environment: it is neither excluded nor pruned, and some
+    first-pass job of it is not recorded yet (a resumed run does not rebuild environments it no longer needs)."""
+    if cell.excluded_reason or cell.cell_id in ctx.plan.pruned:
+        return False
+    profile = ctx.plan.profile
+    return any(
+        (cell.cell_id, s.id, v, c["config_id"]) not in ctx.writer
+        for s, variants, planned in work
+        for c in planned
+        for v in (variants[:1] if baseline_first(s, c, profile) else variants)
+    )
 
 
 def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
@@ -157,7 +216,7 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
 
     progress.start_cell(cell.cell_id, "building environment")
     with CLOCK.measure("environments"):
-        env = envs.ensure_env(cell, ctx.plan.profile, ctx.options.install)
+        env = ctx.prefetch.get(cell) if ctx.prefetch else envs.ensure_env(cell, ctx.plan.profile, ctx.options.install)
     install_info |= {"mode": env.mode, "overlaid": env.overlaid}
     if env.failure:
         progress.message(f"{cell.cell_id}: install-failed: {env.failure.splitlines()[0][:200]}")

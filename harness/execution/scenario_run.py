@@ -43,6 +43,8 @@ class RunContext:
     summary: MatrixSummary
     #: scenario id -> how its configs were drawn (seed, max_examples, count): the shrinker replays the draw.
     draws: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Builds the next cell's environment while this one runs (harness/execution/executor.py: EnvPrefetch).
+    prefetch: Any = None
 
 
 def baseline_first(scenario: Scenario, planned: dict[str, Any], profile: Profile) -> bool:
