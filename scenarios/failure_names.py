@@ -46,25 +46,43 @@ KNOWN_ISSUES: dict[str, list[str]] = {
 
 #: What the upstream record (../shared/UPSTREAM.md) says changed a failure, to check a measured flip against:
 #: name -> (package, first release with the change, source).
-UPSTREAM_CHANGES: dict[str, tuple[str, str, str]] = {
+#: signature -> (package, first release, source, direction): "appears" where that release brings the target
+#: failure (the onset), "ends" where it removes it (the fix). A measured flip is compared only with the record
+#: of its own direction: the release that fixed a failure says nothing about when it began.
+UPSTREAM_CHANGES: dict[str, tuple[str, str, str, str]] = {
     # S1's target needs DoRA to run under FSDP at all: peft#1737 (fixed by PR #1806) first released in 0.12.0;
     # before it DoRA under FSDP fails in other ways.
     "checkpoint-recompute-dtype": (
         "peft",
         "0.12.0",
         "peft#1737 (DoRA under FSDP) fixed by PR #1806, first released in 0.12.0; earlier releases fail otherwise",
+        "appears",
     ),
     "checkpoint-recompute-shape[0]": (
         "deepspeed",
         "0.19.3",
         "DeepSpeed PR #8148 (Z3 activation checkpointing with frozen params), first released in 0.19.3",
+        "ends",
     ),
     "no-grad-element-0": (
         "transformers",
         "5.0.0",
         "transformers#43203 made non-reentrant checkpointing the default, shipped in 5.0.0",
+        "ends",
     ),
 }
+
+
+def upstream_change(signature: str | None, newer_state: str) -> dict[str, str] | None:
+    """The upstream record for a measured flip of `signature` (its family, e.g. 'checkpoint-recompute-dtype',
+    where the exact name has none) in the flip's direction, or None."""
+    family = (signature or "").split("[")[0]
+    known = UPSTREAM_CHANGES.get(signature or "") or UPSTREAM_CHANGES.get(family)
+    direction = "appears" if newer_state == "target" else "ends"
+    if not known or known[3] != direction:
+        return None
+    return {"package": known[0], "release": known[1], "source": known[2], "direction": direction}
+
 
 _METADATA = re.compile(r"saved metadata: \{(?P<saved>[^}]*)\}\s*recomputed metadata: \{(?P<recomputed>[^}]*)\}", re.S)
 _SHAPE = re.compile(r"'shape': torch\.Size\(\[(?P<dims>[^\]]*)\]\)")

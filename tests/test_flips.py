@@ -99,3 +99,20 @@ def test_a_package_that_needs_newer_dependencies_is_probed_with_them(tmp_path: P
         ("torch", "newer-dependencies", "fail"),
     ]
     assert named.reproducing == [] and named.package is None  # torch alone keeps the failure: not the cause
+
+
+def test_a_flip_is_compared_with_the_upstream_record_of_its_own_direction() -> None:
+    """DeepSpeed 0.19.3 is where S4's failure ends upstream: it says nothing about the torch release that
+    brought it, and a measured end at 0.19.3 agrees with it."""
+    from harness.publishing.atlas import upstream_verdict
+
+    onset = {
+        "signature": "checkpoint-recompute-shape[0]",
+        "newer_state": "target",
+        "package": "torch",
+        "release": "2.5.0",
+    }
+    assert upstream_verdict(onset) is None
+    end = onset | {"newer_state": "not-reproduced", "package": "deepspeed", "release": "0.19.3"}
+    assert upstream_verdict(end)["agrees"] is True
+    assert upstream_verdict(end | {"release": "0.19.2"})["agrees"] is False

@@ -127,6 +127,17 @@ def newest_flips(results_dir: Path, run_ids: list[str]) -> list[dict[str, Any]]:
     return found
 
 
+def upstream_verdict(flip: dict[str, Any]) -> dict[str, Any] | None:
+    """The upstream record of the flip's failure in the flip's direction, and whether the measured package and
+    release agree with it (recomputed whenever the table is made, from scenarios/failure_names.py)."""
+    from scenarios.failure_names import upstream_change
+
+    known = upstream_change(flip.get("signature"), flip["newer_state"])
+    if known is None:
+        return None
+    return known | {"agrees": (flip.get("package"), flip.get("release")) == (known["package"], known["release"])}
+
+
 def flips_markdown(flips: list[dict[str, Any]]) -> str:
     """The "what changed it" list: one line per flip, with the probes and whether upstream agrees."""
     if not flips:
@@ -143,7 +154,7 @@ def flips_markdown(flips: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for flip in flips:
-        upstream = flip.get("upstream")
+        upstream = upstream_verdict(flip)
         agrees = ""
         if upstream:
             verdict_ = "agrees" if upstream.get("agrees") else "differs"

@@ -24,7 +24,7 @@ from harness.define.profile import DATE_AXIS, Profile
 from harness.define.registry import discover
 from harness.errors import UsageError
 from harness.execution.options import MatrixOptions
-from harness.publishing.atlas import dated_verdicts
+from harness.publishing.atlas import dated_verdicts, upstream_verdict
 from harness.recording.records import read_records
 from harness.tools import bisection
 
@@ -146,8 +146,6 @@ def find_flips(
     run_dir: Path, history: Profile, options: MatrixOptions, out_root: Path, scenarios: list[str] | None = None
 ) -> list[Flip]:
     """Every flip of the run, named where a probe could name it; written to `out_root/<run-id>/flips.json`."""
-    from scenarios.failure_names import UPSTREAM_CHANGES
-
     records = read_records(run_dir / "records.jsonl")
     if not records:
         raise UsageError(f"{run_dir}: no records")
@@ -169,11 +167,7 @@ def find_flips(
         label = mode if len({f.scenario for f in found if f.scenario.split("-")[0] == mode}) == 1 else flip.scenario
         where = out_dir / f"{label}-{flip.older}-{flip.newer}"
         flip = name_flip(flip, history, {p: public_version(older.get(p)) for p in AXIS_PACKAGES}, options, where)
-        family = (flip.signature or "").split("[")[0]
-        known = UPSTREAM_CHANGES.get(flip.signature or "") or UPSTREAM_CHANGES.get(family)
-        if known:
-            flip.upstream = {"package": known[0], "release": known[1], "source": known[2]}
-            flip.upstream["agrees"] = (flip.package, flip.release) == (known[0], known[1])
+        flip.upstream = upstream_verdict(asdict(flip))
         named.append(flip)
         out_dir.mkdir(parents=True, exist_ok=True)
         fresh = {(f.scenario, f.older, f.newer) for f in named}
