@@ -94,4 +94,13 @@ def _flips(results_dir: Path, scenario: str) -> list[str]:
         verdict = json.loads(path.read_text())
         if verdict.get("scenario") == scenario and verdict.get("first_flip"):
             found.append(f"- {verdict.get('package')} {verdict['first_flip']} ({path.parent.name})")
+    # The history run's named flips: where the failure began or ended between two install dates.
+    for path in sorted((results_dir / "flips").glob("*/flips.json")):
+        for flip in json.loads(path.read_text()):
+            if flip.get("scenario") == scenario and flip.get("package") and flip.get("release"):
+                change = "appears" if flip.get("newer_state") == "target" else "ends"
+                found.append(
+                    f"- {flip['package']} {flip['release']}: the failure {change} there (history flip between "
+                    f"{flip['older']} and {flip['newer']}, {path.parent.name})"
+                )
     return found
