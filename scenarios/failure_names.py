@@ -114,6 +114,8 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         "output tensor must have the same type as input tensor" in message  # the same, through NCCL
     ):
         return "zero3-allgather-mixed-dtype"  # deepspeed 0.19.2: fp32 adapters next to bf16 persistent params
+    if "Blockwise 4bit dequantization on CPU only supports uint8 storage" in message:
+        return "bnb-cpu-4bit-uint8-storage-only"  # bitsandbytes 0.46 on CPU: bf16 quant_storage cannot dequantize
     if "No such file or directory: 'numactl'" in message:
         return "deepspeed-cpu-needs-numactl"  # DeepSpeed's CPU accelerator binds cores with the numactl binary
     if "zip() argument 2 is longer than argument 1" in message:

@@ -138,7 +138,20 @@ def upstream_verdict(flip: dict[str, Any]) -> dict[str, Any] | None:
     return known | {"agrees": (flip.get("package"), flip.get("release")) == (known["package"], known["release"])}
 
 
-def flips_markdown(flips: list[dict[str, Any]]) -> str:
+def masking(flip: dict[str, Any], records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> list[str]:
+    """Other failures of the baseline on the side of a flip where the target does not show: a target that
+    'ends' because another failure comes first is masked, not fixed, and the table says so."""
+    _, _, verdicts = dated_verdicts(records, specs)
+    side = flip["older"] if flip["older_state"] != "target" else flip["newer"]
+    found = verdicts.get(flip["scenario"], {}).get(side)
+    return sorted(found.others) if found is not None else []
+
+
+def flips_markdown(
+    flips: list[dict[str, Any]],
+    records: list[dict[str, Any]] | None = None,
+    specs: dict[str, dict[str, Any]] | None = None,
+) -> str:
     """The "what changed it" list: one line per flip, with the probes and whether upstream agrees."""
     if not flips:
         return ""
@@ -160,8 +173,13 @@ def flips_markdown(flips: list[dict[str, Any]]) -> str:
             verdict_ = "agrees" if upstream.get("agrees") else "differs"
             agrees = f"{md(upstream['package'])} {md(upstream['release'])}: {verdict_}"
         package = md(flip.get("package") or "none alone")
+        others = masking(flip, records, specs or {}) if records else []
+        if others:
+            package += " (target masked there by " + ", ".join(code(o) for o in others) + ")"
+            if upstream and flip["newer_state"] != "target":
+                agrees = f"{md(upstream['package'])} {md(upstream['release'])}: not comparable (masked, not fixed)"
         lines.append(
-            f"| {md(flip['scenario'].split('-')[0])} | {code(flip.get('signature') or '-')} | "
+            f"| {md(flip['scenario'])} | {code(flip.get('signature') or '-')} | "
             f"{md(flip['older_state'])} -> {md(flip['newer_state'])} | {md(flip['older'])} .. {md(flip['newer'])} | "
             f"{package} | {md(flip.get('release') or '-')} | {agrees} |"
         )

@@ -37,7 +37,7 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
     from harness.publishing.atlas import flips_markdown, newest_flips, plot_s5_history, plot_timeline
 
     flips = newest_flips(results_dir, selection.run_ids)
-    text += flips_markdown(flips)
+    text += flips_markdown(flips, selection.latest()[0], specs)
     output = output or results_dir / "COMPATIBILITY.md"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
