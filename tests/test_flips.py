@@ -116,3 +116,31 @@ def test_a_flip_is_compared_with_the_upstream_record_of_its_own_direction() -> N
     end = onset | {"newer_state": "not-reproduced", "package": "deepspeed", "release": "0.19.3"}
     assert upstream_verdict(end)["agrees"] is True
     assert upstream_verdict(end | {"release": "0.19.2"})["agrees"] is False
+
+
+def test_a_target_hidden_by_another_failure_is_shown_as_masked() -> None:
+    """From the committed history run: on 2025-07-04 bitsandbytes 0.46 on CPU fails before S2's target can show,
+    so that flip is a masking (named), not a fix, and is not judged against transformers 5.0.0."""
+    from harness.define.registry import discover
+    from harness.publishing.atlas import flips_markdown, masking
+    from harness.publishing.report import latest_by_key
+    from harness.recording.records import read_records
+    from harness.recording.signatures import rename
+    from tests.conftest import REPO_ROOT
+
+    run = REPO_ROOT / "results" / "runs" / "history-20261124T071955Z-4cf0" / "records.jsonl"
+    records, _ = latest_by_key([rename(r) for r in read_records(run)])
+    specs = {s.id: s.spec for s in discover()}
+    flip = {
+        "scenario": "S2-qlora-grad-flags",
+        "signature": "no-grad-element-0",
+        "older": "2025-03-20",
+        "newer": "2025-07-04",
+        "older_state": "target",
+        "newer_state": "not-reproduced",
+        "package": "bitsandbytes",
+        "release": "0.46.0",
+    }
+    assert "bnb-cpu-4bit-uint8-storage-only" in masking(flip, records, specs)
+    line = flips_markdown([flip], records, specs).strip().splitlines()[-1]
+    assert "masked there by `bnb-cpu-4bit-uint8-storage-only`" in line and "not comparable" in line
