@@ -29,7 +29,7 @@ def why_not() -> str | None:
     return None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -92,7 +92,7 @@ def start(folder: Path) -> SlurmCluster:
         f"SlurmdPidFile={folder / 'slurmd-%n.pid'}",
         f"SlurmctldLogFile={folder / 'slurmctld.log'}",
         f"SlurmdLogFile={folder / 'slurmd-%n.log'}",
-        f"SlurmctldPort={_free_port()}",
+        f"SlurmctldPort={free_port()}",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
@@ -105,7 +105,7 @@ def start(folder: Path) -> SlurmCluster:
         # Two nodes on one host, each claiming every core: the array's two tasks run side by side, and a
         # two-node srun puts one task on each, as on two machines.
         *(
-            f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={cpus} "
+            f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} CPUs={cpus} "
             "RealMemory=1000 State=UNKNOWN"
             for node in NODES
         ),

@@ -122,7 +122,7 @@ def test_a_target_hidden_by_another_failure_is_shown_as_masked() -> None:
     """From the committed history run: on 2025-07-04 bitsandbytes 0.46 on CPU fails before S2's target can show,
     so that flip is a masking (named), not a fix, and is not judged against transformers 5.0.0."""
     from harness.define.registry import discover
-    from harness.publishing.atlas import flips_markdown, masking
+    from harness.publishing.atlas import dated_verdicts, flips_markdown, masking
     from harness.publishing.report import latest_by_key
     from harness.recording.records import read_records
     from harness.recording.signatures import rename
@@ -141,6 +141,6 @@ def test_a_target_hidden_by_another_failure_is_shown_as_masked() -> None:
         "package": "bitsandbytes",
         "release": "0.46.0",
     }
-    assert "bnb-cpu-4bit-uint8-storage-only" in masking(flip, records, specs)
+    assert "bnb-cpu-4bit-uint8-storage-only" in masking(flip, dated_verdicts(records, specs)[2])
     line = flips_markdown([flip], records, specs).strip().splitlines()[-1]
     assert "masked there by `bnb-cpu-4bit-uint8-storage-only`" in line and "not comparable" in line

@@ -11,7 +11,6 @@ Skipped, with the reason, where Slurm cannot be started (not installed, not root
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -86,12 +85,6 @@ def test_ci_profile_as_a_slurm_array_equals_a_plain_run(
     assert (results / "COMPATIBILITY.md").is_file(), "the report job merged the shards into the table"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def current_cell_python() -> Path:
     profile = load_profile("ci", REPO_ROOT / "matrix")
     cell = next(c for c in expand(profile) if c.stack == "current")
@@ -116,7 +109,7 @@ def test_two_node_launch_through_srun_and_c10d(
         start_timeout_s=180,
         stop_after_failure=False,
         nnodes=2,
-        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        rdzv_endpoint=f"127.0.0.1:{slurm_cluster.free_port()}",
     )
     with WorkerSession(spec) as session:
         first = list(session.run([({"n": 1}, "baseline"), ({"n": 2}, "baseline")]))

@@ -136,13 +136,19 @@ def _builds_env(cell: Cell, work: Work, ctx: RunContext) -> bool:
     first-pass job of it is not recorded yet (a resumed run does not rebuild environments it no longer needs)."""
     if cell.excluded_reason or cell.cell_id in ctx.plan.pruned:
         return False
-    profile = ctx.plan.profile
     return any(
-        (cell.cell_id, s.id, v, c["config_id"]) not in ctx.writer
+        (cell.cell_id, s.id, v, c["config_id"]) not in ctx.writer for s, v, c in _first_pass(work, ctx.plan.profile)
+    )
+
+
+def _first_pass(work: Work, profile: Profile) -> list[tuple[Scenario, str, dict[str, Any]]]:
+    """Everything a cell runs up front, if nothing fails (drawn configs: the baseline only)."""
+    return [
+        (s, v, c)
         for s, variants, planned in work
         for c in planned
         for v in (variants[:1] if baseline_first(s, c, profile) else variants)
-    )
+    ]
 
 
 def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
@@ -182,14 +188,8 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
     def baseline_failed(scenario: Scenario, variants: tuple[str, ...], planned: dict[str, Any]) -> bool:
         return writer.outcome_of((cell.cell_id, scenario.id, variants[0], planned["config_id"])) == "fail"
 
-    # Everything this cell would run up front, if nothing fails (drawn configs: the baseline only).
     profile = ctx.plan.profile
-    first_pass = [
-        (s, v, c)
-        for s, variants, planned in work
-        for c in planned
-        for v in (variants[:1] if baseline_first(s, c, profile) else variants)
-    ]
+    first_pass = _first_pass(work, profile)
     missing = [(s, v, c) for s, v, c in first_pass if not recorded(s, v, c)]
     fixes_due = [
         (s, variants, c)

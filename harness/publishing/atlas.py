@@ -138,10 +138,10 @@ def upstream_verdict(flip: dict[str, Any]) -> dict[str, Any] | None:
     return known | {"agrees": (flip.get("package"), flip.get("release")) == (known["package"], known["release"])}
 
 
-def masking(flip: dict[str, Any], records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> list[str]:
-    """Other failures of the baseline on the side of a flip where the target does not show: a target that
-    'ends' because another failure comes first is masked, not fixed, and the table says so."""
-    _, _, verdicts = dated_verdicts(records, specs)
+def masking(flip: dict[str, Any], verdicts: dict[str, Any]) -> list[str]:
+    """Other failures of the baseline on the side of a flip where the target does not show (`verdicts`: the
+    third part of dated_verdicts): a target that 'ends' because another failure comes first is masked, not
+    fixed, and the table says so."""
     side = flip["older"] if flip["older_state"] != "target" else flip["newer"]
     found = verdicts.get(flip["scenario"], {}).get(side)
     return sorted(found.others) if found is not None else []
@@ -166,6 +166,7 @@ def flips_markdown(
         "| scenario | failure | change | dates | package | first release | upstream record |",
         "|---|---|---|---|---|---|---|",
     ]
+    verdicts = dated_verdicts(records, specs or {})[2] if records else {}
     for flip in flips:
         upstream = upstream_verdict(flip)
         agrees = ""
@@ -173,7 +174,7 @@ def flips_markdown(
             verdict_ = "agrees" if upstream.get("agrees") else "differs"
             agrees = f"{md(upstream['package'])} {md(upstream['release'])}: {verdict_}"
         package = md(flip.get("package") or "none alone")
-        others = masking(flip, records, specs or {}) if records else []
+        others = masking(flip, verdicts) if verdicts else []
         if others:
             package += " (target masked there by " + ", ".join(code(o) for o in others) + ")"
             if upstream and flip["newer_state"] != "target":

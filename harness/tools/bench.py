@@ -292,10 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         return _only(args)
     if args.configs < 2:
         parser.error("--configs must be at least 2")
-    report: dict[str, object] = {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "hardware": hardware.describe("cpu"),
-    }
+    report = _new_report()
     report["reduction"] = bench_reduction(REPO_ROOT / "results")
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         work = Path(tmp)
@@ -315,21 +312,27 @@ def main(argv: list[str] | None = None) -> int:
             print("benchmark 3/3: matrix wall time over 1, 2, 4, 8 cells (S3, warm environments) ...", flush=True)
             report["growth"] = bench_growth(work)
     print_table(report)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    out = args.output_dir / f"{dt.date.today().isoformat()}.json"
-    if out.is_file():  # a partial run (--skip-*, --only-reduction) updates today's file instead of erasing it
+    _save(report, args.output_dir)
+    return 0
+
+
+def _new_report() -> dict[str, object]:
+    return {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "hardware": hardware.describe("cpu")}
+
+
+def _save(report: dict[str, object], output_dir: Path) -> None:
+    """Today's file; a partial run (--skip-*, --only-reduction, --first-run) updates it instead of erasing it."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    out = output_dir / f"{dt.date.today().isoformat()}.json"
+    if out.is_file():
         report = json.loads(out.read_text()) | report
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
-    return 0
 
 
 def _only(args: argparse.Namespace) -> int:
     """The long benchmarks, each on its own (minutes to tens of minutes): printed and added to today's file."""
-    report: dict[str, object] = {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "hardware": hardware.describe("cpu"),
-    }
+    report = _new_report()
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         if args.first_run:
             print(f"first run: the {args.first_run} profile cold, then warm ...", flush=True)
@@ -338,12 +341,7 @@ def _only(args: argparse.Namespace) -> int:
             print(f"history: one more day ({args.history_cell[1]}) on a copy of {args.history_cell[0]} ...", flush=True)
             report["history_cell"] = bench_history_cell(Path(tmp), *args.history_cell)
     print_table(report)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    out = args.output_dir / f"{dt.date.today().isoformat()}.json"
-    if out.is_file():
-        report = json.loads(out.read_text()) | report
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {out}")
+    _save(report, args.output_dir)
     return 0
 
 
