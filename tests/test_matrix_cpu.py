@@ -218,14 +218,17 @@ def test_repro_reproduces_the_failure_and_its_fix_passes(ci_run: Path) -> None:
     assert fixed["returncode"] == 0 and fixed["observed"] == "pass", fixed["output"]
 
 
-def test_single_process_scenario_packed_over_two_workers(tmp_path: Path, ci_run: Path) -> None:
-    """The structure GPU packing uses (one worker per GPU), on CPU: S3's jobs dealt over two concurrent
-    workers give the same records, with the same measurements, as one worker."""
-    run_matrix(tmp_path, "--scenario", "S3", "--slots", "2", "--no-report")
-    packed = read_records(only_run(tmp_path) / "records.jsonl")
-    reference = [r for r in read_records(only_run(ci_run) / "records.jsonl") if r["scenario"].startswith("S3-")]
+def test_single_process_scenario_packed_over_two_workers(tmp_path: Path) -> None:
+    """The structure GPU packing and CPU slots use: S3's jobs dealt over two concurrent one-thread workers give
+    the same records, with the same measurements, as one worker."""
+    run_matrix(tmp_path / "packed", "--scenario", "S3", "--slots", "2", "--no-report")
+    run_matrix(tmp_path / "single", "--scenario", "S3", "--slots", "1", "--no-report")
+    packed = read_records(only_run(tmp_path / "packed") / "records.jsonl")
+    reference = read_records(only_run(tmp_path / "single") / "records.jsonl")
     assert {record_key(r) for r in packed} == {record_key(r) for r in reference}
     assert {r["slot"]["index"] for r in packed} == {0, 1} and all(r["slot"]["of"] == 2 for r in packed)
+    assert all(r["slot"]["threads"] == str(max(1, (os.cpu_count() or 1) // 2)) for r in packed)
+    assert not any("slot" in r for r in reference)
     by_key = {record_key(r): r["metrics"]["c"] for r in reference}
     for record in packed:
         assert abs(record["metrics"]["c"] - by_key[record_key(record)]) < 1e-6

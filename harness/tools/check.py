@@ -8,6 +8,7 @@ published table. Exit 1 when a target failure reproduces (so it can gate a CI jo
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import sys
 import tempfile
@@ -82,6 +83,14 @@ def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sy
     return 0
 
 
+def _jit_cache_dir() -> Path:
+    """DeepSpeed's JIT builds for this environment: one folder per interpreter prefix, since torch writes the
+    environment's include paths into each op's build.ninja (a shared folder rebuilds the op every time the
+    user checks another environment)."""
+    prefix = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
+    return Path.home() / ".cache" / "compat-matrix" / "torch_extensions" / f"check-{prefix}"
+
+
 def _run_seed(
     scenario: Scenario, device: str, workdir: Path, versions: dict[str, str], gpus: int
 ) -> list[dict[str, Any]]:
@@ -91,7 +100,7 @@ def _run_seed(
     from harness.recording.verdicts import matches
 
     world = 2 if scenario.distributed else 1
-    env = stack_env(device, Path.home() / ".cache" / "compat-matrix" / "torch_extensions" / "check")
+    env = stack_env(device, _jit_cache_dir())
     spec = LaunchSpec(
         python=Path(sys.executable),
         module=scenario.module_name,
