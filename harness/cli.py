@@ -171,7 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--slots",
         type=int,
         metavar="N",
-        help="run single-process scenarios in N concurrent workers (default: one per visible GPU on CUDA, 1 on CPU)",
+        help="run single-process scenarios in N concurrent workers (default: one per visible GPU on CUDA, one "
+        "one-thread worker per core on CPU, at most 4)",
+    )
+    matrix.add_argument(
+        "--no-early-start",
+        action="store_true",
+        help="start a scenario's workers when its turn comes, not while the previous scenario of the cell runs "
+        "(for comparing the two in a benchmark)",
     )
     matrix.add_argument(
         "--nnodes",
@@ -419,6 +426,7 @@ def _matrix(args: argparse.Namespace) -> int:
         nnodes=args.nnodes,
         rdzv_endpoint=args.rdzv_endpoint,
         slots=args.slots,
+        no_early_start=args.no_early_start,
         reduce=args.reduce,
         no_prune=args.no_prune,
         shard=shard,

@@ -97,6 +97,28 @@ def test_session_feeds_jobs_to_one_warm_worker(tmp_path: Path) -> None:
     assert _orphans() == []
 
 
+def test_an_early_started_worker_takes_its_jobs_when_they_come(tmp_path: Path) -> None:
+    """The executor starts the next scenario's worker while the current one runs: it imports, waits on its
+    feed, runs what is queued later in that same launch, and a session closed before any job leaves nothing."""
+    with WorkerSession(spec(tmp_path)) as session:
+        session.start_early()
+        time.sleep(1.0)  # the worker is up and idle, with no job yet
+        assert [r.status for r in session.run([({}, "pass"), ({}, "fail"), ({}, "pass")])] == [
+            "pass",
+            "exception",
+            "pass",
+        ]
+        assert session.queue.launches == 1
+        launch_dirs = list((tmp_path / "work").iterdir())
+        assert len(launch_dirs) == 1
+    (tmp_path / "unused").mkdir()
+    unused = WorkerSession(spec(tmp_path / "unused"))
+    unused.start_early()
+    time.sleep(0.5)
+    unused.close()
+    assert _orphans() == []
+
+
 def test_workers_import_the_standard_library_not_a_same_named_module_of_ours(tmp_path: Path) -> None:
     """harness/ has modules named like stdlib ones (profile.py; bisect.py once broke every worker, since
     random imports bisect). The worker runs as `-m runtime.worker` from the repository root, so none of them is

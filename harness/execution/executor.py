@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -225,6 +225,7 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
         return
 
     device = ctx.machine["device"]
+    due: list[_ScenarioLaunch] = []
     for scenario, variants, _ in work:
         pending = [(v, c) for s, v, c in missing if s is scenario]
         resumed_fixes = [(variants, c) for s, variants, c in fixes_due if s is scenario]
@@ -239,7 +240,6 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
             for variant, planned in pending:
                 write(scenario, variant, planned, not_run("skip", "not-applicable", skip), env.versions, world_size)
             continue
-        progress.start_cell(cell.cell_id, scenario.id)
         timeout = ctx.plan.profile.settings_for(scenario.id).job_timeout_s or ctx.plan.profile.job_timeout_s
         spec = LaunchSpec(
             python=env.python,
@@ -256,16 +256,49 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
             nnodes=ctx.options.nnodes if scenario.distributed else 1,
             rdzv_endpoint=ctx.options.rdzv_endpoint,
         )
+        specs = _packed_specs(spec, scenario, ctx, len(pending))
+        due.append(_ScenarioLaunch(scenario, variants, pending, resumed_fixes, specs, world_size))
 
-        def emit(variant: str, planned: dict[str, Any], fields: Outcome) -> None:
-            write(scenario, variant, planned, fields, env.versions, world_size)  # noqa: B023 - used in this loop
+    # Each scenario's workers start while the one before it runs (early start: they import the stack, then
+    # wait for their jobs), so a cell pays one worker start instead of one per scenario. Early workers only
+    # import: no job of theirs runs beside another scenario's, so timings and outcomes are as before.
+    started: list[WorkerSession] = []
+    try:
+        for position, launch in enumerate(due):
+            scenario = launch.scenario
+            sessions = started or [WorkerSession(s) for s in launch.specs]
+            started = []
+            if position + 1 < len(due) and not ctx.options.no_early_start:
+                started = [WorkerSession(s) for s in due[position + 1].specs]
+            try:
+                progress.start_cell(cell.cell_id, scenario.id)
+                for session in sessions:
+                    session.start_early()
+                for session in started:
+                    session.start_early()
 
-        sessions = [WorkerSession(s) for s in _packed_specs(spec, scenario, ctx, len(pending))]
-        try:
-            run_scenario(scenario, variants, pending, resumed_fixes, sessions, emit, ctx, cell)
-        finally:
-            for session in sessions:
-                session.close()
+                def emit(variant: str, planned: dict[str, Any], fields: Outcome) -> None:
+                    write(scenario, variant, planned, fields, env.versions, launch.world_size)  # noqa: B023
+
+                run_scenario(scenario, launch.variants, launch.pending, launch.resumed_fixes, sessions, emit, ctx, cell)
+            finally:
+                for session in sessions:
+                    session.close()
+    finally:
+        for session in started:
+            session.close()
+
+
+@dataclass
+class _ScenarioLaunch:
+    """One scenario's work in a cell, ready to launch: its jobs and its workers' specs."""
+
+    scenario: Scenario
+    variants: tuple[str, ...]
+    pending: list[tuple[str, dict[str, Any]]]
+    resumed_fixes: list[tuple[tuple[str, ...], dict[str, Any]]]
+    specs: list[LaunchSpec]
+    world_size: int
 
 
 def _packed_specs(spec: LaunchSpec, scenario: Scenario, ctx: RunContext, jobs: int) -> list[LaunchSpec]:

@@ -108,17 +108,19 @@ class JobQueue:
         return [j for j in self.jobs if j.index not in self.done]
 
 
-def run_jobs(spec: LaunchSpec, jobs: list[Job] | JobQueue) -> Iterator[JobResult]:
+def run_jobs(spec: LaunchSpec, jobs: list[Job] | JobQueue, early: Launch | None = None) -> Iterator[JobResult]:
     """Yield one JobResult per job, in order, relaunching workers as needed.
 
     With a JobQueue, jobs added after a result is yielded run in the same worker. The generator ends
-    when it is resumed with nothing left to run.
+    when it is resumed with nothing left to run. `early`: a worker started before its jobs were known
+    (`start_early`), used for the first launch.
     """
     queue = jobs if isinstance(jobs, JobQueue) else JobQueue(jobs)
     while queue.remaining():
         queue.launches += 1
         produced = 0
-        for result in _launch_once(spec, queue, queue.launches):
+        launch, early = early or _start(spec, queue, queue.launches), None
+        for result in _watch_launch(spec, launch):
             produced += 1
             queue.done.add(result.index)
             CLOCK.add("jobs", result.duration_s)
@@ -134,6 +136,8 @@ def run_jobs(spec: LaunchSpec, jobs: list[Job] | JobQueue) -> Iterator[JobResult
             # A worker that made no progress at all would loop forever: report and stop.
             queue.done.add(remaining[0].index)
             yield JobResult(remaining[0].index, "crash", {"message": "worker exited without running any job"})
+    if early is not None:
+        _stop(spec, early)
 
 
 class WorkerSession:
@@ -144,6 +148,13 @@ class WorkerSession:
         self.spec = spec
         self.queue = JobQueue()
         self._results: Iterator[JobResult] | None = None
+        self._early: Launch | None = None
+
+    def start_early(self) -> None:
+        """Start the worker now, before any job is queued: it imports the stack (3 to 8 s on CPU) while the
+        previous scenario's jobs run, and takes its jobs from the feed once they come."""
+        if self._results is None and self._early is None:
+            self._early = _start(self.spec, self.queue, self.queue.launches + 1)
 
     def run(self, items: list[tuple[dict[str, Any], str]]) -> Iterator[JobResult]:
         """Queue (config, variant) jobs; yield their results in order. Consume them all before the next call."""
@@ -162,7 +173,8 @@ class WorkerSession:
                 return next(self._results)
             except StopIteration:
                 pass
-        self._results = run_jobs(self.spec, self.queue)
+        self._results = run_jobs(self.spec, self.queue, self._early)
+        self._early = None
         return next(self._results)
 
     def close(self) -> None:
@@ -170,6 +182,9 @@ class WorkerSession:
         if self._results is not None:
             self._results.close()  # type: ignore[attr-defined]
             self._results = None
+        if self._early is not None:
+            _stop(self.spec, self._early)
+            self._early = None
 
     def __enter__(self) -> WorkerSession:
         return self
@@ -178,7 +193,20 @@ class WorkerSession:
         self.close()
 
 
-def _launch_once(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Iterator[JobResult]:
+@dataclass
+class Launch:
+    """One started worker group: its process, launch directory, feed and token."""
+
+    proc: subprocess.Popen
+    out_dir: Path
+    feed: _Feed
+    token: str
+    jobs: list[Job]
+    launched: float
+
+
+def _start(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Launch:
+    """Start a worker group for the queue's remaining jobs (none yet for an early start: they come by feed)."""
     guard.ensure_started()
     token = uuid.uuid4().hex
     out_dir = _new_launch_dir(spec.workdir, attempt, token)
@@ -208,8 +236,7 @@ def _launch_once(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Iterator[Jo
         }
     )
     command = _command(spec, jobs_file, out_dir)
-    stderr_path = out_dir / "stderr.log"
-    with open(out_dir / "stdout.log", "wb") as stdout, open(stderr_path, "wb") as stderr:
+    with open(out_dir / "stdout.log", "wb") as stdout, open(out_dir / "stderr.log", "wb") as stderr:
         proc = subprocess.Popen(
             command,
             env=env,
@@ -220,15 +247,24 @@ def _launch_once(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Iterator[Jo
             cwd=str(REPO_ROOT),
             preexec_fn=_address_space_limit(spec.memory_limit_mb),
         )
+    return Launch(proc, out_dir, feed, token, jobs, time.monotonic())
+
+
+def _watch_launch(spec: LaunchSpec, launch: Launch) -> Iterator[JobResult]:
     try:
-        yield from _watch(spec, jobs, feed, proc, out_dir, token)
+        yield from _watch(spec, launch)
     finally:
-        if spec.nnodes > 1:
-            _end_step(proc)  # srun forwards SIGTERM to every node's agent and ends the step
-        kill_token(token)
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        _stop(spec, launch)
+
+
+def _stop(spec: LaunchSpec, launch: Launch) -> None:
+    """End a launch and everything it started (ranks run in sessions of their own: the token finds them)."""
+    if spec.nnodes > 1:
+        _end_step(launch.proc)  # srun forwards SIGTERM to every node's agent and ends the step
+    kill_token(launch.token)
+    if launch.proc.poll() is None:
+        launch.proc.kill()
+    launch.proc.wait()
 
 
 def _address_space_limit(limit_mb: int | None) -> Any:
@@ -323,17 +359,17 @@ class _Feed:
         return [j.index for j in fresh]
 
 
-def _watch(
-    spec: LaunchSpec, jobs: list[Job], feed: _Feed, proc: subprocess.Popen, out_dir: Path, token: str
-) -> Iterator[JobResult]:
+def _watch(spec: LaunchSpec, launch: Launch) -> Iterator[JobResult]:
+    proc, out_dir, token, feed = launch.proc, launch.out_dir, launch.token, launch.feed
     readers = {rank: _EventReader(out_dir / f"events.rank{rank}.jsonl") for rank in range(spec.total_ranks)}
-    launched = time.monotonic()
+    launched = launch.launched  # the start timeout runs from the real launch
+    waited_from = time.monotonic()  # worker-start counts only the wait: an early start overlapped other work
     ready: set[int] = set()
     pids: dict[int, int] = {}  # rank -> its worker's pid (from the ready event), to ask for its stack
     started: dict[int, float] = {}  # job index -> monotonic start (first rank)
     ends: dict[int, dict[int, dict[str, Any]]] = {}  # job index -> rank -> end event
-    pending = [j.index for j in jobs]
-    last_event = launched
+    pending = [j.index for j in launch.jobs] + feed.new_jobs()
+    last_event = waited_from
     while pending:
         exited = proc.poll() is not None  # checked before reading, so every event it wrote is read below
         for rank, reader in readers.items():
@@ -345,7 +381,7 @@ def _watch(
                     if event.get("pid"):
                         pids[rank] = int(event["pid"])
                     if len(ready) == len(readers):
-                        CLOCK.add("worker-start", time.monotonic() - launched)
+                        CLOCK.add("worker-start", time.monotonic() - waited_from)
                 elif kind == "import-failed":
                     detail = {k: event.get(k) for k in ("exc_type", "message", "traceback")}
                     yield JobResult(pending[0], "env-broken", detail)

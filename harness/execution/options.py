@@ -38,8 +38,10 @@ class MatrixOptions:
     no_prune: bool = False
     #: Overrides the profile's `reduce` ("none" | "pairwise").
     reduce: str | None = None
-    #: Workers a single-process scenario is packed over (default: one per GPU on CUDA, 1 on CPU).
+    #: Workers a single-process scenario is packed over (default: one per GPU on CUDA, one per core on CPU).
     slots: int | None = None
+    #: Start each scenario's workers only when its turn comes (default: while the previous scenario runs).
+    no_early_start: bool = False
     #: Multi-node: distributed scenarios span this many Slurm nodes (srun + torchrun c10d; see execution/slurm.py).
     nnodes: int = 1
     rdzv_endpoint: str | None = None
