@@ -59,21 +59,33 @@ def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sy
     reproduced: list[str] = []
     outcomes: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="compat-check-") as workdir:
+        runnable: list[Scenario] = []
         for scenario in scenarios:
             reason = skip_reason(scenario, versions, device, gpus)
             if reason:
                 print(f"\n{scenario.id}: SKIP ({reason})", file=stream)
-                continue
-            records = _run_seed(scenario, device, Path(workdir), versions, gpus)
-            outcomes[scenario.id] = records
-            found = verdict(records, scenario.spec)
-            print(f"\n{scenario.id}: {scenario.spec.get('title', '')}", file=stream)
-            for line in headline(found, scenario.spec):
-                print(f"  {line}", file=stream)
-            if found.state == "target":
-                reproduced.append(
-                    f"{scenario.id} ({', '.join(sorted({r['signature'] for r in found.target_records}))})"
-                )
+            else:
+                runnable.append(scenario)
+        # Each scenario's worker starts while the one before it runs (it imports the stack meanwhile).
+        sessions = [WorkerSession(_launch_spec(s, device, Path(workdir))) for s in runnable]
+        try:
+            for position, scenario in enumerate(runnable):
+                for session in sessions[position : position + 2]:
+                    session.start_early()
+                records = _run_seed(scenario, sessions[position], versions, gpus)
+                sessions[position].close()
+                outcomes[scenario.id] = records
+                found = verdict(records, scenario.spec)
+                print(f"\n{scenario.id}: {scenario.spec.get('title', '')}", file=stream)
+                for line in headline(found, scenario.spec):
+                    print(f"  {line}", file=stream)
+                if found.state == "target":
+                    reproduced.append(
+                        f"{scenario.id} ({', '.join(sorted({r['signature'] for r in found.target_records}))})"
+                    )
+        finally:
+            for session in sessions:
+                session.close()
     nearest_rows(versions, results_dir, {s.id: s.spec for s in scenarios if s.id in outcomes}, stream)
     print("", file=stream)
     if reproduced:
@@ -91,56 +103,56 @@ def _jit_cache_dir() -> Path:
     return Path.home() / ".cache" / "compat-matrix" / "torch_extensions" / f"check-{prefix}"
 
 
-def _run_seed(
-    scenario: Scenario, device: str, workdir: Path, versions: dict[str, str], gpus: int
-) -> list[dict[str, Any]]:
-    """The scenario's seed configs (its explicit examples): the baseline of each, then every variant on the
-    configs where the baseline showed the target, in this interpreter and one warm worker."""
-    from harness.planning.draws import config_id
-    from harness.recording.verdicts import matches
-
-    world = 2 if scenario.distributed else 1
-    env = stack_env(device, _jit_cache_dir())
-    spec = LaunchSpec(
+def _launch_spec(scenario: Scenario, device: str, workdir: Path) -> LaunchSpec:
+    """A worker in this interpreter: two ranks for a distributed scenario, one otherwise."""
+    return LaunchSpec(
         python=Path(sys.executable),
         module=scenario.module_name,
         preload=scenario.preload,
         device=device,
-        world_size=world,
-        env=env,
+        world_size=2 if scenario.distributed else 1,
+        env=stack_env(device, _jit_cache_dir()),
         workdir=workdir / scenario.id,
         job_timeout_s=JOB_TIMEOUT_S,
         start_timeout_s=JOB_TIMEOUT_S,
         stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
     )
+
+
+def _run_seed(scenario: Scenario, session: WorkerSession, versions: dict[str, str], gpus: int) -> list[dict[str, Any]]:
+    """The scenario's seed configs (its explicit examples): the baseline of each, then every variant on the
+    configs where the baseline showed the target, in this interpreter and one warm worker."""
+    from harness.planning.draws import config_id
+    from harness.recording.verdicts import matches
+
+    device, world = session.spec.device, session.spec.world_size
     hardware_seen = {"device": device, "world_size": world, "gpu_name": None, "gpu_count": gpus}
     records: list[dict[str, Any]] = []
-    with WorkerSession(spec) as session:
 
-        def run(items: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
-            done = []
-            for (config, variant), result in zip(items, session.run(items), strict=True):
-                planned = {"config": config, "config_id": config_id(config), "source": "example"}
-                record = make_record(
-                    run_id="check",
-                    cell_id="this-environment",
-                    pins={},
-                    scenario_id=scenario.id,
-                    variant=variant,
-                    planned=planned,
-                    versions=versions,
-                    hardware=hardware_seen,
-                    install={"mode": "check"},
-                    scenario_digest=None,
-                    outcome=observed(result),
-                )
-                done.append(dict(record))
-            return done
+    def run(items: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
+        done = []
+        for (config, variant), result in zip(items, session.run(items), strict=True):
+            planned = {"config": config, "config_id": config_id(config), "source": "example"}
+            record = make_record(
+                run_id="check",
+                cell_id="this-environment",
+                pins={},
+                scenario_id=scenario.id,
+                variant=variant,
+                planned=planned,
+                versions=versions,
+                hardware=hardware_seen,
+                install={"mode": "check"},
+                scenario_digest=None,
+                outcome=observed(result),
+            )
+            done.append(dict(record))
+        return done
 
-        records += run([(config, "baseline") for config in scenario.examples()])
-        target = list(scenario.spec.get("target") or [])
-        failing = [r["config"] for r in records if r["outcome"] != "pass" and matches(r["signature"], target)]
-        records += run([(config, variant) for config in failing for variant in scenario.variants[1:]])
+    records += run([(config, "baseline") for config in scenario.examples()])
+    target = list(scenario.spec.get("target") or [])
+    failing = [r["config"] for r in records if r["outcome"] != "pass" and matches(r["signature"], target)]
+    records += run([(config, variant) for config in failing for variant in scenario.variants[1:]])
     return records
 
 
