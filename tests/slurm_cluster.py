@@ -72,10 +72,12 @@ class SlurmCluster:
 def start(folder: Path) -> SlurmCluster:
     """munged (unless running), slurmctld and slurmd n1 + n2, on free ports; waits until both nodes are idle."""
     started_munge = False
-    if not MUNGE_SOCKET.exists():
+    # Whether munged runs, not whether its socket exists: a munged that was killed leaves the socket behind, and
+    # every Slurm command then hangs. --force starts over such a leftover socket.
+    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode != 0:
         MUNGE_SOCKET.parent.mkdir(parents=True, exist_ok=True)
         shutil.chown(MUNGE_SOCKET.parent, "munge", "munge")
-        subprocess.run(["runuser", "-u", "munge", "--", _sbin("munged")], check=True, timeout=30)
+        subprocess.run(["runuser", "-u", "munge", "--", _sbin("munged"), "--force"], check=True, timeout=30)
         started_munge = True
     host = socket.gethostname()
     cpus = os.cpu_count() or 1

@@ -174,7 +174,7 @@ def test_a_signal_before_the_first_record(tmp_path: Path, sig: signal.Signals, c
     ]
     proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not list(results.glob("runs/*/worker/*/*/launch-*")):
+    while time.monotonic() < deadline and not list(results.glob("runs/*/worker/**/launch-*")):
         time.sleep(0.05)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)

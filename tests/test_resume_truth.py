@@ -211,7 +211,7 @@ def test_kill9_while_a_job_holds_the_gil_leaves_nothing_running(tmp_path: Path) 
     proc = start(results, profile=GIL_PROFILE, env=env)
 
     def spinning() -> bool:
-        events = list(results.glob("runs/*/worker/*/*/launch-*/events.rank*.jsonl"))
+        events = list(results.glob("runs/*/worker/**/launch-*/events.rank*.jsonl"))
         return len(events) == 2 and all('"event": "start"' in e.read_text() for e in events)
 
     assert wait_for(spinning, 600, proc), (tmp_path / "r.log").read_text()[-3000:]

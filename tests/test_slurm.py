@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,5 +122,12 @@ def test_two_node_launch_through_srun_and_c10d(
     assert first[0].detail["metrics"]["nodes"] == [0, 1], "one rank on each Slurm node"
     assert later.status == "exception" and later.detail["ranks_failed"] == [0, 1]
     assert again.status == "pass"
-    squeue = subprocess.run(["squeue", "-h"], env=cluster.env(), capture_output=True, text=True, timeout=30)
+    # The allocation srun made for the steps ends with them (it may show as completing, CG, for a moment).
+    deadline = time.monotonic() + 60
+    while True:
+        squeue = subprocess.run(["squeue", "-h"], env=cluster.env(), capture_output=True, text=True, timeout=30)
+        if not squeue.stdout.strip() or time.monotonic() > deadline:
+            break
+        assert " R " not in squeue.stdout, f"a step still runs after the session closed: {squeue.stdout}"
+        time.sleep(1)
     assert squeue.stdout.strip() == "", f"the srun steps ended with the session: {squeue.stdout}"

@@ -100,6 +100,8 @@ class JobQueue:
         self.jobs: list[Job] = list(jobs or [])
         self.done: set[int] = set()
         self.launches = 0
+        #: The launch running the queue now (a session closed from another thread stops it).
+        self.current: Launch | None = None
 
     def add(self, job: Job) -> None:
         self.jobs.append(job)
@@ -120,6 +122,7 @@ def run_jobs(spec: LaunchSpec, jobs: list[Job] | JobQueue, early: Launch | None 
         queue.launches += 1
         produced = 0
         launch, early = early or _start(spec, queue, queue.launches), None
+        queue.current = launch
         for result in _watch_launch(spec, launch):
             produced += 1
             queue.done.add(result.index)
@@ -178,9 +181,15 @@ class WorkerSession:
         return next(self._results)
 
     def close(self) -> None:
-        """Stop the worker (its whole process tree)."""
+        """Stop the worker (its whole process tree). Safe from another thread than the one driving the session
+        (an interrupt reaches the main thread while packing threads drive their sessions): the running launch
+        is stopped, and the thread's generator then ends on its own."""
         if self._results is not None:
-            self._results.close()  # type: ignore[attr-defined]
+            try:
+                self._results.close()  # type: ignore[attr-defined]
+            except ValueError:  # "generator already executing": in a packing thread right now
+                if self.queue.current is not None:
+                    _stop(self.spec, self.queue.current)
             self._results = None
         if self._early is not None:
             _stop(self.spec, self._early)
