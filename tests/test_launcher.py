@@ -10,6 +10,7 @@ import os
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from harness.execution.launcher import Job, LaunchSpec, WorkerSession, run_jobs
@@ -117,6 +118,13 @@ def test_an_early_started_worker_takes_its_jobs_when_they_come(tmp_path: Path) -
     time.sleep(0.5)
     unused.close()
     assert _orphans() == []
+
+
+def test_no_early_start_across_slurm_nodes(tmp_path: Path) -> None:
+    """An early srun step would queue behind the running one while its start timeout runs: not started."""
+    session = WorkerSession(replace(spec(tmp_path), nnodes=2, rdzv_endpoint="127.0.0.1:1"))
+    session.start_early()
+    assert session._early is None and not (tmp_path / "work").exists()
 
 
 def test_workers_import_the_standard_library_not_a_same_named_module_of_ours(tmp_path: Path) -> None:

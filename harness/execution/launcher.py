@@ -155,8 +155,9 @@ class WorkerSession:
 
     def start_early(self) -> None:
         """Start the worker now, before any job is queued: it imports the stack (3 to 8 s on CPU) while the
-        previous scenario's jobs run, and takes its jobs from the feed once they come."""
-        if self._results is None and self._early is None:
+        previous scenario's jobs run, and takes its jobs from the feed once they come. Not across Slurm nodes:
+        an early srun step would wait for the running step's nodes while its start timeout runs."""
+        if self._results is None and self._early is None and self.spec.nnodes == 1:
             self._early = _start(self.spec, self.queue, self.queue.launches + 1)
 
     def run(self, items: list[tuple[dict[str, Any], str]]) -> Iterator[JobResult]:
