@@ -2,16 +2,68 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, is_hypothesis_test, seed, settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-settings.register_profile("ci", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("ci")
+#: Property tests explore fresh examples on every run (failures found are kept in .hypothesis/ and replayed
+#: first), except under CI=true, where they replay the examples of one recorded seed: CI is reproducible, and
+#: a developer's runs keep looking. COMPAT_MATRIX_HYPOTHESIS_SEED (or --hypothesis-seed) replays any seed.
+HYPOTHESIS_SEED_VAR = "COMPAT_MATRIX_HYPOTHESIS_SEED"
+CI_HYPOTHESIS_SEED = 20261125
+_COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("ci", print_blob=True, **_COMMON)
+settings.register_profile("dev", **_COMMON)
+
+
+def under_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+settings.load_profile("ci" if under_ci() else "dev")
+
+
+def _hypothesis_seed() -> int | None:
+    if os.environ.get(HYPOTHESIS_SEED_VAR):
+        return int(os.environ[HYPOTHESIS_SEED_VAR])
+    return CI_HYPOTHESIS_SEED if under_ci() else None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under CI (or with the seed variable) every property test of the suite replays that seed (Hypothesis'
+    @seed on the test itself: the harness's own draws, which bring their own seeds, are left alone)."""
+    chosen = _hypothesis_seed()
+    if chosen is None:
+        return
+    for item in items:
+        test = getattr(item, "obj", None)
+        if test is not None and is_hypothesis_test(test):
+            seed(chosen)(test)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    chosen = _hypothesis_seed()
+    if chosen is None:
+        return "hypothesis: fresh examples this run (failures are kept in .hypothesis/ and tried first next time)"
+    return f"hypothesis: seed {chosen} for the property tests (replay with {HYPOTHESIS_SEED_VAR}={chosen})"
+
+
+def missing_component(component: str, why: str) -> NoReturn:
+    """A test that needs a system component the machine lacks: a skip with the reason on a developer's machine;
+    under CI=true a failure, naming the component and showing what `.ci/run`'s install of it printed (CI must
+    never go green by skipping what it was meant to test)."""
+    if not under_ci():
+        pytest.skip(why)
+    logs = Path(os.environ.get("COMPAT_MATRIX_CI_LOGS", REPO_ROOT / ".ci" / "logs"))
+    log = logs / f"install-{component}.log"
+    shown = log.read_text(errors="replace")[-4000:] if log.is_file() else f"(no install log at {log})"
+    pytest.fail(f"{component} is required under CI=true and is missing: {why}\n--- {log} ---\n{shown}")
 
 
 @pytest.fixture

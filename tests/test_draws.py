@@ -8,13 +8,26 @@ reach the failing config, and a shrunk failure saved in the database is drawn fi
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from hypothesis import strategies as st
 
+from harness.define.profile import load_profile
 from harness.define.registry import discover
 from harness.execution.shrink import shrink
-from harness.planning.draws import DrawPlan, config_id, draw_configs, draw_plan, plan_configs, remembered_configs
+from harness.planning.draws import (
+    HYPOTHESIS_PROFILES,
+    DrawPlan,
+    config_id,
+    draw_configs,
+    plan_configs,
+    remembered_configs,
+)
+from harness.planning.plan import draw_configs as plan_draw_configs
+from tests.conftest import REPO_ROOT
 
 STRATEGY = st.fixed_dictionaries(
     {
@@ -33,15 +46,41 @@ def fails(config: dict) -> str | None:
     return None
 
 
+DRAW_IN_A_NEW_PROCESS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from tests.test_draws import STRATEGY
+from harness.planning.draws import DrawPlan, draw_configs
+print(json.dumps(draw_configs(STRATEGY, DrawPlan(seed=123, max_examples=20, count=5))))
+"""
+
+
 def test_same_seed_same_configs() -> None:
+    """The same seed draws the same configs in another process (another hash seed: a cell of a Slurm array, a
+    resumed run), and another seed draws others: the draws come from the seed, not from the process."""
     plan = DrawPlan(seed=123, max_examples=20, count=5)
-    assert draw_configs(STRATEGY, plan) == draw_configs(STRATEGY, plan)
-    assert len({config_id(c) for c in draw_configs(STRATEGY, plan)}) == 5
+    here = draw_configs(STRATEGY, plan)
+    env = os.environ | {"PYTHONHASHSEED": "4242"}
+    proc = subprocess.run(
+        [sys.executable, "-c", DRAW_IN_A_NEW_PROCESS, str(REPO_ROOT)], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == here
+    assert len({config_id(c) for c in here}) == 5
+    assert draw_configs(STRATEGY, DrawPlan(seed=124, max_examples=20, count=5)) != here
 
 
 def test_scenario_seed_does_not_depend_on_the_selection() -> None:
-    assert draw_plan(7, "S4-zero3-lora-checkpoint", 3) == draw_plan(7, "S4-zero3-lora-checkpoint", 3)
-    assert draw_plan(7, "S1-x", 3).seed != draw_plan(7, "S4-x", 3).seed
+    """A scenario gets the same configs whether a run selects it alone or with others (in any order), and two
+    scenarios of one run get different seeds."""
+    profile = load_profile("ci", REPO_ROOT / "matrix")
+    by_id = {s.id: s for s in discover()}
+    s2, s3 = by_id["S2-qlora-grad-flags"], next(s for i, s in by_id.items() if i.startswith("S3"))
+    hypothesis = HYPOTHESIS_PROFILES["ci"]
+    alone, _ = plan_draw_configs(profile, [s2], hypothesis, None, None)
+    together, how = plan_draw_configs(profile, [s3, s2], hypothesis, None, None)
+    assert alone[s2.id] == together[s2.id] and len(alone[s2.id]) >= 3
+    assert how[s2.id]["seed"] != how[s3.id]["seed"]
 
 
 def test_examples_run_first_and_a_drawn_duplicate_is_noted() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.execution.proctree import processes_started_by
+from harness.processes.proctree import processes_started_by
 from harness.recording.records import read_records, record_key
 from tests.conftest import REPO_ROOT, matrix_command
 from tests.fault_ledger import record_fault
@@ -156,6 +156,63 @@ def test_sigint_stops_cleanly_with_a_partial_table(tmp_path: Path) -> None:
     assert rerun.returncode == 0, out + err
     final = read_records(next(results.glob("runs/*/records.jsonl")))
     assert final[: len(survived)] == survived and len({record_key(r) for r in final}) == len(final)
+
+
+def _installers_of(pid: int) -> list[str]:
+    """Command lines of the package installers (uv, pip) that the harness `pid` is running."""
+    lines = []
+    for child in processes_started_by(pid):
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        text = " ".join(a.decode(errors="replace") for a in argv)
+        if " install " in f" {text} ":
+            lines.append(text)
+    return lines
+
+
+def test_kill9_during_an_environment_build_then_an_immediate_rerun(ci_run: Path, tmp_path: Path) -> None:
+    """kill -9 of the harness while uv installs a cell's environment: no process of the first run survives 5 s,
+    and a re-run started at once waits for the dying build, discards the half-built environment, and completes
+    with the outcomes of an uninterrupted run (the session's plain `ci` run)."""
+    results, envs = tmp_path / "results", tmp_path / "envs"
+    command = [*matrix_command("ci", results, "--envs-dir", envs, "--cell", "old_*", "--scenario", "S2-*")]
+    log = tmp_path / "run.log"
+    with open(log, "ab") as out:
+        first = subprocess.Popen(command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while not _installers_of(first.pid) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _installers_of(first.pid), "premise: the first run was caught installing\n" + log.read_text()[-3000:]
+    first.kill()
+    first.wait()
+    with open(log, "ab") as out:
+        rerun = subprocess.Popen(command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 5
+    while processes_started_by(first.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = processes_started_by(first.pid)
+    code = rerun.wait(timeout=1500)
+    records = read_records(next(results.glob("runs/*/records.jsonl")))
+    plain = {record_key(r): (r["outcome"], r["signature"]) for r in records_of_run(ci_run)}
+    differ = [record_key(r) for r in records if plain.get(record_key(r)) != (r["outcome"], r["signature"])]
+    record_fault(
+        "kill -9 during an environment build, re-run",
+        "exit 0, same outcomes",
+        f"exit {code}, {'same outcomes' if not differ else f'{len(differ)} differ'}",
+        orphans=len(left),
+        wrong=len(differ),
+    )
+    assert left == [], f"processes of the killed run alive after 5 s: {left}"
+    assert code == 0, log.read_text()[-3000:]
+    assert records and not differ, differ[:10]
+    assert {r["outcome"] for r in records} >= {"pass", "fail"}, "the comparison covers a failure and its fix"
+    assert not list(envs.glob(".discard-*")), "the half-built environment was removed"
+
+
+def records_of_run(results: Path) -> list[dict]:
+    return [r for path in results.glob("runs/*/records.jsonl") for r in read_records(path, warn=False)]
 
 
 def test_truncated_last_line_is_repaired_on_resume(tmp_path: Path) -> None:

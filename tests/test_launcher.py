@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.execution.launcher import Job, LaunchSpec, WorkerSession, run_jobs
-from harness.execution.proctree import processes_started_by, processes_with_token
+from harness.processes.proctree import processes_started_by, processes_with_token
 from tests.fault_ledger import record_fault
 
 TOY = textwrap.dedent(

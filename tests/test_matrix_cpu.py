@@ -18,7 +18,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from harness.execution.proctree import processes_started_by
+from harness.processes.proctree import processes_started_by
 from harness.recording.records import SCHEMA_PATH, read_records, record_key
 from tests.conftest import REPO_ROOT, matrix_command, write_profile
 from tests.fault_ledger import record_fault
@@ -153,7 +153,10 @@ def test_sigkill_mid_run_loses_and_duplicates_nothing(tmp_path: Path, ci_run: Pa
     final = read_records(records_path)
     reference_keys = {record_key(r) for r in read_records(only_run(ci_run) / "records.jsonl")}
     lost = len(reference_keys - {record_key(r) for r in final}) + len(final) - len({record_key(r) for r in final})
-    record_fault("SIGKILL of the orchestrator, rerun", "resumed, complete", "resumed, complete", lost, len(orphans))
+    runs = [p for p in (results / "runs").iterdir() if p.is_dir()]
+    status = json.loads((records_path.parent / "meta.json").read_text())["status"]
+    observed = f"{'resumed' if len(runs) == 1 else f'{len(runs)} runs'}, {status}"
+    record_fault("SIGKILL of the orchestrator, rerun", "resumed, complete", observed, lost, len(orphans))
     assert final[: len(survived)] == survived, "records written before the kill must be kept as they were"
     assert len({record_key(r) for r in final}) == len(final)
     reference = read_records(only_run(ci_run) / "records.jsonl")
@@ -191,7 +194,21 @@ def test_a_drawn_failure_is_shrunk_in_its_cell(ci_run: Path) -> None:
         for key, value in record["minimal_config"].items():
             if isinstance(value, int) and not isinstance(value, bool):
                 assert value <= record["config"][key], key
-    # The minimal config fails the same way in that cell when it runs as a config of its own (memory, next run).
+
+
+def test_the_minimal_config_fails_the_same_way_on_its_own(ci_run: Path, tmp_path: Path) -> None:
+    """A shrunk failure is remembered (the run's Hypothesis database); the next run draws it first as a config of
+    its own, and there, in the same cell, its baseline fails with the same signature."""
+    records = read_records(only_run(ci_run) / "records.jsonl")
+    shrunk = next(r for r in records if r.get("shrink", {}).get("runs"))
+    shutil.copytree(ci_run / "hypothesis-db", tmp_path / "hypothesis-db")
+    scenario, cell, minimal = shrunk["scenario"], shrunk["cell"], shrunk["minimal_config_id"]
+    run_matrix(tmp_path, "--scenario", scenario, "--cell", cell, "--config", minimal, "--no-report")
+    again = read_records(only_run(tmp_path) / "records.jsonl")
+    [baseline] = [r for r in again if r["variant"] == "baseline"]
+    assert baseline["config_id"] == minimal and baseline["config"] == shrunk["minimal_config"]
+    assert baseline["config_source"] == "memory", baseline["config_source"]
+    assert (baseline["outcome"], baseline["signature"]) == ("fail", shrunk["signature"]), baseline["message"]
 
 
 def test_repro_reproduces_the_failure_and_its_fix_passes(ci_run: Path) -> None:
@@ -282,6 +299,13 @@ def test_check_in_an_old_and_a_new_environment_agrees_with_the_table(ci_run: Pat
             timeout=900,
         )
         assert proc.returncode == expected_exit, proc.stdout + proc.stderr
+        # S2 really ran there: its section has a verdict over configs that ran, not a skip or an error.
+        section = proc.stdout.split("\nS2-qlora-grad-flags: ", 1)[1].split("\n\n", 1)[0]
+        assert not section.startswith("SKIP") and "ERROR" not in section, section
+        verdict = re.search(r"(FAIL target no-grad-element-0|target not reproduced) \((\d+)/(\d+)\)", section)
+        assert verdict and int(verdict.group(3)) >= 1, section
+        assert verdict.group(1).startswith("FAIL") == (expected_exit == 1), section
+        assert "ran: cpu, world size 1" in section, section
         row = next(line for line in table.splitlines() if line.startswith(f"| `{stack}_"))
         table_says = "FAIL target `no-grad-element-0`" in row
         assert table_says == (expected_exit == 1), row

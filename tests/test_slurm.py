@@ -26,7 +26,7 @@ from harness.execution.launcher import LaunchSpec, WorkerSession
 from harness.publishing.report import select_runs
 from harness.recording.records import record_key
 from tests import slurm_cluster
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, missing_component
 
 pytestmark = pytest.mark.matrix
 
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.matrix
 def cluster(tmp_path_factory) -> Iterator[slurm_cluster.SlurmCluster]:
     reason = slurm_cluster.why_not()
     if reason:
-        pytest.skip(f"Slurm tests not run: {reason}")
+        missing_component("slurm", f"Slurm tests not run: {reason}")
     started = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
     try:
         yield started
@@ -83,7 +83,20 @@ def test_ci_profile_as_a_slurm_array_equals_a_plain_run(
     plain = outcomes(ci_run)
     assert outcomes(results) == plain
     assert {v[0] for v in plain.values()} >= {"pass", "fail"}, "the comparison covers a real failure"
-    assert (results / "COMPATIBILITY.md").is_file(), "the report job merged the shards into the table"
+    # What users read: the table the report job wrote says, entry by entry, what a plain run's table says
+    # (verdicts, fix lines, other failures); only the provenance (run ids, times) differs.
+    merged, reference = summary_rows(results / "COMPATIBILITY.md"), summary_rows(ci_run / "COMPATIBILITY.md")
+    assert merged == reference, f"report job: {merged}\nplain run: {reference}"
+    assert any("fixed by: " in entry for row in reference.values() for entry in row), "a fix line is compared"
+
+
+def summary_rows(table: Path) -> dict[str, list[str]]:
+    """The summary table of COMPATIBILITY.md: cell -> its entries, one per scenario column."""
+    text = table.read_text()
+    body = text.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in body.splitlines() if line.startswith("| `")]
+    assert rows, f"no summary rows in {table}"
+    return {row.split("|")[1].strip(): [e.strip() for e in row.split("|")[2:-1]] for row in rows}
 
 
 def current_cell_python() -> Path:

@@ -26,8 +26,12 @@ from packaging.requirements import Requirement
 from harness.define.cells import Cell
 from harness.define.profile import DATE_AXIS, Profile
 from harness.errors import UsageError
+from harness.processes import guard
+from harness.processes.proctree import ORCHESTRATOR_VAR
 
 MARKER = ".compat-matrix-cell.json"
+#: Where a half-built environment is moved before it is deleted (see `_discard`).
+DISCARD_PREFIX = ".discard-"
 #: Prints {distribution: version} for the environment it runs in; the first one on sys.path wins.
 LIST_VERSIONS = (
     "import importlib.metadata as m, json, platform\n"
@@ -141,15 +145,19 @@ def env_dir_for(cell: Cell, profile: Profile, options: InstallOptions) -> Path:
 def ensure_env(cell: Cell, profile: Profile, options: InstallOptions) -> EnvResult:
     """Return a working environment for the cell, building it unless a matching one exists. One process builds
     an environment at a time (Slurm array tasks and shards share the environments directory, and cells that
-    differ only in world size share an environment); the others wait and then reuse it."""
+    differ only in world size share an environment); the others wait and then reuse it.
+
+    The installers inherit the lock and carry the harness's pid for the orphan guard: if the harness dies
+    mid-build, the guard kills them, and a second invocation waits on the lock until the last of them is gone,
+    so it never races a dying installer for the half-built directory (which it then discards, never reuses)."""
     target = env_dir_for(cell, profile, options)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _ensure_env(cell, profile, options, target)
+        return _ensure_env(cell, profile, options, target, lock.fileno())
 
 
-def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: Path) -> EnvResult:
+def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: Path, lock_fd: int) -> EnvResult:
     start = time.monotonic()
     marker = target / MARKER
     if marker.is_file() and not options.rebuild:
@@ -163,19 +171,21 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
             mode=data.get("mode", "uv"),
             overlaid=data.get("overlaid", []),
         )
-    if target.exists():
-        shutil.rmtree(target)
+    _discard(target)  # half-built (no marker: its builder died) or --rebuild-envs
     target.parent.mkdir(parents=True, exist_ok=True)
     deadline = start + profile.install_timeout_s
+    build = _Build(deadline, lock_fd)
     try:
         if options.mode(profile) == "system":
-            result = _build_overlay(cell, profile, options, target, deadline)
+            result = _build_overlay(cell, profile, options, target, build)
         else:
-            result = _build_uv(cell, profile, options, target, deadline)
+            result = _build_uv(cell, profile, options, target, build)
     except InstallFailed as exc:
-        shutil.rmtree(target, ignore_errors=True)
+        _discard(target)
         return EnvResult(None, {}, False, time.monotonic() - start, failure=str(exc), mode=options.mode(profile))
-    marker.write_text(
+    # The marker is written last, atomically: an environment without it is never reused.
+    _write_atomically(
+        marker,
         json.dumps(
             {
                 "requirements": cell.requirements(),
@@ -186,7 +196,7 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
                 "overlaid": result.overlaid,
             },
             indent=1,
-        )
+        ),
     )
     return EnvResult(
         result.python,
@@ -199,8 +209,32 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
     )
 
 
-def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Path, deadline: float) -> EnvResult:
-    _run(["venv", "--quiet", "--python", profile.python, str(target)], deadline, uv=True)
+def _discard(target: Path) -> None:
+    """Remove an environment directory that must not be reused. It is renamed first (atomic), so a new build
+    starts on an empty path even if something still writes into the old tree; leftovers of earlier discards
+    are removed too."""
+    if target.exists():
+        target.rename(target.with_name(f"{DISCARD_PREFIX}{target.name}-{os.getpid()}-{time.monotonic_ns()}"))
+    for old in target.parent.glob(f"{DISCARD_PREFIX}{target.name}-*"):
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(f"{path.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+@dataclass(frozen=True)
+class _Build:
+    """One build's deadline and the environment lock its installers inherit."""
+
+    deadline: float
+    lock_fd: int
+
+
+def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Path, build: _Build) -> EnvResult:
+    _run(["venv", "--quiet", "--python", profile.python, str(target)], build, uv=True)
     python = target / "bin" / "python"
     flags = index_flags(options=options, dated=bool(cell.date)) + era_flags(cell, profile)
     wanted = cell.requirements()
@@ -216,7 +250,7 @@ def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Pat
         early += list(profile.build_requires)
     # Precompiled bytecode: without it every worker pays 20-35 s extra on its first import of the stack
     # where PYTHONDONTWRITEBYTECODE is set.
-    _run(["pip", "install", "--compile-bytecode", "--python", str(python), *flags, *early], deadline, uv=True)
+    _run(["pip", "install", "--compile-bytecode", "--python", str(python), *flags, *early], build, uv=True)
     if late:
         # Built against the torch installed by the first step (DeepSpeed needs torch at build time).
         env = dict(os.environ) | profile.install_env
@@ -232,7 +266,7 @@ def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Pat
                 *early,
                 *late,
             ],
-            deadline,
+            build,
             env=env,
             uv=True,
         )
@@ -262,7 +296,7 @@ def era_exception_day(profile: Profile) -> str:
     return profile.outside_era_day or max(profile.axes.get(DATE_AXIS, ("",)))
 
 
-def _build_overlay(cell: Cell, profile: Profile, options: InstallOptions, target: Path, deadline: float) -> EnvResult:
+def _build_overlay(cell: Cell, profile: Profile, options: InstallOptions, target: Path, build: _Build) -> EnvResult:
     python = Path(options.system_python or shutil.which("python3") or sys.executable)
     system = installed_versions(python)
     wanted = []
@@ -280,9 +314,7 @@ def _build_overlay(cell: Cell, profile: Profile, options: InstallOptions, target
         overlay = target / "site"
         links = ["--find-links", str(options.wheelhouse)] if options.wheelhouse else []
         index = ["--no-index"] if options.offline or options.wheelhouse else []
-        _run(
-            [*_pip_install(python), "--quiet", "--no-deps", "--target", str(overlay), *index, *links, *wanted], deadline
-        )
+        _run([*_pip_install(python), "--quiet", "--no-deps", "--target", str(overlay), *index, *links, *wanted], build)
         _check_overlay_closure(python, str(overlay), [Requirement(w).name for w in wanted])
         versions = installed_versions(python, pythonpath=str(overlay))
         return EnvResult(
@@ -357,14 +389,24 @@ def _name(requirement: str) -> str:
     return Requirement(requirement).name.lower()
 
 
-def _run(args: list[str], deadline: float, env: dict[str, str] | None = None, uv: bool = False) -> None:
-    remaining = deadline - time.monotonic()
+def _run(args: list[str], build: _Build, env: dict[str, str] | None = None, uv: bool = False) -> None:
+    remaining = build.deadline - time.monotonic()
     if remaining <= 0:
         raise InstallFailed("install timed out")
     command = [uv_binary(), *args] if uv else args
+    guard.ensure_started()
+    # The installer and its children (uv's bytecode compilers) carry our pid, so the guard kills them if we die,
+    # and hold the environment's lock until the last of them has exited.
+    tagged = dict(os.environ if env is None else env) | {ORCHESTRATOR_VAR: str(os.getpid())}
     try:
         proc = subprocess.run(
-            command, capture_output=True, text=True, timeout=remaining, env=env, stdin=subprocess.DEVNULL
+            command,
+            capture_output=True,
+            text=True,
+            timeout=remaining,
+            env=tagged,
+            stdin=subprocess.DEVNULL,
+            pass_fds=(build.lock_fd,),
         )
     except subprocess.TimeoutExpired:
         raise InstallFailed(f"install timed out after {remaining:.0f} s: {' '.join(args[:2])}") from None

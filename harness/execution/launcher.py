@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.execution import guard
+from harness import pause_points
 from harness.execution.phases import CLOCK
-from harness.execution.proctree import ORCHESTRATOR_VAR, TOKEN_VAR, kill_token
 from harness.execution.slurm import srun_prefix
 from harness.paths import REPO_ROOT
+from harness.processes import guard
+from harness.processes.proctree import ORCHESTRATOR_VAR, TOKEN_VAR, kill_token
 
 #: The cell-side worker, run as a module from the repository root (on PYTHONPATH): nothing of harness/ is on
 #: the worker's path, so no orchestrator module can shadow the standard library or the stack there.
@@ -392,6 +393,7 @@ def _watch(spec: LaunchSpec, launch: Launch) -> Iterator[JobResult]:
                         pids[rank] = int(event["pid"])
                     if len(ready) == len(readers):
                         CLOCK.add("worker-start", time.monotonic() - waited_from)
+                        pause_points.reached("workers-ready")
                 elif kind == "import-failed":
                     detail = {k: event.get(k) for k in ("exc_type", "message", "traceback")}
                     yield JobResult(pending[0], "env-broken", detail)

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from harness import pause_points
 from harness.errors import UsageError
 from harness.recording.outcomes import OUTCOMES
 
@@ -105,6 +106,7 @@ class RecordWriter:
         os.fsync(self._handle.fileno())
         self.keys.add(key)
         self.outcomes[key] = str(record.get("outcome"))
+        pause_points.after_record(len(self.keys))
         return True
 
     def close(self) -> None:

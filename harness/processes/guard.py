@@ -7,7 +7,7 @@ small process: it blocks reading a pipe whose only writer is the harness. The ke
 the harness exits for any reason; the guard then kills every process that carries the harness's pid in
 `COMPAT_MATRIX_ORCHESTRATOR_PID` (torchrun's ranks included: they inherit the environment) and exits.
 
-Run as `python -m harness.execution.guard PID` by `ensure_started`; stdlib only.
+Run as `python -m harness.processes.guard PID` by `ensure_started`; stdlib only.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def ensure_started() -> None:
         read_end, write_end = os.pipe()
         os.set_inheritable(read_end, True)
         _started = subprocess.Popen(
-            [sys.executable, "-m", "harness.execution.guard", str(os.getpid())],
+            [sys.executable, "-m", "harness.processes.guard", str(os.getpid())],
             stdin=read_end,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -50,7 +50,7 @@ def ensure_started() -> None:
 
 
 def _serve(orchestrator_pid: int) -> int:
-    from harness.execution.proctree import kill_started_by
+    from harness.processes.proctree import kill_started_by
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
