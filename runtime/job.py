@@ -26,7 +26,8 @@ def run_job(
     world_size: int,
 ) -> dict[str, Any]:
     """status 'pass' with the scenario's metrics and path, or 'exception' with its description. A failed
-    check (an exception with a `check` attribute) names the check; its metrics and path are kept."""
+    check (an exception with a `check` attribute) names the check; its metrics and path are kept. Either way
+    `setup` holds what the scenario measured of the setup that really ran (ctx["setup"])."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="job-") as workdir, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -37,6 +38,7 @@ def run_job(
                 "status": "pass",
                 "metrics": observed.get("metrics", {}),
                 "path": observed.get("path"),
+                "setup": ctx.get("setup") or {},
             }
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
@@ -46,6 +48,7 @@ def run_job(
                 **describe(exc),
                 "metrics": getattr(exc, "metrics", {}) or {},
                 "path": getattr(exc, "path", None),
+                "setup": ctx.get("setup") or {},  # what ran up to the failure (scenarios/kit/measured.py)
             }
             check = getattr(exc, "check", None)
             if check:

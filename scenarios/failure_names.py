@@ -131,10 +131,35 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
     if short == "IndexError" and "dora.py" in traceback and "lora_A.weight.shape" in traceback:
         # DoRA reads lora_A.weight outside lora_A's FSDP unit; with use_orig_params it is a flat 1-D shard.
         return "dora-reads-sharded-lora-weight"
+    if "got mixed torch.Tensor and DTensor" in message:
+        # FSDP2 shards parameters as DTensors; DoRA adds a plain tensor (its weight norm, or an unsharded lora
+        # weight) to a DTensor.
+        return "dora-mixed-tensor-dtensor" if "dora" in traceback.lower() else "fsdp2-mixed-tensor-dtensor"
+    if "FSDP expects uniform original parameter dtype" in message:
+        return "fsdp2-mixed-param-dtype"  # fully_shard groups need one dtype (fp32 adapters beside a bf16 base)
+    if "is a view and is being modified inplace" in message and "deepspeed" in traceback:
+        return "deepspeed-allgather-inplace-view"  # deepspeed's all_gather writes into a view of a split
+    if "object has no attribute 'quant_state'" in message:
+        return "bnb-quant-state-lost"  # a Params4bit replaced by a plain tensor (FSDP flattening) lost its state
+    if "size mismatch, got input" in message and "dora" in traceback.lower():
+        return "dora-reads-sharded-lora-weight"  # the same sharded read as the IndexError below, through addmv
+    if "Your setup doesn't support bf16/gpu" in message:
+        return "trainer-bf16-needs-gpu"
+    if "FSDP requires CUDA for streams" in message or "'Stream' object has no attribute 'record_event'" in message:
+        return "fsdp2-needs-cuda-streams"
+    if "CUDA driver version is insufficient" in message or "Torch not compiled with CUDA enabled" in message:
+        return "needs-cuda"
+    if short == "AssertionError" and not message.strip() and _innermost_in(traceback, "bitsandbytes"):
+        return "bnb-4bit-assert"  # bitsandbytes' own bare assert (no quant_state: nothing was quantized)
     if "setStorage:" in message and "storage of size 0" in message and "checkpoint" in traceback:
         # Recomputation in backward touches a parameter FSDP has already freed (resharded) after forward.
         return "recompute-uses-freed-fsdp-param"
     return None
+
+
+def _innermost_in(traceback: str, package: str) -> bool:
+    frames = re.findall(r'File "([^"]+)"', traceback)
+    return bool(frames) and f"/{package}/" in frames[-1]
 
 
 def _checkpoint_signature(message: str) -> str:

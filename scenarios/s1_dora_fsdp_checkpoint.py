@@ -36,7 +36,7 @@ import time
 from hypothesis import strategies as st
 
 from scenarios import compat
-from scenarios.kit import checks, distributed, fsdp, strategies
+from scenarios.kit import checks, distributed, fsdp, measured, strategies
 from scenarios.kit import trainer as trainer_path
 from scenarios.kit.adapters import lora_config, peft_model_with_adapter_dtype
 from scenarios.kit.models import decoder_layers, device_of, tiny_llama, token_rows
@@ -344,7 +344,18 @@ def _amp(cfg, device):
     return contextlib.nullcontext()
 
 
+def _autocast_on(device) -> bool:
+    """Whether autocast is really on for this device type here (measured inside the context)."""
+    import torch
+
+    try:
+        return bool(torch.is_autocast_enabled(device.type))
+    except TypeError:  # torch < 2.4 takes no device type
+        return bool(torch.is_autocast_cpu_enabled() if device.type == "cpu" else torch.is_autocast_enabled())
+
+
 def run(config: dict, variant: str, ctx: dict) -> dict:
+    measured.start(ctx)  # what really ran goes into the record's setup
     import gc
 
     import torch
@@ -411,6 +422,7 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
         ts = time.perf_counter()
         ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=gen).to(device)
         with _amp(cfg, device):
+            measured.note(autocast=_autocast_on(device))
             out = wrapped(input_ids=ids, labels=ids)
         loss = out.loss.float()
         loss.backward()
@@ -456,6 +468,9 @@ _TRAINER_FIXES = {"use_reentrant", "input_grads", "flip_use_orig_params", "fsdp2
 def _label_fsdp(exc: BaseException, trainer, cfg: dict) -> None:
     """A failed run still says which FSDP it ran; an FSDP2 request the stack ignored is not applicable."""
     ran = fsdp.fsdp_that_ran(getattr(trainer, "model_wrapped", None))
+    measured.note(fsdp_declared=cfg["fsdp"], fsdp=ran if ran != "not-wrapped" else None)
+    if trainer is not None:
+        measured.trainer(trainer)
     if cfg["fsdp"] == "fsdp2" and ran == "fsdp1":
         raise compat.NotApplicable("this stack ignores fsdp_config version=2 and runs FSDP1") from exc
     try:
@@ -481,9 +496,13 @@ def _run_trainer(cfg: dict, variant: str, ctx: dict) -> dict:
     if cfg["input_grads"]:
         model.enable_input_require_grads()
     peft_model = _peft_model(model, cfg)
-    fsdp_config = {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "use_orig_params": cfg["use_orig_params"]}
-    if cfg["fsdp"] == "fsdp2":
-        fsdp_config["version"] = 2
+    # The FSDP version is declared, not left to the release's default (transformers 5 defaults to FSDP2): the
+    # record measures which one wrapped the model, and a stack that ran another one is not applicable.
+    fsdp_config = {
+        "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
+        "use_orig_params": cfg["use_orig_params"],
+        "version": 2 if cfg["fsdp"] == "fsdp2" else 1,
+    }
     args = trainer_path.training_arguments(
         ctx["workdir"],
         per_device_train_batch_size=cfg["batch"],
@@ -505,8 +524,9 @@ def _run_trainer(cfg: dict, variant: str, ctx: dict) -> dict:
             _label_fsdp(exc, trainer, cfg)
             raise
         ran = fsdp.fsdp_that_ran(trainer.model_wrapped)
-        if cfg["fsdp"] == "fsdp2" and ran != "fsdp2":
-            raise compat.NotApplicable(f"this stack ignores fsdp_config version=2 and ran {ran}")
+        measured.note(fsdp_declared=cfg["fsdp"], fsdp=ran)
+        measured.trainer(trainer)
+        measured.require(ran == cfg["fsdp"], f"fsdp_config declared {cfg['fsdp']}, but {ran} wrapped the model")
         losses = trainer_path.logged_losses(trainer)
         metrics = {
             "losses": [round(x, 5) for x in losses],

@@ -17,7 +17,7 @@ process group is up) and broadcasts the directory to the other ranks.
 from __future__ import annotations
 
 from scenarios import compat
-from scenarios.kit import checks, distributed, fsdp, qlora
+from scenarios.kit import checks, distributed, fsdp, measured, qlora
 from scenarios.kit.models import device_of, save_pretrained_tiny
 
 SPEC = {
@@ -76,6 +76,7 @@ def strategy():
 
 
 def run(config: dict, variant: str, ctx: dict) -> dict:
+    measured.start(ctx)  # what really ran goes into the record's setup
     import shutil
 
     import torch

@@ -39,7 +39,7 @@ The path itself (loading, checkpointing and PEFT in the user's order, training) 
 from __future__ import annotations
 
 from scenarios import compat
-from scenarios.kit import checks, qlora
+from scenarios.kit import checks, measured, qlora
 from scenarios.kit.models import save_pretrained_tiny
 from scenarios.kit.qlora import BASES, FIXES, ORDERS
 
@@ -99,6 +99,7 @@ def strategy():
 
 
 def run(config: dict, variant: str, ctx: dict) -> dict:
+    measured.start(ctx)  # what really ran goes into the record's setup
     import tempfile
 
     import torch

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from scenarios import compat
 from scenarios.compat import CheckFailed, parse_variant, torch_dtype
+from scenarios.kit import measured
 from scenarios.kit.adapters import ALL_LINEAR, lora_config
 from scenarios.kit.models import tiny_llama
 
@@ -37,7 +38,11 @@ SPEC = {
     "controls": [],
     "variants": {
         "baseline": ("baseline", "the config as drawn: what a user of this stack writes by default"),
-        "grad_accum": ("measurement", "gradients accumulated over micro-batches before optimizer.step()"),
+        "grad_accum": (
+            "measurement",
+            "gradients accumulated over 2 micro-batches of loss / 2 before optimizer.step(): each hook call sees "
+            "1/2 of the applied gradient (c = 2 against the mean of the hook's gradients)",
+        ),
         "grad_clip": ("measurement", "torch.nn.utils.clip_grad_norm_ before optimizer.step()"),
         "grad_scaler": ("measurement", "torch.amp.GradScaler: the hook sees scaled gradients"),
         "grad_accum+grad_clip": ("measurement", "accumulation and clipping together"),
@@ -84,6 +89,7 @@ EXAMPLES = [
 
 
 def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, Any]:
+    measured.start(ctx)  # what really ran goes into the record's setup
     import torch
     from peft import get_peft_model
 
@@ -107,7 +113,9 @@ def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, 
         )
 
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    hook_grads: dict[str, torch.Tensor] = {}
+    # Every gradient each parameter's hook sees in a step, one per micro-batch: with accumulation the hook fires
+    # once per backward, each time with the gradient of that micro-batch's loss / N (not only the last one).
+    hook_grads: dict[str, list[torch.Tensor]] = {}
     handles = [p.register_hook(_saver(hook_grads, name)) for name, p in params.items()]  # the seed's hook
     optimizer = torch.optim.SGD(params.values(), lr=config["lr"])
     if "grad_scaler" in fixes and not hasattr(torch.amp, "GradScaler"):
@@ -121,6 +129,7 @@ def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, 
     first_step_a_grad_zero = None
     for step in range(config["steps"]):
         optimizer.zero_grad(set_to_none=True)
+        hook_grads.clear()
         for _ in range(micro_batches):
             ids = torch.randint(0, 128, (2, 8), generator=generator).to(device)
             loss = model(input_ids=ids, labels=ids).loss / micro_batches
@@ -145,6 +154,7 @@ def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, 
         c = _factor(updates, hook_grads, config["lr"])
         if c is not None:
             c_per_step.append(c)
+        hooks_per_step = max((len(v) for v in hook_grads.values()), default=0)
     for handle in handles:
         handle.remove()
 
@@ -158,7 +168,10 @@ def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, 
         "max_update_error": worst_update_error,
         "merge_max_abs_diff": merge_diff,
         "lora_A_grad_zero_on_first_step": first_step_a_grad_zero,
+        "micro_batches": micro_batches,
+        "hook_calls_per_step": hooks_per_step,
     }
+    measured.note(micro_batches=micro_batches, hook_calls_per_step=hooks_per_step, optimizer="SGD")
     if worst_update_error > tolerance:
         raise CheckFailed(
             "update-equals-lr-grad",
@@ -171,9 +184,9 @@ def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, 
     return {"metrics": metrics, "path": "manual-loop"}
 
 
-def _saver(store: dict[str, Any], name: str):
+def _saver(store: dict[str, list[Any]], name: str):
     def hook(grad):
-        store[name] = grad.detach().float().clone()
+        store.setdefault(name, []).append(grad.detach().float().clone())
 
     return hook
 
@@ -203,10 +216,13 @@ def _update_error(before: dict[str, Any], after: dict[str, Any], grads: dict[str
     return worst
 
 
-def _factor(updates: dict[str, Any], hook_grads: dict[str, Any], lr: float) -> float | None:
-    """Least-squares c in `update = lr * c * hook_grad` over all trainable parameters."""
+def _factor(updates: dict[str, Any], hook_grads: dict[str, list[Any]], lr: float) -> float | None:
+    """Least-squares c in `update = lr * c * hook_grad` over all trainable parameters, where hook_grad is the mean
+    of the gradients the hook saw in the step (one per micro-batch). Accumulating N micro-batches of loss / N
+    applies their sum, so c = N there: each micro-batch's hook sees 1/N of the gradient that is applied."""
     num = den = 0.0
-    for name, h in hook_grads.items():
+    for name, seen in hook_grads.items():
+        h = sum(seen[1:], seen[0]) / len(seen)
         num += float((updates[name].double() * h.double()).sum())
         den += lr * float((h.double() * h.double()).sum())
     return num / den if den > 0 else None

@@ -45,7 +45,7 @@ import time
 from typing import Any
 
 from scenarios import compat
-from scenarios.kit import checks, distributed, zero
+from scenarios.kit import checks, distributed, measured, zero
 from scenarios.kit import trainer as trainer_path
 from scenarios.kit.adapters import cast_trainable, lora_config, named_trainable, trainable_dtypes
 from scenarios.kit.models import load_llama, save_by_hand, tiny_llama, token_rows
@@ -235,6 +235,8 @@ def _run_loop(config: dict, stage: int, reentrant: bool | None, ctx: dict) -> di
             err = exc
         distributed.setup_barrier(err)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        measured.note(zero_stage=int(engine.zero_optimization_stage()), zero_init=bool(zero_init_effective))
+        measured.model(engine.module)
         named = named_trainable(engine.module)
         before = zero.gathered_snapshot(named)
         losses = []
@@ -313,6 +315,7 @@ def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) ->
             128, config["seq_len"], config["steps"] * config["batch"], config["seed"] * 1000 + ctx["rank"]
         )
         trainer = Trainer(model=model, args=args, train_dataset=data)
+        measured.trainer(trainer)
         uses_ds = bool(getattr(trainer, "is_deepspeed_enabled", False))
         if not uses_ds:
             raise compat.CheckFailed(
@@ -324,6 +327,10 @@ def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) ->
         trainer.train()
         engine = trainer.model_wrapped
         import deepspeed
+
+        if isinstance(engine, deepspeed.DeepSpeedEngine):
+            measured.note(zero_stage=int(engine.zero_optimization_stage()))
+            measured.model(engine.module)
 
         if not isinstance(engine, deepspeed.DeepSpeedEngine):
             # transformers 4.4x + accelerate 0.x with use_cpu=True: is_deepspeed_enabled is True, but
@@ -357,6 +364,7 @@ def _run_trainer(config: dict, stage: int, reentrant: bool | None, ctx: dict) ->
 
 
 def run(config: dict, variant: str, ctx: dict) -> dict:
+    measured.start(ctx)  # what really ran goes into the record's setup
     import deepspeed
     import torch
 

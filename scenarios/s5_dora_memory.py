@@ -42,7 +42,7 @@ import statistics
 import time
 
 from scenarios import compat
-from scenarios.kit import qlora
+from scenarios.kit import measured, qlora
 from scenarios.kit.adapters import ALL_LINEAR, lora_config, trainable_dtypes
 from scenarios.kit.models import save_pretrained_tiny
 
@@ -369,6 +369,7 @@ def _measure(model, config: dict, device: str, probe_state: dict) -> dict:
 
 
 def run(config: dict, variant: str, ctx: dict) -> dict:
+    measured.start(ctx)  # what really ran goes into the record's setup
     import tempfile
 
     fixes = compat.parse_variant(variant, FIXES)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from scenarios import compat
-from scenarios.kit import checks, strategies
+from scenarios.kit import checks, measured, strategies
 from scenarios.kit.adapters import lora_config, named_trainable
 from scenarios.kit.models import device_of, tiny_llama
 
@@ -75,6 +75,7 @@ def strategy():
 
 
 def run(config: dict, variant: str, ctx: dict) -> dict:
+    measured.start(ctx)  # what really ran goes into the record's setup
     import os
 
     import torch

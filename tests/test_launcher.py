@@ -149,11 +149,11 @@ def test_first_per_signature_retries_one_failure_per_signature(tmp_path: Path) -
     """The default retry scope confirms a signature once per batch, not every failure that has it."""
     from harness.define.profile import RetryPolicy
     from harness.execution.launcher import WorkerSession
-    from harness.execution.scenario_run import _run_batch
+    from harness.execution.scenario_run import _run_batch, observed
 
     items = [("fail", {"config": {"n": i}, "config_id": str(i), "source": "example"}) for i in range(5)]
     with WorkerSession(spec(tmp_path)) as session:
-        results = list(_run_batch([session], items, RetryPolicy(times=1), set()))
+        results = list(_run_batch([session], items, RetryPolicy(times=1), set(), lambda r, _: observed(r)))
         jobs_run = len(session.queue.jobs)
     assert jobs_run == 6, "five failures, one retry for their one signature"
     assert sum(1 for _, _, fields in results if "attempts" in fields) == 1

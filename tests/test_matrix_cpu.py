@@ -393,3 +393,24 @@ def run_matrix_profile(profile: Path, results: Path) -> subprocess.CompletedProc
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
+
+
+def test_a_config_that_would_silently_degrade_is_not_a_pass(ci_run: Path) -> None:
+    """The seed's QLoRA config on the old stack, where transformers 4.41 refuses 4-bit loading on CPU: it once
+    trained an unquantized base and counted as a QLoRA pass. Its record is not applicable now and says why; on the
+    newest stack the same config measures its 4-bit weights, and every job that ran records what ran."""
+    records = read_records(only_run(ci_run) / "records.jsonl")
+    s2 = [r for r in records if r["scenario"] == "S2-qlora-grad-flags" and (r["config"] or {}).get("base") == "4bit"]
+    old = [r for r in s2 if r["cell"].startswith("old_")]
+    assert old, "the ci profile runs the seed's 4-bit config on the old stack"
+    for record in old:
+        assert (record["outcome"], record["signature"]) == ("skip", "not-applicable"), record["outcome"]
+        assert "refuses 4-bit loading on cpu" in record["message"], record["message"]
+        assert record["setup"]["not_applicable"] == record["message"]
+    current = [r for r in s2 if r["cell"].startswith("current_") and r["variant"] == "baseline"]
+    assert current and all(r["setup"]["quantized_weights"] == r["setup"]["linear4bit_modules"] > 0 for r in current)
+    ran = [r for r in records if r["outcome"] in ("pass", "fail")]
+    assert ran and all((r.get("setup") or {}).get("world_size") for r in ran), "every job that ran says what ran"
+    assert all(r["setup"]["world_size"] == r["hardware"]["world_size"] for r in ran)
+    table = (ci_run / "COMPATIBILITY.md").read_text()
+    assert "refuses 4-bit loading on cpu" in table and "## Not applicable here" in table

@@ -46,7 +46,7 @@ def test_flaky_baseline_is_shown_as_flaky_never_as_not_reproduced(tmp_path: Path
     write_run(tmp_path, "cpu-1", "cpu", "1", [rec("cpu-1", "a", "S1-x", "flaky", sig="unclassified-RuntimeError-1")])
     text = render_markdown(select_runs(tmp_path))
     summary_row = next(line for line in text.split("## Summary")[1].splitlines() if line.startswith("| `a` |"))
-    assert "FLAKY `unclassified-RuntimeError-1`" in summary_row and "not reproduced" not in summary_row
+    assert "FLAKY `unnamed RuntimeError 1`" in summary_row and "not reproduced" not in summary_row
 
 
 def test_an_older_run_that_disagrees_is_shown_as_flaky_not_hidden(tmp_path: Path) -> None:
@@ -101,7 +101,7 @@ def test_an_old_record_is_named_by_todays_rules(tmp_path: Path) -> None:
     text = render_markdown(select_runs(tmp_path))
     summary_row = next(line for line in text.split("## Summary")[1].splitlines() if line.startswith("| `a` |"))
     assert "FAIL `dora-reads-sharded-lora-weight`" in summary_row and "unclassified" not in summary_row
-    assert "| `unclassified-IndexError-df54036f` | `dora-reads-sharded-lora-weight` | 1 |" in text
+    assert "| `unnamed IndexError df54036f` | `dora-reads-sharded-lora-weight` | 1 |" in text
     assert (tmp_path / "runs" / "gpu-1" / "records.jsonl").read_text() == stored
 
 

@@ -280,7 +280,17 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
                 def emit(variant: str, planned: dict[str, Any], fields: Outcome) -> None:
                     write(scenario, variant, planned, fields, env.versions, launch.world_size)  # noqa: B023
 
-                run_scenario(scenario, launch.variants, launch.pending, launch.resumed_fixes, sessions, emit, ctx, cell)
+                run_scenario(
+                    scenario,
+                    launch.variants,
+                    launch.pending,
+                    launch.resumed_fixes,
+                    sessions,
+                    emit,
+                    ctx,
+                    cell,
+                    env.versions,
+                )
             finally:
                 for session in sessions:
                     session.close()

@@ -23,7 +23,7 @@ from harness.execution.progress import Progress
 from harness.execution.shrink import ShrinkResult, shrink
 from harness.planning import draws
 from harness.planning.plan import RunPlan
-from harness.recording.record import Outcome, job_outcome
+from harness.recording.record import Outcome, job_outcome, judge
 from harness.recording.records import RecordWriter
 
 Emit = Callable[[str, dict[str, Any], dict[str, Any]], None]
@@ -65,17 +65,24 @@ def run_scenario(
     emit: Emit,
     ctx: RunContext,
     cell: Cell,
+    versions: dict[str, str],
 ) -> None:
     """Three steps: the planned jobs (packed over `sessions` when there are several); shrinking each new
-    drawn failure; then the fix variants of every drawn config whose baseline failed."""
+    drawn failure; then the fix variants of every drawn config whose baseline failed. Every outcome is judged
+    by the applicability rules first (`versions`: the cell's), so a not-applicable job is never shrunk or fixed."""
     session = sessions[0]
+    device = str(ctx.machine.get("device") or "cpu")
+
+    def judged(result: JobResult, config: dict[str, Any]) -> Outcome:
+        return judge(observed(result), config, device, versions)
+
     baseline = variants[0]
     confirmed: set[str] = set()  # signatures already confirmed by a retry in this cell x scenario
     profile = ctx.plan.profile
     retry = profile.retry
     failed_drawn: list[tuple[dict[str, Any], dict[str, Any]]] = []
     failed_examples: list[dict[str, Any]] = []
-    for variant, planned, fields in _run_batch(sessions, pending, retry, confirmed):
+    for variant, planned, fields in _run_batch(sessions, pending, retry, confirmed, judged):
         if variant == baseline and draws.is_drawn(planned) and fields["outcome"] == "fail":
             failed_drawn.append((planned, fields))  # written once shrunk, so the record holds both configs
         else:
@@ -88,7 +95,7 @@ def run_scenario(
         signature = fields["signature"]
         if signature not in shrunk and planned["source"] == "hypothesis" and not ctx.options.no_shrink:
             ctx.progress.start_cell(cell.cell_id, f"{scenario.id}: shrinking {signature}")
-            shrunk[signature] = _shrink(scenario, baseline, planned, signature, session, ctx).as_record()
+            shrunk[signature] = _shrink(scenario, baseline, planned, signature, session, ctx, judged).as_record()
             shrunk[signature]["shrunk_from"] = planned["config_id"]
             fields |= {k: v for k, v in shrunk[signature].items() if k != "shrunk_from"}
         elif signature in shrunk:
@@ -103,12 +110,19 @@ def run_scenario(
     fixes += [(v, c) for vs, c in resumed_fixes for v in vs[1:]]
     fixes = [(v, c) for v, c in fixes if (cell.cell_id, scenario.id, v, c["config_id"]) not in ctx.writer]
     ctx.progress.add_jobs(len(fixes))
-    for variant, planned, fields in _run_batch(sessions, fixes, retry, confirmed):
+    for variant, planned, fields in _run_batch(sessions, fixes, retry, confirmed, judged):
         emit(variant, planned, fields)
 
 
+Judge = Callable[[JobResult, dict[str, Any]], Outcome]
+
+
 def _run_batch(
-    sessions: list[WorkerSession], items: list[tuple[str, dict[str, Any]]], retry: RetryPolicy, confirmed: set[str]
+    sessions: list[WorkerSession],
+    items: list[tuple[str, dict[str, Any]]],
+    retry: RetryPolicy,
+    confirmed: set[str],
+    judged: Judge,
 ) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
     """Run (variant, planned) jobs and yield their record fields. Failures the retry policy wants confirmed
     are re-run after the batch (in the first worker) and come last: if the attempts disagree the outcome is
@@ -116,7 +130,7 @@ def _run_batch(
     session = sessions[0]
     held: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
     for variant, planned, result, slot in run_packed(sessions, items):
-        fields = observed(result)
+        fields = judged(result, planned["config"])
         if len(sessions) > 1:
             fields["slot"] = {"index": slot, "of": len(sessions), **sessions[slot].spec.slot}
         wanted = retry.times > 0 and fields["outcome"] in retry.outcomes
@@ -134,7 +148,7 @@ def _run_batch(
             break
         again = session.run([(held[i][1]["config"], held[i][0]) for i in due])
         for i, result in zip(due, again, strict=True):
-            attempts[i].append(_attempt(observed(result)))
+            attempts[i].append(_attempt(judged(result, held[i][1]["config"])))
     for (variant, planned, fields), seen in zip(held, attempts, strict=True):
         fields["attempts"] = seen
         if len({(a["outcome"], a["signature"]) for a in seen}) > 1:
@@ -207,6 +221,7 @@ def _shrink(
     signature: str,
     session: WorkerSession,
     ctx: RunContext,
+    judged: Judge,
 ) -> ShrinkResult:
     how = ctx.draws[scenario.id]
     plan = draws.DrawPlan(int(how["seed"]), int(how["max_examples"]), int(how["count"]))
@@ -215,7 +230,7 @@ def _shrink(
     )
 
     def observe(config: dict[str, Any]) -> str | None:
-        fields = observed(session.run_one(config, baseline))
+        fields = judged(session.run_one(config, baseline), config)
         return fields["signature"] if fields["outcome"] == "fail" else None
 
     return shrink(

@@ -71,6 +71,9 @@ def plot_timeline(
     for flip in flips:
         if flip.get("scenario") not in scenarios or flip.get("newer") not in dates:
             continue
+        states = _states_today(flip, verdicts)
+        if states is not None and states[0] == states[1]:
+            continue  # not a flip under today's rules (see flips_markdown)
         row, col = scenarios.index(flip["scenario"]), dates.index(flip["newer"])
         by = f"{flip['package']} {flip.get('release') or '?'}" if flip.get("package") else "?"
         ax.plot([col - 0.02, col - 0.02], [row - 0.05, row + 0.95], color="black", linewidth=2)
@@ -143,8 +146,18 @@ def masking(flip: dict[str, Any], verdicts: dict[str, Any]) -> list[str]:
     third part of dated_verdicts): a target that 'ends' because another failure comes first is masked, not
     fixed, and the table says so."""
     side = flip["older"] if flip["older_state"] != "target" else flip["newer"]
-    found = verdicts.get(flip["scenario"], {}).get(side)
-    return sorted(found.others) if found is not None else []
+    other_side = flip["newer"] if side == flip["older"] else flip["older"]
+    by_date = verdicts.get(flip["scenario"], {})
+    found, shown = by_date.get(side), by_date.get(other_side)
+    if found is None:
+        return []
+    # Another failure hides a target that ends (it may still be there); before an onset it is the history the
+    # onset is judged against (e.g. DoRA under FSDP failing otherwise before peft 0.12), so it masks nothing.
+    masked = sorted(found.others) if flip["newer_state"] != "target" else []
+    # The configs that showed the target on the other side could not run on this side: not a flip of the stack.
+    showed = {r["config_id"] for r in (shown.target_records if shown is not None else [])}
+    reasons = sorted({why for cid, why in found.inapplicable_ids.items() if cid in showed})
+    return masked + [f"not applicable: {why}" for why in reasons]
 
 
 def flips_markdown(
@@ -167,24 +180,58 @@ def flips_markdown(
         "|---|---|---|---|---|---|---|",
     ]
     verdicts = dated_verdicts(records, specs or {})[2] if records else {}
+    set_aside: list[str] = []
     for flip in flips:
         upstream = upstream_verdict(flip)
         agrees = ""
         if upstream:
             verdict_ = "agrees" if upstream.get("agrees") else "differs"
             agrees = f"{md(upstream['package'])} {md(upstream['release'])}: {verdict_}"
-        package = md(flip.get("package") or "none alone")
+        change = f"{md(flip['older_state'])} -> {md(flip['newer_state'])}"
+        states = _states_today(flip, verdicts)
+        if states is not None and states[0] == states[1]:
+            # Judged again with today's rules the two dates agree: the stored flip was made by records that are
+            # no evidence (not applicable here), so it names no cause.
+            set_aside.append(
+                f"- {md(flip['scenario'])} {md(flip['older'])} .. {md(flip['newer'])}: was {change} "
+                f"({md(flip.get('package') or '?')} {md(flip.get('release') or '')}); both dates are "
+                f"{md(states[0])} under today's rules"
+            )
+            continue
+        package, release = md(flip.get("package") or "none alone"), md(flip.get("release") or "-")
         others = masking(flip, verdicts) if verdicts else []
         if others:
-            package += " (target masked there by " + ", ".join(code(o) for o in others) + ")"
+            # A target hidden by another failure is not caused by a release: the cause columns stay empty.
+            change += " (masked by " + ", ".join(code(o) for o in others) + ")"
+            package, release = "- (masking, not a cause)", "-"
             if upstream and flip["newer_state"] != "target":
                 agrees = f"{md(upstream['package'])} {md(upstream['release'])}: not comparable (masked, not fixed)"
         lines.append(
             f"| {md(flip['scenario'])} | {code(flip.get('signature') or '-')} | "
-            f"{md(flip['older_state'])} -> {md(flip['newer_state'])} | {md(flip['older'])} .. {md(flip['newer'])} | "
-            f"{package} | {md(flip.get('release') or '-')} | {agrees} |"
+            f"{change} | {md(flip['older'])} .. {md(flip['newer'])} | {package} | {release} | {agrees} |"
         )
+    if set_aside:
+        lines += [
+            "",
+            "Flips measured earlier that today's rules no longer see (the records that made them are not "
+            "applicable here):",
+            "",
+            *set_aside,
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _states_today(flip: dict[str, Any], verdicts: dict[str, Any]) -> tuple[str, str] | None:
+    """The target state of the flip's two dates under today's rules (None where a date has no records)."""
+    by_date = verdicts.get(flip["scenario"], {})
+    older, newer = by_date.get(flip["older"]), by_date.get(flip["newer"])
+    if older is None or newer is None:
+        return None
+    return _state(older), _state(newer)
+
+
+def _state(found: Any) -> str:
+    return "target" if found.state in ("target", "failures") else found.state
 
 
 def plot_s5_history(records: list[dict[str, Any]], path: Path) -> Path | None:

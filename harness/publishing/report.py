@@ -163,6 +163,8 @@ def render_markdown(selection: Selection, specs: dict[str, dict[str, Any]] | Non
         entries = [_summary_entry(grouped.get((cell, s), []), specs.get(s)) for s in scenarios]
         lines.append(f"| {code(cell)} | " + " | ".join(entries) + " |")
     lines += ["", "### Legend", "", LEGEND]
+    lines += _inapplicable_section(records)
+    lines += _unnamed_section(records)
     lines += _renamed_section(records)
     lines += _versions_table(cells, records)
     lines += _real_size_section(records)
@@ -197,6 +199,84 @@ def _provenance(selection: Selection) -> list[str]:
     return [*lines, ""]
 
 
+def _inapplicable_section(records: list[dict[str, Any]]) -> list[str]:
+    """Records that are no evidence about the stack, by scenario and reason: what the job reported and why it is
+    not counted (`scenarios/applicability.py`, applied when the record was written and again today)."""
+    rows = _counts(
+        (r["scenario"], r.get("reported_outcome") or "not run", _reason_kind(r))
+        for r in records
+        if r.get("signature") == "not-applicable"
+    )
+    lines = [
+        "## Not applicable here",
+        "",
+        "A record is not applicable when this machine could not run the setup its config declares (FSDP2's CUDA "
+        "streams on a CPU, 4-bit bitsandbytes on CPU before 0.46, a Trainer refusing bf16 without a GPU), or when "
+        "the setup measured while it ran differs from the declared one (a 4-bit config whose model was loaded "
+        "unquantized). It is never a pass or a fail: it leaves the target's count and the fixes' verdicts. "
+        "Rules: `scenarios/applicability.py` and the scenarios' own checks (`scenarios/kit/measured.py`).",
+        "",
+    ]
+    if not rows:
+        return [*lines, "None.", ""]
+    changed = sum(1 for r in records if r.get("outcome_at_run"))
+    if changed:
+        lines += [f"{changed} of these records had another outcome at run time (judged again with today's rules).", ""]
+    lines += ["| scenario | the job reported | why not applicable | records |", "|---|---|---|---|"]
+    lines += [f"| {md(sid)} | {md(reported)} | {md(why)} | {n} |" for (sid, reported, why), n in rows.items()]
+    return [*lines, ""]
+
+
+def _reason_kind(record: dict[str, Any]) -> str:
+    """A reason without its per-record detail (versions stay: they say which releases hit the limit)."""
+    why = str(record.get("not_applicable") or record.get("message") or "")
+    return " ".join(why.split("(", 1)[0].split())[:140] or "not applicable"
+
+
+def unnamed(signature: str | None) -> bool:
+    return bool(signature) and str(signature).startswith("unclassified-")
+
+
+def _unnamed_section(records: list[dict[str, Any]]) -> list[str]:
+    """Failures no rule names yet, each with its message, count and where it was raised, so a reader (and the
+    next rule) can tell them apart."""
+    found = [r for r in records if unnamed(r.get("signature"))]
+    if not found:
+        return []
+    lines = [
+        "## Unnamed failures",
+        "",
+        "Failures that no rule in `scenarios/failure_names.py` names yet; each is shown in the tables as "
+        "`unnamed <type> <id>`.",
+        "",
+        "| shown as | message | where | records | cells |",
+        "|---|---|---|---|---|",
+    ]
+    from harness.recording.signatures import innermost_frames
+
+    for sig, n in _counts(r["signature"] for r in found).items():
+        first = next(r for r in found if r["signature"] == sig)
+        cells = sorted({r["cell"] for r in found if r["signature"] == sig})
+        where = " < ".join(innermost_frames(first.get("traceback") or ""))
+        lines.append(
+            f"| {code(display_name(sig))} | {_one_line(first.get('message') or '(empty)')} | {code(where)} | {n} | "
+            f"{md(', '.join(cells[:4]) + (' ...' if len(cells) > 4 else ''))} |"
+        )
+    return [*lines, ""]
+
+
+def display_name(signature: str | None) -> str | None:
+    """How a failure name is shown: a name no rule gives yet reads `unnamed <type> <id>`."""
+    if not unnamed(signature):
+        return signature
+    _, kind, digest = str(signature).split("-", 2) if str(signature).count("-") >= 2 else ("", "", str(signature))
+    return f"unnamed {kind} {digest}"
+
+
+def named_code(signature: object) -> str:
+    return code(display_name(str(signature)) if signature is not None else signature)
+
+
 def _renamed_section(records: list[dict[str, Any]]) -> list[str]:
     """Where today's signature rules name a failure differently from the rules it was recorded under."""
     lines = [
@@ -211,7 +291,7 @@ def _renamed_section(records: list[dict[str, Any]]) -> list[str]:
     if not changed:
         return [*lines, "No name differs from the one given at run time.", ""]
     lines += ["| name at run time | name today | records |", "|---|---|---|"]
-    lines += [f"| {code(old)} | {code(new)} | {count} |" for (old, new), count in changed.items()]
+    lines += [f"| {named_code(old)} | {named_code(new)} | {count} |" for (old, new), count in changed.items()]
     return [*lines, ""]
 
 
@@ -227,7 +307,7 @@ def real_size_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "peft": (r.get("versions") or {}).get("peft", "?"),
                 "shape": f"{config['hidden']}/{config['intermediate']} x{config['layers']}, "
-                f"{config['batch']}x{config['seq']}",
+                f"vocab {config.get('vocab', '?')}, {config['batch']}x{config['seq']}",
                 "base": "nf4 (QLoRA/QDoRA)" if config.get("base") == "4bit" else f"{config.get('dtype')} (LoRA/DoRA)",
                 "autocast": bool(config.get("autocast")),
                 "variant": r["variant"],
@@ -255,13 +335,15 @@ def _real_size_section(records: list[dict[str, Any]]) -> list[str]:
     lines = [
         "## S5 at real size: DoRA vs LoRA memory per peft release",
         "",
-        "Decoder layers of a real model's shape, built in code; peak `torch.cuda.max_memory_allocated` over one "
-        "forward+backward (activations and temporaries, not the weights) and the median step time. A run that "
+        "Decoder layers of a real model's shape (hidden/intermediate size, layers, vocabulary and batch x "
+        "sequence as in the shape column), built in code; peak `torch.cuda.max_memory_allocated` over one "
+        "forward+backward above the memory held before it: activations, temporaries and the logits "
+        "(batch x seq x vocab), not the weights. The median step time beside it. A run that "
         "failed before measuring (e.g. peft 0.9 refusing DoRA on a 4-bit layer) is in the S5 section below. "
         "Plot: [`results/s5-real-size.png`](s5-real-size.png).",
         "",
-        "| peft | shape (hidden/intermediate x layers, batch x seq) | base | autocast | variant | outcome | LoRA MiB "
-        "| DoRA MiB | DoRA/LoRA | LoRA step s | DoRA step s | device |",
+        "| peft | shape (hidden/intermediate x layers, vocab, batch x seq) | base | autocast | variant | outcome "
+        "| LoRA MiB | DoRA MiB | DoRA/LoRA | LoRA step s | DoRA step s | device |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -295,7 +377,7 @@ def _versions_table(cells: list[str], records: list[dict[str, Any]]) -> list[str
 def _summary_entry(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> str:
     """One cell x scenario: the target apart from other failures, the fixes on exactly the target's configs
     (each marked fix or workaround), the controls, and how it ran."""
-    return " <br>".join(headline(verdict(records, spec), spec, code, md))
+    return " <br>".join(headline(verdict(records, spec), spec, named_code, md))
 
 
 def _scenario_section(
@@ -343,7 +425,7 @@ def _variant_entry(subset: list[dict[str, Any]], metrics: list[str], flaky: set[
     parts = []
     for outcome, n in counts.items():
         sigs = _counts(r["signature"] for r in subset if r["outcome"] == outcome and r["signature"])
-        sig_text = "".join(f" {code(s)}" for s in sigs if outcome not in UNSIGNED)
+        sig_text = "".join(f" {named_code(s)}" for s in sigs if outcome not in UNSIGNED)
         parts.append(f"{outcome} {n}/{len(subset)}{sig_text}")
     for name in metrics:
         values = [r["metrics"].get(name) for r in subset if isinstance(r.get("metrics", {}).get(name), int | float)]

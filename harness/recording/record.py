@@ -10,12 +10,21 @@ from typing import Any, TypedDict
 
 from harness.paths import REPO_ROOT
 from harness.recording import runs
-from harness.recording.signatures import RULES_DIGEST, classify
+from harness.recording.signatures import RULES_DIGEST, classify, judged
 
 MESSAGE_LIMIT = 600
 RECORD_VERSION = 1
 #: Detail fields a job's outcome keeps when the worker or launcher reported them.
-OPTIONAL_DETAIL = ("warnings", "stderr_tail", "traceback", "ranks_failed", "check", "rank_stacks", "waiting_in")
+OPTIONAL_DETAIL = (
+    "warnings",
+    "stderr_tail",
+    "traceback",
+    "ranks_failed",
+    "check",
+    "rank_stacks",
+    "waiting_in",
+    "setup",
+)
 
 
 class Outcome(TypedDict, total=False):
@@ -42,6 +51,13 @@ class Outcome(TypedDict, total=False):
     shrink: dict[str, Any]
     minimal_config: dict[str, Any]
     slot: dict[str, Any]
+    #: What really ran, measured while the job ran (scenarios/kit/measured.py): quantized weights, the FSDP that
+    #: wrapped the model, world size, dtypes, ZeRO stage, autocast, the Trainer's distributed settings.
+    setup: dict[str, Any]
+    #: Why the record is not evidence about the stack (scenarios/applicability.py), with what the job reported.
+    not_applicable: str
+    reported_outcome: str
+    reported_signature: str | None
 
 
 class Record(Outcome, total=False):
@@ -110,6 +126,21 @@ def not_run(outcome: str, signature: str, message: str) -> Outcome:
         metrics={},
         duration_s=0.0,
         classified=True,
+    )
+
+
+def judge(fields: Outcome, config: dict[str, Any], device: str, versions: dict[str, str]) -> Outcome:
+    """A job's outcome judged by the applicability rules with what it ran on: the machine's device and the cell's
+    versions, and the config it declared (not-applicable when the machine could not run it, or another setup
+    ran). Applied before shrinking and fixes are decided, so nothing is spent on a record that is no evidence."""
+    context = {"config": config, "hardware": {"device": device}, "versions": versions}
+    verdict = judged(dict(fields) | context)
+    return (
+        fields
+        if verdict.get("outcome") == fields.get("outcome")
+        else Outcome(
+            **{k: v for k, v in verdict.items() if k not in context}  # type: ignore[typeddict-item]
+        )
     )
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.recording.outcomes import NAMED
-from scenarios import failure_names
+from scenarios import applicability, failure_names
 
 #: Exception types that, raised from our own scenario or harness code, mean a bug of ours.
 PROGRAMMING_ERRORS = {
@@ -40,15 +41,22 @@ class Classified:
 
 #: Which rule set named a failure: a digest of this file. Records carry it; the report names every failure
 #: again with today's rules and shows where a name changed.
-RULES_DIGEST = hashlib.sha1(Path(__file__).read_bytes() + Path(failure_names.__file__ or "").read_bytes()).hexdigest()[
-    :12
-]
+RULES_DIGEST = hashlib.sha1(
+    b"".join(Path(m.__file__ or "").read_bytes() for m in (sys.modules[__name__], failure_names, applicability))
+).hexdigest()[:12]
 
 
 def rename(record: dict[str, Any]) -> dict[str, Any]:
-    """The record as today's rules name it. Only failures of the stack are named again (fail, flaky), from the
-    exception type, message and traceback the record kept; a violated check and anything the launcher decided
-    (timeout, crash, skip) keep their names. A changed name keeps the old one in `signature_at_run`."""
+    """The record as today's rules judge it: a failure of the stack named again (from the exception type, message
+    and traceback the record kept), then the applicability rules (`scenarios/applicability.py`): a record that is
+    not evidence about the stack becomes not-applicable. What changed keeps its old value in `signature_at_run`
+    and `outcome_at_run`."""
+    return judged(_renamed(record), at_report=True)
+
+
+def _renamed(record: dict[str, Any]) -> dict[str, Any]:
+    """A failure of the stack (fail, flaky) named again; a violated check and anything the launcher decided
+    (timeout, crash, skip) keep their names."""
     if record.get("outcome") not in NAMED or not record.get("exc_type") or record.get("check"):
         return record
     detail = {k: record.get(k) or "" for k in ("exc_type", "message", "traceback")}
@@ -64,6 +72,27 @@ def rename(record: dict[str, Any]) -> dict[str, Any]:
     if record["outcome"] == "fail" and verdict.outcome != "skip":
         renamed["outcome"] = verdict.outcome  # e.g. a failure today's rules know as our own setup's (error)
     return renamed
+
+
+def judged(record: dict[str, Any], at_report: bool = False) -> dict[str, Any]:
+    """Not-applicable when the applicability rules say the record is not evidence about the stack (the machine
+    could not run the declared setup, or another setup ran). The job's own report stays in `reported_outcome`
+    and `reported_signature`; `not_applicable` says why."""
+    why = applicability.reason(record)
+    if not why:
+        return record
+    changed = dict(record) | {
+        "outcome": "skip",
+        "signature": "not-applicable",
+        "known_issue": [],
+        "not_applicable": why,
+        "reported_outcome": record.get("outcome"),
+        "reported_signature": record.get("signature"),
+    }
+    if at_report:
+        changed["outcome_at_run"] = record.get("outcome")
+        changed.setdefault("signature_at_run", record.get("signature"))
+    return changed
 
 
 def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) -> Classified:
@@ -98,13 +127,28 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
 
 def exception_signature(exc_type: str, message: str, traceback: str = "") -> str:
     """Stable name for an exception from the stack: the scenarios' failure names first, then our own setup's,
-    else `unclassified-<Type>-<hash of the normalised message>` (never dropped, never merged)."""
+    else `unclassified-<Type>-<hash>` (never dropped, never merged) over the normalised message, or, for an
+    empty message, over the innermost frames of the traceback (module and function, no line numbers)."""
     named = failure_names.name(exc_type, message, traceback)
     if named:
         return named
     if "No backend type associated with device type" in message:
         return "harness-process-group-backend"
-    return f"unclassified-{_short_type(exc_type)}-{_digest(normalise_message(message))}"
+    text = normalise_message(message) or "frames: " + " < ".join(innermost_frames(traceback))
+    return f"unclassified-{_short_type(exc_type)}-{_digest(text)}"
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<function>[^\n]+)')
+
+
+def innermost_frames(traceback: str, count: int = 2) -> list[str]:
+    """`package/module.py:function` of the innermost frames (the site-packages or checkout prefix dropped)."""
+    frames = []
+    for match in _FRAME.finditer(traceback):
+        path = match.group("file")
+        path = path.split("site-packages/", 1)[1] if "site-packages/" in path else "/".join(path.split("/")[-2:])
+        frames.append(f"{path}:{match.group('function').strip()}")
+    return frames[::-1][:count]
 
 
 OOM_MARKERS = ("MemoryError", "out of memory", "cannot allocate memory", "can't allocate memory", "std::bad_alloc")
@@ -129,12 +173,16 @@ def crash_signature(detail: dict[str, Any]) -> str:
 
 
 def normalise_message(message: str) -> str:
-    """First line of a message with volatile parts (numbers, addresses, paths, quotes) replaced."""
+    """First line of a message with volatile parts replaced (addresses, paths, numbers) and printed sets put in
+    order; quoted identifiers are kept (`'Stream' object has no attribute 'record_event'` and `'Tensor' object has
+    no attribute 'quant_state'` are different failures)."""
     first = message.strip().splitlines()[0] if message.strip() else ""
     first = re.sub(r"0x[0-9a-fA-F]+", "<addr>", first)
     first = re.sub(r"(/[\w.\-]+)+", "<path>", first)
     first = re.sub(r"\d+(\.\d+)?", "<n>", first)
-    first = re.sub(r"'[^']*'|\"[^\"]*\"", "<q>", first)
+    first = re.sub(
+        r"\{([^{}]*)\}", lambda m: "{" + ", ".join(sorted(p.strip() for p in m.group(1).split(","))) + "}", first
+    )
     return re.sub(r"\s+", " ", first).strip()
 
 

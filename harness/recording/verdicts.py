@@ -51,6 +51,11 @@ class Verdict:
     controls_failed: dict[str, int] = field(default_factory=dict)
     ran: dict[str, Any] = field(default_factory=dict)
     first_signature: str | None = None
+    #: Baseline configs that are not evidence here (not applicable: the machine could not run the declared
+    #: setup, or another setup ran): reason -> configs. Never part of the target's count.
+    inapplicable: dict[str, int] = field(default_factory=dict)
+    #: Their config ids (a flip between two dates is only a flip on configs that ran on both).
+    inapplicable_ids: dict[str, str] = field(default_factory=dict)
 
 
 def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdict:
@@ -61,8 +66,11 @@ def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdi
     if not base:
         return Verdict("no-baseline")
     outcomes = {r["outcome"] for r in base}
+    not_evidence = [r for r in base if r.get("signature") == "not-applicable"]
+    inapplicable = dict(Counter(_short_reason(r) for r in not_evidence))
+    inapplicable_ids = {r["config_id"]: _short_reason(r) for r in not_evidence}
     if outcomes == {"skip"}:
-        return Verdict("skip")
+        return Verdict("skip", inapplicable=inapplicable, inapplicable_ids=inapplicable_ids)
     if outcomes <= {"install-failed"}:
         return Verdict("install-failed")
     if outcomes <= {"env-broken"}:
@@ -81,6 +89,8 @@ def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdi
         controls_total=len([r for r in controls if r["outcome"] != "skip"]),
         controls_failed=dict(Counter(r.get("signature") or r["outcome"] for r in controls if r["outcome"] in BAD)),
         ran=_how_it_ran(base),
+        inapplicable=inapplicable,
+        inapplicable_ids=inapplicable_ids,
     )
     result.fixed, result.partly, result.not_fixed = fix_verdicts(records, {r["config_id"] for r in hits})
     result.not_applicable = [name for name, sigs in result.not_fixed if set(sigs) <= {"not-applicable"}]
@@ -95,7 +105,7 @@ def headline(v: Verdict, spec: dict[str, Any] | None, code: Format = str, text: 
     """The entry's lines, for the Markdown table (code spans, escaped text) or the site (plain text)."""
     simple = {"empty": "-", "no-baseline": "no baseline", "skip": "SKIP", "install-failed": "INSTALL-FAILED"}
     if v.state in simple:
-        return [simple[v.state]]
+        return [simple[v.state]] + (_inapplicable_line(v, text) if v.state == "skip" else [])
     if v.state == "env-broken":
         return [f"ENV-BROKEN {code(v.first_signature)}"]
     hits = v.target_records
@@ -126,6 +136,7 @@ def headline(v: Verdict, spec: dict[str, Any] | None, code: Format = str, text: 
         lines = [f"not reproduced ({v.candidates})"]
     if v.others:
         lines.append("other failures: " + ", ".join(f"{code(s)} ({n})" for s, n in _by_count(v.others)))
+    lines += _inapplicable_line(v, text)
     if v.controls_total and v.controls_failed:
         failed = ", ".join(f"{code(s)} ({n})" for s, n in _by_count(v.controls_failed))
         lines.append(f"controls: FAIL {sum(v.controls_failed.values())}/{v.controls_total} {failed}")
@@ -133,6 +144,21 @@ def headline(v: Verdict, spec: dict[str, Any] | None, code: Format = str, text: 
         lines.append(f"controls: pass {v.controls_total}/{v.controls_total}")
     lines.append("ran: " + text(_ran_text(v.ran)))
     return lines
+
+
+def _inapplicable_line(v: Verdict, text: Format) -> list[str]:
+    if not v.inapplicable:
+        return []
+    total = sum(v.inapplicable.values())
+    reasons = "; ".join(text(r) for r, _ in _by_count(v.inapplicable)[:2])
+    return [f"not applicable here: {total} config{'s' if total > 1 else ''} ({reasons})"]
+
+
+def _short_reason(record: dict[str, Any]) -> str:
+    """A not-applicable record's reason, short enough for a table entry (the record keeps the whole text)."""
+    why = str(record.get("not_applicable") or record.get("message") or "not applicable")
+    why = re.sub(r"\s*\(.*$", "", why.splitlines()[0]) or why  # drop the quoted detail in parentheses
+    return why[:90]
 
 
 def _word(records: list[dict[str, Any]], signature: str) -> str:
@@ -146,7 +172,9 @@ def _by_count(counts: dict[str, int]) -> list[tuple[str, int]]:
 def _ran_text(ran: dict[str, Any]) -> str:
     device = "/".join(ran.get("device") or ["?"]) + (" " + "/".join(ran["gpu"]) if ran.get("gpu") else "")
     ranks = "/".join(str(n) for n in ran.get("world_size") or []) or "?"
-    return f"{device}, world size {ranks}" + (f", {'/'.join(ran['fsdp'])}" if ran.get("fsdp") else "")
+    parts = [device, f"world size {ranks}"]
+    parts += ["/".join(ran[key]) for key in ("fsdp", "zero", "quantized") if ran.get(key)]
+    return ", ".join(parts)
 
 
 def fix_verdicts(
@@ -174,18 +202,30 @@ _FSDP = re.compile(r"fsdp([12])")
 
 
 def _how_it_ran(base: list[dict[str, Any]]) -> dict[str, Any]:
-    """Device, world size and the FSDP version that really ran (from each record's path or metrics)."""
-    hardware = [r.get("hardware") or {} for r in base if r["outcome"] != "skip"]
-    fsdp = set()
-    for r in base:
-        metrics = r.get("metrics") or {}
-        for text in (r.get("path"), metrics.get("fsdp_that_ran"), metrics.get("fsdp")):
+    """Device, world size, the FSDP version, ZeRO stage and 4-bit weights that really ran: measured facts
+    (`setup`) where the records have them, else the path or metrics the scenario returned."""
+    ran = [r for r in base if r["outcome"] != "skip"]
+    hardware = [r.get("hardware") or {} for r in ran]
+    fsdp, zero, quantized, world = set(), set(), set(), set()
+    for r in ran:
+        setup, metrics = r.get("setup") or {}, r.get("metrics") or {}
+        texts = [setup.get("fsdp")] if setup.get("fsdp") else [r.get("path"), metrics.get("fsdp_that_ran")]
+        for text in texts + ([] if setup else [metrics.get("fsdp")]):
             found = _FSDP.search(str(text or ""))
             if found:
                 fsdp.add(f"FSDP{found.group(1)}")
+        if setup.get("zero_stage"):
+            zero.add(f"ZeRO-{setup['zero_stage']}")
+        if setup.get("quantized_weights"):
+            quantized.add("4-bit weights")
+        if setup.get("world_size"):
+            world.add(int(setup["world_size"]))
+    world |= {int(h["world_size"]) for h in hardware if h.get("world_size")} if not world else set()
     return {
         "device": sorted({str(h.get("device")) for h in hardware if h.get("device")}),
-        "world_size": sorted({int(h["world_size"]) for h in hardware if h.get("world_size")}),
+        "world_size": sorted(world),
         "gpu": sorted({str(h.get("gpu_name")) for h in hardware if h.get("gpu_name")}),
         "fsdp": sorted(fsdp),
+        "zero": sorted(zero),
+        "quantized": sorted(quantized),
     }

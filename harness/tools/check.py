@@ -21,7 +21,7 @@ from harness.errors import UsageError
 from harness.execution import hardware
 from harness.execution.launcher import LaunchSpec, WorkerSession, stack_env
 from harness.execution.scenario_run import observed
-from harness.recording.record import make_record
+from harness.recording.record import judge, make_record
 from harness.recording.verdicts import headline, verdict
 
 JOB_TIMEOUT_S = 600.0
@@ -144,7 +144,7 @@ def _run_seed(scenario: Scenario, session: WorkerSession, versions: dict[str, st
                 hardware=hardware_seen,
                 install={"mode": "check"},
                 scenario_digest=None,
-                outcome=observed(result),
+                outcome=judge(observed(result), config, device, versions),
             )
             done.append(dict(record))
         return done

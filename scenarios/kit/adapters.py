@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from scenarios import compat
+from scenarios.kit import measured
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = ["gate_proj", "up_proj", "down_proj"]
@@ -46,24 +47,27 @@ def lora_config(
 
 
 def peft_model_with_adapter_dtype(model: Any, config: Any, adapter_fp32: bool, model_dtype: str) -> Any:
-    """get_peft_model with adapters in fp32 (`adapter_fp32`) or in the model's dtype, on every peft release.
+    """get_peft_model as a user of this peft release writes it (`adapter_fp32=True`), or with the adapters cast to
+    the model's dtype (`adapter_fp32=False`, the uniform-dtype setup).
 
-    peft >= 0.12 takes `autocast_adapter_dtype` (default True: adapters in fp32); older releases do not, so
-    the adapter dtype is then set by hand to mean the same thing.
+    peft >= 0.12 takes `autocast_adapter_dtype` (default True: adapters in fp32). Older releases have no such
+    switch and create the adapters in the base layer's dtype: that is what their users get, so it is what runs
+    here too (nothing is forced to fp32). `setup.adapter_dtypes` in the record says which dtype really ran.
     """
     import inspect
 
-    import torch
     from peft import get_peft_model
 
     if "autocast_adapter_dtype" in inspect.signature(get_peft_model).parameters:
         peft_model = get_peft_model(model, config, autocast_adapter_dtype=bool(adapter_fp32))
     else:
         peft_model = get_peft_model(model, config)
-    want = torch.float32 if adapter_fp32 else compat.torch_dtype(model_dtype)
-    for name, param in peft_model.named_parameters():
-        if "lora_" in name and param.is_floating_point() and param.dtype != want:
-            param.data = param.data.to(want)
+    if not adapter_fp32:
+        want = compat.torch_dtype(model_dtype)
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name and param.is_floating_point() and param.dtype != want:
+                param.data = param.data.to(want)
+    measured.note(adapter_dtype_rule="peft-default" if adapter_fp32 else f"cast-to-{model_dtype}")
     return peft_model
 
 

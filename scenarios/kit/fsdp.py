@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from scenarios import compat
+from scenarios.kit import measured
 
 
 def wrap_policy(kind: str, peft_model: Any) -> Any:
@@ -68,11 +69,15 @@ def shard(
 ) -> tuple[Any, int]:
     """(the sharded model, how many trainable params accelerate's fp32 upcast touched). `upcast`: accelerate
     upcasts low-precision trainable params to fp32 when mixed precision is on."""
+    if kind not in ("fsdp1", "fsdp2"):
+        raise ValueError(f"unknown fsdp kind {kind!r}")
+    measured.note(fsdp_declared=kind, use_orig_params=bool(use_orig_params) if kind == "fsdp1" else None)
     if kind == "fsdp1":
-        return _fsdp1(model, device, policy, mp, use_orig_params, upcast)
-    if kind == "fsdp2":
-        return _fsdp2(model, device, policy, mp, upcast)
-    raise ValueError(f"unknown fsdp kind {kind!r}")
+        wrapped, count = _fsdp1(model, device, policy, mp, use_orig_params, upcast)
+    else:
+        wrapped, count = _fsdp2(model, device, policy, mp, upcast)
+    measured.model(wrapped)
+    return wrapped, count
 
 
 def _fsdp1(model: Any, device: Any, policy: Any, mp: Any, use_orig_params: bool, upcast: bool) -> tuple[Any, int]:

@@ -11,6 +11,7 @@ import time
 import warnings
 
 from scenarios import compat
+from scenarios.kit import measured
 from scenarios.kit.adapters import TARGETS, lora_config
 from scenarios.kit.models import dtype_kwarg, hf_model
 
@@ -60,17 +61,18 @@ NO_4BIT_HERE = re.compile(r"GPU|CUDA|accelerator|bitsandbytes", re.IGNORECASE)
 def load_base(config: dict, directory: str, device: str, base: str) -> tuple:
     """Load the saved tiny model along the requested path.
 
-    Returns (model, path, metrics). ``path`` is the path that really ran: "4bit", "frozen-base"
-    (requested, or the fallback when 4-bit loading is refused on this device) or "manual-4bit".
+    Returns (model, path, metrics); ``path`` is the path that ran: "4bit", "frozen-base" or "manual-4bit". A
+    quantized base that cannot be had here (bitsandbytes missing, a stack that refuses 4-bit loading on this
+    device, a bitsandbytes that does not quantize on it) ends the job as not applicable, saying why: it never
+    goes on with an unquantized model under a QLoRA config.
     """
     import torch
     from transformers import LlamaForCausalLM
 
     dtype = compat.torch_dtype(config["dtype"])
     metrics: dict = {"requested_base": base}
-    if base == "4bit" and compat.version_of("bitsandbytes") is None:
-        metrics["fallback_reason"] = "bitsandbytes is not installed in this cell"
-        base = "frozen-base"
+    if base in ("4bit", "manual-4bit"):
+        measured.require(compat.version_of("bitsandbytes") is not None, "bitsandbytes is not installed in this cell")
     if base == "4bit":
         from transformers import BitsAndBytesConfig
 
@@ -85,11 +87,11 @@ def load_base(config: dict, directory: str, device: str, base: str) -> tuple:
         except (RuntimeError, ImportError, ValueError) as exc:
             if device == "cuda" or not NO_4BIT_HERE.search(str(exc)):
                 raise
-            metrics["fallback_reason"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-            base = "frozen-base"
-        else:
-            metrics["n_linear4bit"] = count_linear4bit(model)
-            return model, "4bit", metrics
+            transformers = compat.version_of("transformers")
+            measured.require(False, f"transformers {transformers} refuses 4-bit loading on {device}: {_first(exc)}")
+        _require_quantized(model, "4bit", device)
+        metrics["n_linear4bit"] = count_linear4bit(model)
+        return model, "4bit", metrics
     model = LlamaForCausalLM.from_pretrained(directory, **dtype_kwarg(dtype))
     if device == "cuda":
         model = model.to("cuda")
@@ -97,11 +99,29 @@ def load_base(config: dict, directory: str, device: str, base: str) -> tuple:
         param.requires_grad_(False)
     if base == "manual-4bit":
         quantize_by_hand(model, dtype, device)
+        _require_quantized(model, "manual-4bit", device)
         metrics["n_linear4bit"] = count_linear4bit(model)
         return model, "manual-4bit", metrics
     if base != "frozen-base":
         raise ValueError(f"unknown base {base!r}")
+    measured.model(model)
     return model, "frozen-base", metrics
+
+
+def _require_quantized(model, base: str, device: str) -> None:
+    """A QLoRA config runs only on weights that really hold 4-bit data (measured, not assumed)."""
+    facts = measured.model(model)
+    bnb = compat.version_of("bitsandbytes")
+    measured.require(
+        facts["quantized_weights"] > 0,
+        f"bitsandbytes {bnb} quantized none of the {facts['linear4bit_modules']} Linear4bit weights on {device} "
+        f"({base} base)",
+    )
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
 
 
 def quantize_by_hand(model, dtype, device: str) -> None:
@@ -221,6 +241,8 @@ def prepare(config: dict, fixes: set[str], model, lora_cls_probe: bool = True) -
         }
         metrics["lora_layer_classes"] = ",".join(sorted(classes))
     metrics.update(checkpoint_state(hf_model(peft_model)))
+    measured.model(peft_model)
+    measured.note(checkpointing=metrics["checkpointing_active"], use_reentrant=metrics["use_reentrant"])
     return peft_model, metrics
 
 

@@ -1,0 +1,113 @@
+"""When a record is not evidence about the stack: the machine could not run the declared setup, or something
+other than the declared setup ran. Such a record is `not-applicable` (outcome skip, signature not-applicable,
+with the reason), never a pass and never a fail: it leaves a target's denominator and a fix's verdict.
+
+Two kinds of rule, both judged from what a record holds, so the harness applies them when it writes a record and
+again when it makes the table (older records are judged by today's rules, like failure names):
+- **machine limits**: an exception that says this machine cannot run the setup (FSDP2's CUDA streams on a CPU
+  machine, bitsandbytes 4-bit on CPU before it had a CPU backend, a Trainer that refuses bf16 without a GPU);
+- **declared vs measured**: the setup measured while the job ran (`setup`, written by `scenarios/kit/measured.py`,
+  or for older records the path and metrics the scenario returned) differs from what the config declares.
+
+Scenarios raise `compat.NotApplicable` themselves where they can tell at run time (the preferred way); these
+rules catch what only shows as an exception or in the facts afterwards. Standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+#: Outcomes a rule may turn into not-applicable: what a job that ran reported.
+JUDGED = ("pass", "fail", "flaky")
+
+_FSDP2_NEEDS_CUDA = (
+    "CUDA driver version is insufficient",
+    "FSDP requires CUDA for streams",
+    "'Stream' object has no attribute 'record_event'",
+    "Found no NVIDIA driver on your system",
+    "Torch not compiled with CUDA enabled",
+)
+_BF16_NEEDS_GPU = "Your setup doesn't support bf16/gpu"
+#: bitsandbytes gained a CPU backend for 4-bit (quantize, dequantize, matmul) in 0.46.0.
+BNB_CPU_4BIT = (0, 46)
+_QUANTIZED_BASES = ("4bit", "manual-4bit")
+
+
+def reason(record: Mapping[str, Any]) -> str | None:
+    """Why this record is not evidence about the stack, or None when it is."""
+    if record.get("outcome") not in JUDGED:
+        return None
+    if record.get("outcome") != "pass":
+        limit = machine_limit(record)
+        if limit:
+            return limit
+    return setup_mismatch(record)
+
+
+def machine_limit(record: Mapping[str, Any]) -> str | None:
+    """An exception that says the machine, not the stack, cannot run this setup."""
+    device = (record.get("hardware") or {}).get("device") or record.get("device")
+    if device != "cpu":
+        return None
+    message = record.get("message") or ""
+    traceback = record.get("traceback") or ""
+    versions = record.get("versions") or {}
+    if any(marker in message for marker in _FSDP2_NEEDS_CUDA):
+        where = "FSDP2" if "fsdp" in traceback.lower() or "fsdp" in message.lower() else "this code path"
+        torch = versions.get("torch", "?")
+        return f"{where} in torch {torch} needs CUDA, and this machine has no GPU ({_first(message)})"
+    if _BF16_NEEDS_GPU in message:
+        return f"the Trainer of transformers {versions.get('transformers', '?')} refuses bf16 without a GPU"
+    if "Blockwise 4bit dequantization on CPU only supports uint8 storage" in message:
+        storage = (record.get("config") or {}).get("dtype", "a non-uint8")
+        return (
+            f"bitsandbytes {versions.get('bitsandbytes', '?')} on CPU dequantizes only uint8 4-bit storage "
+            f"(the config declares {storage} storage: quant_storage = compute dtype, as FSDP-QLoRA needs)"
+        )
+    bnb = versions.get("bitsandbytes")
+    if bnb and _version(bnb) < BNB_CPU_4BIT and _raised_in(traceback, "bitsandbytes"):
+        return f"bitsandbytes {bnb} has no 4-bit on CPU (it came with 0.46.0): {_first(message) or 'an empty assert'}"
+    return None
+
+
+def setup_mismatch(record: Mapping[str, Any]) -> str | None:
+    """The declared setup did not run: a quantized base that was not quantized, another FSDP than declared."""
+    config = record.get("config") or {}
+    metrics = record.get("metrics") or {}
+    setup = record.get("setup") or {}
+    declared_base = config.get("base")
+    if declared_base in _QUANTIZED_BASES:
+        ran = record.get("path") or metrics.get("path")
+        if ran and ran != declared_base and ran not in _QUANTIZED_BASES:
+            why = metrics.get("fallback_reason") or "the loader returned an unquantized model"
+            return f"declared a {declared_base} base, but a {ran} base ran ({why})"
+        quantized = setup.get("quantized_weights")
+        if quantized == 0:
+            return f"declared a {declared_base} base, but no weight was quantized ({setup.get('quantized_note', '')})"
+    declared_fsdp = setup.get("fsdp_declared")
+    measured_fsdp = setup.get("fsdp")
+    if declared_fsdp and measured_fsdp and declared_fsdp != measured_fsdp:
+        return f"declared {declared_fsdp}, but {measured_fsdp} wrapped the model"
+    return None
+
+
+def _raised_in(traceback: str, package: str) -> bool:
+    """Whether the innermost frames of a traceback are inside `package` (the failure is that library's own)."""
+    frames = re.findall(r'File "([^"]+)"', traceback)
+    return bool(frames) and f"/{package}/" in frames[-1]
+
+
+def _first(message: str) -> str:
+    return message.strip().splitlines()[0][:160] if message.strip() else ""
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)

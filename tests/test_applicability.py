@@ -1,0 +1,118 @@
+"""Applicability: a record that is no evidence about the stack is never a pass or a fail.
+
+The rules (`scenarios/applicability.py`) are tested on records real stacks produced: the committed history run
+(torch 2.2 .. 2.15 on CPU), judged again with today's rules. The run-time half (a scenario measuring what ran and
+refusing a config that silently degrades) is tested on real runs in `tests/test_matrix_cpu.py`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from harness.recording.records import read_records
+from harness.recording.signatures import rename
+from scenarios import applicability
+from tests.conftest import REPO_ROOT
+
+HISTORY = REPO_ROOT / "results" / "runs" / "history-20261124T071955Z-4cf0" / "records.jsonl"
+
+
+@pytest.fixture(scope="module")
+def history() -> list[dict]:
+    return read_records(HISTORY)
+
+
+def first(records: list[dict], text: str) -> dict:
+    return next(r for r in records if text in (r.get("message") or ""))
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        ("CUDA driver version is insufficient", "FSDP2 in torch 2.4.0 needs CUDA"),
+        ("FSDP requires CUDA for streams", "FSDP2 in torch 2.5.1 needs CUDA"),
+        ("'Stream' object has no attribute 'record_event'", "FSDP2 in torch 2.6.0 needs CUDA"),
+        ("Your setup doesn't support bf16/gpu", "refuses bf16 without a GPU"),
+    ],
+)
+def test_a_machine_limit_on_cpu_is_not_applicable(history: list[dict], message: str, reason: str) -> None:
+    record = first(history, message)
+    assert record["outcome"] == "fail", "recorded as a failure of the stack at run time"
+    judged = rename(record)
+    assert (judged["outcome"], judged["signature"]) == ("skip", "not-applicable")
+    assert reason in judged["not_applicable"], judged["not_applicable"]
+    assert judged["outcome_at_run"] == "fail" and judged["signature_at_run"] == record["signature"]
+
+
+def test_the_same_failure_on_a_gpu_stays_a_failure(history: list[dict]) -> None:
+    """A CUDA error on a GPU machine is the stack's (or the node's) failure: no CPU rule applies there."""
+    record = first(history, "FSDP requires CUDA for streams")
+    on_gpu = record | {"hardware": {**record["hardware"], "device": "cuda"}}
+    assert rename(on_gpu)["outcome"] == "fail"
+
+
+def test_bitsandbytes_before_cpu_4bit_is_not_applicable_and_after_it_is_not_excused(history: list[dict]) -> None:
+    empty = next(
+        r
+        for r in history
+        if r["outcome"] == "fail"
+        and r.get("exc_type", "").endswith("AssertionError")
+        and not r["message"]
+        and "/bitsandbytes/" in r.get("traceback", "")
+    )
+    judged = rename(empty)
+    assert judged["outcome"] == "skip" and "has no 4-bit on CPU (it came with 0.46.0)" in judged["not_applicable"]
+    newer = empty | {"versions": {**empty["versions"], "bitsandbytes": "0.48.2"}}
+    assert rename(newer)["outcome"] == "fail", "bitsandbytes with a CPU backend gets no excuse"
+    assert rename(newer)["signature"] == "bnb-4bit-assert"
+
+
+def test_a_qlora_pass_that_ran_unquantized_is_not_a_pass(history: list[dict]) -> None:
+    """The audit's worst case: a "4bit" config that passed with the model loaded unquantized ("No GPU found")."""
+    passes = [r for r in history if r["outcome"] == "pass" and (r.get("config") or {}).get("base") == "4bit"]
+    degraded = [r for r in passes if r.get("path") == "frozen-base"]
+    assert degraded, "the committed history run holds such passes"
+    for record in degraded:
+        judged = rename(record)
+        assert judged["outcome"] == "skip" and judged["reported_outcome"] == "pass"
+        assert judged["not_applicable"].startswith("declared a 4bit base, but a frozen-base base ran")
+    really_4bit = [r for r in passes if r.get("path") == "4bit"]
+    assert really_4bit and all(rename(r)["outcome"] == "pass" for r in really_4bit)
+
+
+def test_measured_setup_that_differs_from_the_declared_one_is_not_applicable() -> None:
+    base = {"outcome": "pass", "signature": None, "config": {"base": "manual-4bit"}, "hardware": {"device": "cpu"}}
+    quantized = base | {"setup": {"linear4bit_modules": 4, "quantized_weights": 4}}
+    assert applicability.reason(quantized) is None
+    assert "no weight was quantized" in applicability.reason(base | {"setup": {"quantized_weights": 0}})
+    fsdp = {"outcome": "fail", "signature": "x", "config": {}, "setup": {"fsdp_declared": "fsdp1", "fsdp": "fsdp2"}}
+    assert applicability.reason(fsdp) == "declared fsdp1, but fsdp2 wrapped the model"
+
+
+def test_no_failure_of_the_history_run_is_left_unnamed(history: list[dict]) -> None:
+    """Every failure of the committed history run has a name with today's rules (none `unclassified-`)."""
+    names = Counter(rename(r)["signature"] for r in history if rename(r)["outcome"] in ("fail", "flaky"))
+    unnamed = {name: n for name, n in names.items() if name.startswith("unclassified-")}
+    assert not unnamed, unnamed
+
+
+def test_distinct_failures_get_distinct_names() -> None:
+    """Quoted identifiers are part of a name, and set print order is not."""
+    from harness.recording.signatures import exception_signature, normalise_message
+
+    a = exception_signature("builtins.AttributeError", "'Stream' object has no attribute 'wait_event'")
+    b = exception_signature("builtins.AttributeError", "'Tensor' object has no attribute 'grad_fn_x'")
+    assert a != b
+    assert normalise_message("dtype but got {torch.bfloat16, torch.float32}") == normalise_message(
+        "dtype but got {torch.float32, torch.bfloat16}"
+    )
+    tb = 'File "/x/site-packages/bitsandbytes/functional.py", line 9, in quantize_4bit\n'
+    other = 'File "/x/site-packages/torch/nn/functional.py", line 9, in linear\n'
+    assert exception_signature("builtins.ValueError", "", tb) != exception_signature("builtins.ValueError", "", other)
+
+
+def test_committed_history_run_exists() -> None:
+    assert Path(HISTORY).is_file()
