@@ -177,7 +177,8 @@ def test_kill9_during_an_environment_build_then_an_immediate_rerun(ci_run: Path,
     and a re-run started at once waits for the dying build, discards the half-built environment, and completes
     with the outcomes of an uninterrupted run (the session's plain `ci` run)."""
     results, envs = tmp_path / "results", tmp_path / "envs"
-    command = [*matrix_command("ci", results, "--envs-dir", envs, "--cell", "old_*", "--scenario", "S2-qlora-grad-flags")]
+    slice_ = ("--cell", "old_*", "--scenario", "S2-qlora-grad-flags")
+    command = matrix_command("ci", results, "--envs-dir", envs, *slice_)
     log = tmp_path / "run.log"
     with open(log, "ab") as out:
         first = subprocess.Popen(command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
