@@ -7,6 +7,7 @@ nox sessions call this; nodes without nox, uv or an install of the project (an a
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -143,6 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
         dest="add_dates",
         metavar="YYYY-MM-DD",
         help="with --grow: also add this install day (repeatable)",
+    )
+    matrix.add_argument(
+        "--date",
+        action="append",
+        default=[],
+        dest="dates",
+        metavar="YYYY-MM-DD",
+        help="a new run of a dated profile (history) on these install days instead of the ones its date rule "
+        "gives (repeatable), e.g. to re-check the atlas days a scenario change affects; the report shows the newest "
+        "evidence per cell and scenario, so such a run replaces only what it re-ran",
     )
     matrix.add_argument(
         "--world-size",
@@ -404,6 +415,13 @@ def _matrix(args: argparse.Namespace) -> int:
         raise UsageError("--grow and --add-date add days to a dated run: pass --resume RUN_ID")
     if args.add_dates and not args.grow:
         raise UsageError("--add-date needs --grow")
+    if args.dates and args.resume_run:
+        raise UsageError("--date chooses the days of a new run; a resumed run keeps its days (--grow --add-date adds)")
+    for day in args.dates:
+        try:
+            dt.date.fromisoformat(day)
+        except ValueError:
+            raise UsageError(f"--date {day!r}: expected YYYY-MM-DD") from None
     profile = load_profile(args.profile or default_profile(), MATRIX_DIR)
     install = InstallOptions(
         envs_dir=args.envs_dir or default_envs_dir(),
@@ -433,6 +451,7 @@ def _matrix(args: argparse.Namespace) -> int:
         world_sizes=tuple(args.world_sizes) if args.world_sizes else None,
         grow=args.grow,
         add_dates=tuple(args.add_dates),
+        dates=tuple(args.dates),
         no_shrink=args.no_shrink,
     )
     summary = run_matrix(profile, options)

@@ -186,3 +186,18 @@ def test_a_signal_before_the_first_record(tmp_path: Path, sig: signal.Signals, c
     assert meta["status"] == "interrupted" and meta["attempts"][-1]["signal"] == sig.name
     assert "Traceback" not in err and "no runs" not in out + err, out + err
     assert runs.effective_status(run_dir) == "interrupted"
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (("--profile", "history", "--date", "2024-13-01"), "--date '2024-13-01'"),
+        (("--profile", "history", "--date", "2024-07-25", "--resume", "history-x"), "--date chooses the days"),
+        (("--profile", "ci", "--date", "2024-07-25"), "profile ci has no date axis"),
+    ],
+)
+def test_bad_date_options(tmp_path: Path, argv: tuple[str, ...], named: str) -> None:
+    results = tmp_path / "results"
+    proc = harness("matrix", *argv, "--results-dir", str(results), "--no-report")
+    expect_exit_2(f"matrix {' '.join(argv[2:])}", proc, named)
+    assert run_dirs(results) == []

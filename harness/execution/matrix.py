@@ -103,6 +103,16 @@ def _chosen_run(profile: Profile, options: MatrixOptions, digest: str, shard: li
 def _resolved_axes(profile: Profile, previous: dict[str, Any], options: MatrixOptions) -> dict[str, list[str]] | None:
     """A resumed run's release lists (so it reproduces exactly), its date axis grown with --grow."""
     recorded = previous.get("resolved_axes")
+    if options.dates:
+        from harness.define.profile import DATE_AXIS
+
+        if previous:
+            raise UsageError(
+                f"--date: run {previous.get('run_id')} would be resumed and keeps its days; add --fresh for a new run"
+            )
+        if DATE_AXIS not in profile.axes:
+            raise UsageError(f"--date: profile {profile.name} has no date axis")
+        return {DATE_AXIS: sorted(set(options.dates))}
     if not options.grow:
         return recorded
     if not previous:

@@ -32,6 +32,8 @@ class MatrixOptions:
     #: A dated run: add the days its date rule gives now (and `add_dates`) to the resumed run's date axis.
     grow: bool = False
     add_dates: tuple[str, ...] = ()
+    #: A new dated run on these install days instead of its date rule's.
+    dates: tuple[str, ...] = ()
     #: Record drawn failures without shrinking them (quick runs, benchmarks of the batch itself).
     no_shrink: bool = False
     #: Skip reading package metadata to prune impossible cells.
