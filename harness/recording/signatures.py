@@ -49,9 +49,25 @@ RULES_DIGEST = hashlib.sha1(
 def rename(record: dict[str, Any]) -> dict[str, Any]:
     """The record as today's rules judge it: a failure of the stack named again (from the exception type, message
     and traceback the record kept), then the applicability rules (`scenarios/applicability.py`): a record that is
-    not evidence about the stack becomes not-applicable. What changed keeps its old value in `signature_at_run`
-    and `outcome_at_run`."""
-    return judged(_renamed(record), at_report=True)
+    not evidence about the stack becomes not-applicable, and one that earlier rules set aside is judged again from
+    the job's own report. What changed keeps its old value in `signature_at_run` and `outcome_at_run`."""
+    today = judged(_renamed(_as_reported(record)))
+    if today.get("outcome") != record.get("outcome"):
+        today["outcome_at_run"] = record.get("outcome")
+    if today.get("signature") != record.get("signature"):
+        today.setdefault("signature_at_run", record.get("signature"))
+    return today
+
+
+def _as_reported(record: dict[str, Any]) -> dict[str, Any]:
+    """A record the applicability rules set aside, as the job reported it (rules may judge it otherwise today);
+    a record a scenario itself declared not applicable (no `reported_outcome`) stays as it is."""
+    if record.get("outcome") != "skip" or not record.get("reported_outcome"):
+        return record
+    reported = {
+        k: v for k, v in record.items() if k not in ("not_applicable", "reported_outcome", "reported_signature")
+    }
+    return reported | {"outcome": record["reported_outcome"], "signature": record.get("reported_signature")}
 
 
 def _renamed(record: dict[str, Any]) -> dict[str, Any]:
@@ -74,14 +90,14 @@ def _renamed(record: dict[str, Any]) -> dict[str, Any]:
     return renamed
 
 
-def judged(record: dict[str, Any], at_report: bool = False) -> dict[str, Any]:
+def judged(record: dict[str, Any]) -> dict[str, Any]:
     """Not-applicable when the applicability rules say the record is not evidence about the stack (the machine
     could not run the declared setup, or another setup ran). The job's own report stays in `reported_outcome`
     and `reported_signature`; `not_applicable` says why."""
     why = applicability.reason(record)
     if not why:
         return record
-    changed = dict(record) | {
+    return dict(record) | {
         "outcome": "skip",
         "signature": "not-applicable",
         "known_issue": [],
@@ -89,10 +105,6 @@ def judged(record: dict[str, Any], at_report: bool = False) -> dict[str, Any]:
         "reported_outcome": record.get("outcome"),
         "reported_signature": record.get("signature"),
     }
-    if at_report:
-        changed["outcome_at_run"] = record.get("outcome")
-        changed.setdefault("signature_at_run", record.get("signature"))
-    return changed
 
 
 def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) -> Classified:

@@ -157,8 +157,10 @@ def _inapplicable_line(v: Verdict, text: Format) -> list[str]:
 def _short_reason(record: dict[str, Any]) -> str:
     """A not-applicable record's reason, short enough for a table entry (the record keeps the whole text)."""
     why = str(record.get("not_applicable") or record.get("message") or "not applicable")
-    why = re.sub(r"\s*\(.*$", "", why.splitlines()[0]) or why  # drop the quoted detail in parentheses
-    return why[:90]
+    first = why.splitlines()[0] if why.strip() else why
+    # The rule's words without the quoted detail (the exception text after ": " or in parentheses).
+    short = re.sub(r"\s*\(.*$", "", first.split(": ", 1)[0]) or first
+    return short[:100]
 
 
 def _word(records: list[dict[str, Any]], signature: str) -> str:

@@ -76,7 +76,11 @@ def shard(
         wrapped, count = _fsdp1(model, device, policy, mp, use_orig_params, upcast)
     else:
         wrapped, count = _fsdp2(model, device, policy, mp, upcast)
-    measured.model(wrapped)
+    # The FSDP that really wraps the model, and the dtypes FSDP holds. Quantization is measured where the base is
+    # loaded (FSDP1 flattens the 4-bit weights into FlatParameter views; bitsandbytes restores their state from the
+    # module at forward), so the sharded facts get their own prefix and never replace the load-time count.
+    measured.note(fsdp=measured.fsdp_version(wrapped))
+    measured.model(wrapped, prefix="sharded_")
     return wrapped, count
 
 
