@@ -86,11 +86,25 @@ def setup_mismatch(record: Mapping[str, Any]) -> str | None:
         quantized = setup.get("quantized_weights")
         if quantized == 0:
             return f"declared a {declared_base} base, but no weight was quantized ({setup.get('quantized_note', '')})"
-    declared_fsdp = setup.get("fsdp_declared")
-    measured_fsdp = setup.get("fsdp")
+    declared_fsdp = setup.get("fsdp_declared") or _declared_fsdp(record)
+    measured_fsdp = setup.get("fsdp") or _fsdp_in(metrics.get("fsdp_that_ran")) or _fsdp_in(record.get("path"))
     if declared_fsdp and measured_fsdp and declared_fsdp != measured_fsdp:
         return f"declared {declared_fsdp}, but {measured_fsdp} wrapped the model"
     return None
+
+
+def _declared_fsdp(record: Mapping[str, Any]) -> str | None:
+    """The FSDP version a record's config declares (S1: the `fsdp` key, or its `fsdp2` variant)."""
+    declared = (record.get("config") or {}).get("fsdp")
+    if declared not in ("fsdp1", "fsdp2"):
+        return None
+    return "fsdp2" if "fsdp2" in str(record.get("variant", "")).split("+") else declared
+
+
+def _fsdp_in(text: Any) -> str | None:
+    """'fsdp1' / 'fsdp2' where a path or metric names the FSDP that ran ('trainer-fsdp2', 'fsdp1-manual/hf')."""
+    found = re.match(r"^(?:trainer-)?(fsdp[12])\b", str(text or ""))
+    return found.group(1) if found else None
 
 
 def _raised_in(traceback: str, package: str) -> bool:

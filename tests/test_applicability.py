@@ -116,3 +116,15 @@ def test_distinct_failures_get_distinct_names() -> None:
 
 def test_committed_history_run_exists() -> None:
     assert Path(HISTORY).is_file()
+
+
+def test_a_trainer_pass_that_ran_another_fsdp_than_declared_is_not_applicable() -> None:
+    """The node's Trainer S1 config declared FSDP1 and transformers 5 wrapped the model with FSDP2 (its default):
+    the record said FSDP1. Judged today, those passes are not applicable, saying which FSDP ran."""
+    run = REPO_ROOT / "results" / "runs" / "gpu-trainer-20261122T001134Z" / "records.jsonl"
+    passes = [r for r in read_records(run) if r["outcome"] == "pass" and r.get("path") == "trainer-fsdp2"]
+    declared_fsdp1 = [r for r in passes if "fsdp2" not in r["variant"].split("+")]
+    assert declared_fsdp1
+    assert all(rename(r)["not_applicable"] == "declared fsdp1, but fsdp2 wrapped the model" for r in declared_fsdp1)
+    asked_fsdp2 = [r for r in passes if "fsdp2" in r["variant"].split("+")]
+    assert asked_fsdp2 and all(rename(r)["outcome"] == "pass" for r in asked_fsdp2)
