@@ -99,10 +99,10 @@ def init_distributed(device: str, local_rank: int) -> None:
 
 
 def finish_distributed(world_size: int) -> None:
-    if world_size <= 1:
-        return
-    import torch.distributed as dist
+    """End the process group where one was made (a distributed scenario has one at world size 1 too)."""
+    import sys
 
-    if dist.is_initialized():
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

@@ -48,8 +48,8 @@ def main(jobs_file: str, out_dir: str) -> int:
         module = importlib.import_module(spec["module"])
         for package in spec.get("preload", []):
             importlib.import_module(package)
-        if world_size > 1:
-            init_distributed(spec["device"], local_rank)
+        if world_size > 1 or spec.get("distributed"):
+            init_distributed(spec["device"], local_rank)  # a distributed scenario has a process group at 1 rank too
     except BaseException as exc:
         emit({"event": "import-failed", **describe(exc)})
         return 3

@@ -107,6 +107,28 @@ def _fsdp_in(text: Any) -> str | None:
     return found.group(1) if found else None
 
 
+def from_siblings(records: list[Mapping[str, Any]]) -> dict[int, str]:
+    """Reasons for records that cannot show on their own which base ran (a job that failed before the scenario
+    returned its path), from the other jobs of the same config in the same cell: loading the base does not depend
+    on the variant, so when they ran an unquantized base for a quantized config, so did this one. {index: reason}."""
+    ran_as: dict[tuple[str, str, str], tuple[str, str]] = {}
+    for record in records:
+        config = record.get("config") or {}
+        path = record.get("path")
+        if config.get("base") in _QUANTIZED_BASES and path and path not in _QUANTIZED_BASES:
+            key = (str(record.get("cell")), str(record.get("scenario")), str(record.get("config_id")))
+            why = (record.get("metrics") or {}).get("fallback_reason") or "the loader returned an unquantized model"
+            ran_as.setdefault(key, (path, why))
+    found = {}
+    for index, record in enumerate(records):
+        key = (str(record.get("cell")), str(record.get("scenario")), str(record.get("config_id")))
+        if key in ran_as and not record.get("path") and record.get("outcome") in JUDGED:
+            path, why = ran_as[key]
+            base = (record.get("config") or {}).get("base")
+            found[index] = f"declared a {base} base; this config's other jobs in the cell ran a {path} base ({why})"
+    return found
+
+
 def _raised_in(traceback: str, package: str) -> bool:
     """Whether the innermost frames of a traceback are inside `package` (the failure is that library's own)."""
     frames = re.findall(r'File "([^"]+)"', traceback)

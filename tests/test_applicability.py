@@ -128,3 +128,45 @@ def test_a_trainer_pass_that_ran_another_fsdp_than_declared_is_not_applicable() 
     assert all(rename(r)["not_applicable"] == "declared fsdp1, but fsdp2 wrapped the model" for r in declared_fsdp1)
     asked_fsdp2 = [r for r in passes if "fsdp2" in r["variant"].split("+")]
     assert asked_fsdp2 and all(rename(r)["outcome"] == "pass" for r in asked_fsdp2)
+
+
+def test_a_fix_that_could_not_run_on_a_config_is_judged_only_where_it_ran() -> None:
+    from harness.recording.verdicts import fix_verdicts
+
+    def rec(variant: str, cid: str, outcome: str, sig: str | None = None) -> dict:
+        return {"variant": variant, "config_id": cid, "outcome": outcome, "signature": sig}
+
+    na = "not-applicable"
+    records = [
+        rec("baseline", "a", "fail", "t"),
+        rec("baseline", "b", "fail", "t"),
+        rec("x", "a", "fail", "other"),
+        rec("x", "b", "skip", na),
+        rec("y", "a", "skip", na),
+        rec("y", "b", "skip", na),
+        rec("z", "a", "pass"),
+        rec("z", "b", "pass"),
+    ]
+    fixed, partly, not_fixed = fix_verdicts(records, {"a", "b"})
+    assert fixed == ["z"] and partly == []
+    assert ("x", ["other"]) in not_fixed, "a not-applicable record is not a way of not fixing"
+    assert ("y", [na]) in not_fixed, "a variant that ran nowhere is shown as not applicable"
+
+
+def test_a_failure_that_cannot_say_which_base_ran_is_judged_by_its_config_siblings(history: list[dict]) -> None:
+    """On 2024-07-25 (transformers 4.43 on CPU) the seed's 4-bit config in Trainer order failed before it could
+    return its path; its fix variants, same config and cell, show the base was loaded unquantized."""
+    from harness.recording.signatures import rename_all
+
+    judged = rename_all(history)
+    [failed] = [
+        r
+        for r, raw in zip(judged, history, strict=True)
+        if raw["cell"] == "era_date-2024-07-25"
+        and raw["scenario"] == "S2-qlora-grad-flags"
+        and raw["variant"] == "baseline"
+        and raw["outcome"] == "fail"
+        and raw["config"]["base"] == "4bit"
+    ]
+    assert failed["outcome"] == "skip" and failed["reported_signature"] == "no-grad-element-0"
+    assert "this config's other jobs in the cell ran a frozen-base base" in failed["not_applicable"]

@@ -50,7 +50,7 @@ INSTALL_KEYS = {"no_build_isolation", "build_requires", "extra", "env", "mode", 
 #: The axis of install dates: each value is a day, and a cell gets every package as the index had it then.
 DATE_AXIS = "date"
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-SCENARIO_KEYS = {"examples", "job_timeout_s", "variants", "configs", "cells"}
+SCENARIO_KEYS = {"examples", "job_timeout_s", "variants", "configs", "cells", "single_rank"}
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,9 @@ class ScenarioSettings:
     configs: tuple[dict[str, Any], ...] = ()
     #: Globs over cell ids; the scenario runs only there (elsewhere: skip, "not selected by the profile").
     cells: tuple[str, ...] | None = None
+    #: A distributed scenario may run at world size 1 (one rank, under torchrun and a process group, FSDP or
+    #: ZeRO over one GPU), to find out whether its target shows there; otherwise world size 1 is a skip.
+    single_rank: bool = False
 
 
 @dataclass(frozen=True)
@@ -518,8 +521,15 @@ def _parse_scenarios(shown: str, raw: Any) -> dict[str, ScenarioSettings]:
             cells=tuple(_str_list(shown, f"{key}.cells", body["cells"], allow_empty=False))
             if "cells" in body
             else None,
+            single_rank=_bool(shown, f"{key}.single_rank", body.get("single_rank", False)),
         )
     return parsed
+
+
+def _bool(shown: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ProfileError(shown, key, f"must be true or false, got {value!r}")
+    return value
 
 
 # --- small typed readers: each raises ProfileError naming the key -------------------------------

@@ -233,7 +233,8 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
             continue
         per_node = _world_size(scenario, cell, ctx.machine)
         world_size = per_node * (ctx.options.nnodes if scenario.distributed else 1)  # what records report
-        skip = _skip_reason(scenario, env.versions, device, world_size) or _gpu_shortfall(
+        single_rank = ctx.plan.profile.settings_for(scenario.id).single_rank
+        skip = _skip_reason(scenario, env.versions, device, world_size, single_rank) or _gpu_shortfall(
             scenario, device, per_node, ctx.machine
         )
         if skip:
@@ -255,6 +256,7 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
             memory_limit_mb=ctx.plan.profile.worker_memory_mb,
             nnodes=ctx.options.nnodes if scenario.distributed else 1,
             rdzv_endpoint=ctx.options.rdzv_endpoint,
+            distributed=scenario.distributed,
         )
         specs = _packed_specs(spec, scenario, ctx, len(pending))
         due.append(_ScenarioLaunch(scenario, variants, pending, resumed_fixes, specs, world_size))
@@ -373,15 +375,17 @@ def _gpu_shortfall(scenario: Scenario, device: str, ranks: int, machine: dict[st
     return None
 
 
-def _skip_reason(scenario: Scenario, versions: dict[str, str], device: str, world_size: int) -> str | None:
+def _skip_reason(
+    scenario: Scenario, versions: dict[str, str], device: str, world_size: int, single_rank: bool = False
+) -> str | None:
     missing = [p for p in scenario.requires if p.lower() not in versions]
     if missing:
         return f"needs {', '.join(missing)}, which this cell does not install"
     wanted = scenario.spec.get("device", "any")
     if wanted != "any" and wanted != device:
         return f"needs device {wanted}, this run is on {device}"
-    if scenario.distributed and world_size < 2:
-        return f"needs at least 2 ranks, this run has {world_size}"
+    if scenario.distributed and world_size < 2 and not single_rank:
+        return f"needs at least 2 ranks, this run has {world_size} (a profile may allow one: single_rank = true)"
     return None
 
 

@@ -71,6 +71,8 @@ class LaunchSpec:
     rdzv_endpoint: str | None = None
     #: Which packing slot this worker is (e.g. {"cuda_visible_devices": "2"}), for the records.
     slot: dict[str, str] = field(default_factory=dict)
+    #: A distributed scenario: launched under torchrun with a process group even at one rank (single_rank).
+    distributed: bool = False
 
     @property
     def total_ranks(self) -> int:
@@ -231,6 +233,7 @@ def _start(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Launch:
                 "preload": list(spec.preload),
                 "device": spec.device,
                 "stop_after_failure": spec.stop_after_failure,
+                "distributed": spec.distributed,
                 "jobs": [_job_json(j, token) for j in jobs],
                 "feed": str(feed.path),
             }
@@ -294,7 +297,7 @@ def _address_space_limit(limit_mb: int | None) -> Any:
 
 
 def _command(spec: LaunchSpec, jobs_file: Path, out_dir: Path) -> list[str]:
-    if spec.total_ranks <= 1:
+    if spec.total_ranks <= 1 and not spec.distributed:
         return [str(spec.python), "-m", WORKER_MODULE, str(jobs_file), str(out_dir)]
     if spec.nnodes > 1:
         if not spec.rdzv_endpoint:

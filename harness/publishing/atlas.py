@@ -76,6 +76,8 @@ def plot_timeline(
             continue  # not a flip under today's rules (see flips_markdown)
         row, col = scenarios.index(flip["scenario"]), dates.index(flip["newer"])
         by = f"{flip['package']} {flip.get('release') or '?'}" if flip.get("package") else "?"
+        if masking(flip, verdicts):
+            by = "masked"  # another failure, or configs not applicable here, hide the target: no cause to name
         ax.plot([col - 0.02, col - 0.02], [row - 0.05, row + 0.95], color="black", linewidth=2)
         box = {"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "black", "linewidth": 0.6}
         ax.text(col - 0.02, row + 0.45, by, fontsize=6.5, ha="center", va="center", bbox=box)
@@ -90,7 +92,7 @@ def plot_timeline(
         "Target outcome per install date (the stack installed that day above each column).\n"
         "Red: the target failure on k/n seed configs (F: a fix removes it, W: only a workaround). "
         "Orange: not the target, other failures.\nGreen: neither. Grey: not runnable here (env: environment "
-        "broken). A labelled bar: a named flip (package, first release).",
+        "broken). A labelled bar: a named flip (package, first release); 'masked': the target is hidden there.",
         fontsize=8,
         pad=62,
     )

@@ -11,13 +11,13 @@ from harness.define.registry import discover
 from harness.publishing.atlas import dated_verdicts
 from harness.publishing.report import latest_by_key
 from harness.recording.records import read_records
-from harness.recording.signatures import rename
+from harness.recording.signatures import rename_all
 
 
 def newest_change_text(run_dir: Path) -> str:
     """Markdown: the newest day against the one before it, per scenario (target state and fixes), and what
     moved in the stack between them."""
-    records, _ = latest_by_key([rename(r) for r in read_records(run_dir / "records.jsonl")])
+    records, _ = latest_by_key(rename_all(read_records(run_dir / "records.jsonl")))
     dates, stacks, verdicts = dated_verdicts(records, {s.id: s.spec for s in discover()})
     if len(dates) < 2:
         return f"Newest stack: only {len(dates)} day recorded in {run_dir.name}, nothing to compare."

@@ -20,7 +20,7 @@ from harness.publishing.report import Selection, same_code
 from harness.recording import runs
 from harness.recording.outcomes import BAD
 from harness.recording.records import read_records, record_key
-from harness.recording.signatures import rename
+from harness.recording.signatures import rename_all
 from harness.recording.verdicts import headline, verdict
 from harness.textsafe import code, md, slug
 
@@ -142,10 +142,10 @@ def changes_since_previous(results_dir: Path, selection: Selection) -> dict[str,
         previous = older[-1]
         before = {
             record_key(r): r
-            for r in map(rename, read_records(run_root / previous["run_id"] / "records.jsonl", warn=False))
+            for r in rename_all(read_records(run_root / previous["run_id"] / "records.jsonl", warn=False))
             if r["variant"] == "baseline"
         }
-        for record in map(rename, read_records(run_root / meta["run_id"] / "records.jsonl", warn=False)):
+        for record in rename_all(read_records(run_root / meta["run_id"] / "records.jsonl", warn=False)):
             earlier = before.get(record_key(record))
             if record["variant"] != "baseline" or earlier is None:
                 continue

@@ -17,7 +17,7 @@ from harness.define.packages import AXIS_PACKAGES
 from harness.recording import runs
 from harness.recording.outcomes import UNSIGNED
 from harness.recording.records import read_records, record_key
-from harness.recording.signatures import RULES_DIGEST, rename
+from harness.recording.signatures import RULES_DIGEST, rename_all
 from harness.recording.verdicts import headline, verdict
 from harness.textsafe import code, md
 
@@ -70,7 +70,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
             from harness.errors import UsageError
 
             raise UsageError(f"unknown run id(s): {', '.join(unknown)} (known: {', '.join(metas) or 'none'})")
-        records = [rename(rec) for r in chosen for rec in read_records(run_root / r / "records.jsonl")]
+        records = [rec for r in chosen for rec in rename_all(read_records(run_root / r / "records.jsonl"))]
         return Selection(chosen, records, [metas[r] for r in chosen])
     by_profile: dict[str, list[str]] = defaultdict(list)
     for run_id, meta in metas.items():
@@ -84,7 +84,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
         shown_by: dict[tuple[str, ...], Evidence] = {}
         for run_id in sorted(by_profile[profile], key=lambda r: metas[r].get("started_at", ""), reverse=True):
             fresh = []
-            for rec in map(rename, read_records(run_root / run_id / "records.jsonl")):
+            for rec in rename_all(read_records(run_root / run_id / "records.jsonl")):
                 if (rec["cell"], rec["scenario"]) not in covered:
                     fresh.append(rec)
                 elif record_key(rec) in shown and shown[record_key(rec)] != rec["outcome"]:

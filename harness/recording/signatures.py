@@ -59,6 +59,25 @@ def rename(record: dict[str, Any]) -> dict[str, Any]:
     return today
 
 
+def rename_all(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rename` for the records of one run, plus what only the run's other records show: a job that failed before
+    it could say which base it loaded is judged by the jobs of the same config in the same cell."""
+    today = [rename(r) for r in records]
+    for index, why in applicability.from_siblings(today).items():
+        record = today[index]
+        today[index] = record | {
+            "outcome": "skip",
+            "signature": "not-applicable",
+            "known_issue": [],
+            "not_applicable": why,
+            "reported_outcome": record.get("outcome"),
+            "reported_signature": record.get("signature"),
+            "outcome_at_run": records[index].get("outcome"),
+            "signature_at_run": records[index].get("signature"),
+        }
+    return today
+
+
 def _as_reported(record: dict[str, Any]) -> dict[str, Any]:
     """A record the applicability rules set aside, as the job reported it (rules may judge it otherwise today);
     a record a scenario itself declared not applicable (no `reported_outcome`) stays as it is."""

@@ -190,13 +190,18 @@ def fix_verdicts(
             by_variant.setdefault(r["variant"], {})[r["config_id"]] = r
     fixed, partly, not_fixed = [], [], []
     for variant, results in sorted(by_variant.items()):
-        passed = sum(1 for r in results.values() if r["outcome"] == "pass")
+        # A variant that could not run on a config (not applicable there) says nothing about fixing it there.
+        ran = [r for r in results.values() if r.get("signature") != "not-applicable"]
+        if not ran:
+            not_fixed.append((variant, ["not-applicable"]))
+            continue
+        passed = sum(1 for r in ran if r["outcome"] == "pass")
         if passed == len(failing_configs):
             fixed.append(variant)
         elif passed:
             partly.append((variant, passed))
         else:
-            not_fixed.append((variant, sorted({r.get("signature") or r["outcome"] for r in results.values()})))
+            not_fixed.append((variant, sorted({r.get("signature") or r["outcome"] for r in ran})))
     return fixed, partly, not_fixed
 
 
