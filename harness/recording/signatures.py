@@ -64,17 +64,8 @@ def rename_all(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     it could say which base it loaded is judged by the jobs of the same config in the same cell."""
     today = [rename(r) for r in records]
     for index, why in applicability.from_siblings(today).items():
-        record = today[index]
-        today[index] = record | {
-            "outcome": "skip",
-            "signature": "not-applicable",
-            "known_issue": [],
-            "not_applicable": why,
-            "reported_outcome": record.get("outcome"),
-            "reported_signature": record.get("signature"),
-            "outcome_at_run": records[index].get("outcome"),
-            "signature_at_run": records[index].get("signature"),
-        }
+        at_run = {"outcome_at_run": records[index].get("outcome"), "signature_at_run": records[index].get("signature")}
+        today[index] = set_aside(today[index], why) | at_run
     return today
 
 
@@ -114,8 +105,11 @@ def judged(record: dict[str, Any]) -> dict[str, Any]:
     could not run the declared setup, or another setup ran). The job's own report stays in `reported_outcome`
     and `reported_signature`; `not_applicable` says why."""
     why = applicability.reason(record)
-    if not why:
-        return record
+    return set_aside(record, why) if why else record
+
+
+def set_aside(record: dict[str, Any], why: str) -> dict[str, Any]:
+    """The record as not-applicable, saying why, with the job's own report kept."""
     return dict(record) | {
         "outcome": "skip",
         "signature": "not-applicable",
