@@ -19,6 +19,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from scenarios.compat import version_tuple
+from scenarios.failure_names import innermost_in
+
 #: Outcomes a rule may turn into not-applicable: what a job that ran reported.
 JUDGED = ("pass", "fail", "flaky")
 
@@ -67,7 +70,7 @@ def machine_limit(record: Mapping[str, Any]) -> str | None:
             f"(the config declares {storage} storage: quant_storage = compute dtype, as FSDP-QLoRA needs)"
         )
     bnb = versions.get("bitsandbytes")
-    if bnb and _version(bnb) < BNB_CPU_4BIT and _raised_in(traceback, "bitsandbytes"):
+    if bnb and version_tuple(bnb) < BNB_CPU_4BIT and innermost_in(traceback, "bitsandbytes"):
         return f"bitsandbytes {bnb} has no 4-bit on CPU (it came with 0.46.0): {_first(message) or 'an empty assert'}"
     return None
 
@@ -85,7 +88,7 @@ def setup_mismatch(record: Mapping[str, Any]) -> str | None:
             return f"declared a {declared_base} base, but a {ran} base ran ({why})"
         quantized = setup.get("quantized_weights")
         if quantized == 0:
-            return f"declared a {declared_base} base, but no weight was quantized ({setup.get('quantized_note', '')})"
+            return f"declared a {declared_base} base, but no weight was quantized"
     declared_fsdp = setup.get("fsdp_declared") or _declared_fsdp(record)
     measured_fsdp = setup.get("fsdp") or _fsdp_in(metrics.get("fsdp_that_ran")) or _fsdp_in(record.get("path"))
     if declared_fsdp and measured_fsdp and declared_fsdp != measured_fsdp:
@@ -111,17 +114,21 @@ def from_siblings(records: list[Mapping[str, Any]]) -> dict[int, str]:
     """Reasons for records that cannot show on their own which base ran (a job that failed before the scenario
     returned its path), from the other jobs of the same config in the same cell: loading the base does not depend
     on the variant, so when they ran an unquantized base for a quantized config, so did this one. {index: reason}."""
-    ran_as: dict[tuple[str, str, str], tuple[str, str]] = {}
+
+    def config_in_cell(record: Mapping[str, Any]) -> tuple[str, ...]:
+        return tuple(str(record.get(k)) for k in ("cell", "scenario", "config_id"))
+
+    ran_as: dict[tuple[str, ...], tuple[str, str]] = {}
     for record in records:
         config = record.get("config") or {}
         path = record.get("path")
         if config.get("base") in _QUANTIZED_BASES and path and path not in _QUANTIZED_BASES:
-            key = (str(record.get("cell")), str(record.get("scenario")), str(record.get("config_id")))
+            key = config_in_cell(record)
             why = (record.get("metrics") or {}).get("fallback_reason") or "the loader returned an unquantized model"
             ran_as.setdefault(key, (path, why))
     found = {}
     for index, record in enumerate(records):
-        key = (str(record.get("cell")), str(record.get("scenario")), str(record.get("config_id")))
+        key = config_in_cell(record)
         if key in ran_as and not record.get("path") and record.get("outcome") in JUDGED:
             path, why = ran_as[key]
             base = (record.get("config") or {}).get("base")
@@ -129,21 +136,5 @@ def from_siblings(records: list[Mapping[str, Any]]) -> dict[int, str]:
     return found
 
 
-def _raised_in(traceback: str, package: str) -> bool:
-    """Whether the innermost frames of a traceback are inside `package` (the failure is that library's own)."""
-    frames = re.findall(r'File "([^"]+)"', traceback)
-    return bool(frames) and f"/{package}/" in frames[-1]
-
-
 def _first(message: str) -> str:
     return message.strip().splitlines()[0][:160] if message.strip() else ""
-
-
-def _version(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in text.split("+")[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)

@@ -149,7 +149,7 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         return "fsdp2-needs-cuda-streams"
     if "CUDA driver version is insufficient" in message or "Torch not compiled with CUDA enabled" in message:
         return "needs-cuda"
-    if short == "AssertionError" and not message.strip() and _innermost_in(traceback, "bitsandbytes"):
+    if short == "AssertionError" and not message.strip() and innermost_in(traceback, "bitsandbytes"):
         return "bnb-4bit-assert"  # bitsandbytes' own bare assert (no quant_state: nothing was quantized)
     if "setStorage:" in message and "storage of size 0" in message and "checkpoint" in traceback:
         # Recomputation in backward touches a parameter FSDP has already freed (resharded) after forward.
@@ -157,7 +157,8 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
     return None
 
 
-def _innermost_in(traceback: str, package: str) -> bool:
+def innermost_in(traceback: str, package: str) -> bool:
+    """Whether the innermost frame of a traceback is inside `package` (the failure is that library's own)."""
     frames = re.findall(r'File "([^"]+)"', traceback)
     return bool(frames) and f"/{package}/" in frames[-1]
 

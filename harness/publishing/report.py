@@ -18,7 +18,7 @@ from harness.recording import runs
 from harness.recording.outcomes import UNSIGNED
 from harness.recording.records import read_records, record_key
 from harness.recording.signatures import RULES_DIGEST, rename_all
-from harness.recording.verdicts import headline, verdict
+from harness.recording.verdicts import headline, short_reason, verdict
 from harness.textsafe import code, md
 
 LEGEND = """\
@@ -203,7 +203,7 @@ def _inapplicable_section(records: list[dict[str, Any]]) -> list[str]:
     """Records that are no evidence about the stack, by scenario and reason: what the job reported and why it is
     not counted (`scenarios/applicability.py`, applied when the record was written and again today)."""
     rows = _counts(
-        (r["scenario"], r.get("reported_outcome") or "not run", _reason_kind(r))
+        (r["scenario"], r.get("reported_outcome") or "not run", short_reason(r))
         for r in records
         if r.get("signature") == "not-applicable"
     )
@@ -225,12 +225,6 @@ def _inapplicable_section(records: list[dict[str, Any]]) -> list[str]:
     lines += ["| scenario | the job reported | why not applicable | records |", "|---|---|---|---|"]
     lines += [f"| {md(sid)} | {md(reported)} | {md(why)} | {n} |" for (sid, reported, why), n in rows.items()]
     return [*lines, ""]
-
-
-def _reason_kind(record: dict[str, Any]) -> str:
-    """A reason without its per-record detail (versions stay: they say which releases hit the limit)."""
-    why = str(record.get("not_applicable") or record.get("message") or "")
-    return " ".join(why.split("(", 1)[0].split())[:140] or "not applicable"
 
 
 def unnamed(signature: str | None) -> bool:

@@ -67,8 +67,8 @@ def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdi
         return Verdict("no-baseline")
     outcomes = {r["outcome"] for r in base}
     not_evidence = [r for r in base if r.get("signature") == "not-applicable"]
-    inapplicable = dict(Counter(_short_reason(r) for r in not_evidence))
-    inapplicable_ids = {r["config_id"]: _short_reason(r) for r in not_evidence}
+    inapplicable = dict(Counter(short_reason(r) for r in not_evidence))
+    inapplicable_ids = {r["config_id"]: short_reason(r) for r in not_evidence}
     if outcomes == {"skip"}:
         return Verdict("skip", inapplicable=inapplicable, inapplicable_ids=inapplicable_ids)
     if outcomes <= {"install-failed"}:
@@ -154,7 +154,7 @@ def _inapplicable_line(v: Verdict, text: Format) -> list[str]:
     return [f"not applicable here: {total} config{'s' if total > 1 else ''} ({reasons})"]
 
 
-def _short_reason(record: dict[str, Any]) -> str:
+def short_reason(record: dict[str, Any]) -> str:
     """A not-applicable record's reason, short enough for a table entry (the record keeps the whole text)."""
     why = str(record.get("not_applicable") or record.get("message") or "not applicable")
     first = why.splitlines()[0] if why.strip() else why
@@ -227,7 +227,8 @@ def _how_it_ran(base: list[dict[str, Any]]) -> dict[str, Any]:
             quantized.add("4-bit weights")
         if setup.get("world_size"):
             world.add(int(setup["world_size"]))
-    world |= {int(h["world_size"]) for h in hardware if h.get("world_size")} if not world else set()
+    if not world:  # records older than the measured setup
+        world = {int(h["world_size"]) for h in hardware if h.get("world_size")}
     return {
         "device": sorted({str(h.get("device")) for h in hardware if h.get("device")}),
         "world_size": sorted(world),

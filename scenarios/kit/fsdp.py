@@ -206,14 +206,4 @@ def clean_name(name: str) -> str:
 
 def fsdp_that_ran(wrapped: Any) -> str:
     """Which FSDP really wraps a model: transformers 5.x defaults to FSDP2, 4.4x ignores `version`."""
-    import torch.distributed.fsdp as fsdp
-
-    if wrapped is None:
-        return "not-wrapped"
-    modules = list(wrapped.modules())
-    if any(isinstance(m, fsdp.FullyShardedDataParallel) for m in modules):
-        return "fsdp1"
-    fsdp2_module = getattr(fsdp, "FSDPModule", None)
-    if fsdp2_module is not None and any(isinstance(m, fsdp2_module) for m in modules):
-        return "fsdp2"
-    return "not-wrapped"
+    return (measured.fsdp_version(wrapped) if wrapped is not None else None) or "not-wrapped"
