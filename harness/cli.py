@@ -220,6 +220,17 @@ def build_parser() -> argparse.ArgumentParser:
     imports.add_argument("records", nargs="+", type=Path, help="<run-id>.records.jsonl files (meta.json beside)")
     imports.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
 
+    pack = sub.add_parser(
+        "pack",
+        help="compress runs' records for committing (records.jsonl -> records.jsonl.xz, about 100x smaller)",
+        description="Packs each run's records.jsonl (and any discarded-*.jsonl) with xz, byte-exact, and removes "
+        "the plain file; every reader takes either form and a resumed or imported run is unpacked first. Pack "
+        "before committing a run: everything tracked travels with each GPU device call (64 MiB in all). A run "
+        "that a process is writing is refused (exit 2).",
+    )
+    pack.add_argument("runs", nargs="*", help="run ids (default: every run under RESULTS_DIR, probe runs included)")
+    pack.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+
     bis = sub.add_parser(
         "bisect",
         help="find the first release of a package where a scenario's outcome flips",
@@ -361,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "import-run":
             return _import_runs(args)
+        if args.command == "pack":
+            return _pack(args)
         if args.command == "flips":
             return _flips(args)
         if args.command == "bisect":
@@ -552,10 +565,11 @@ def _flips(args: argparse.Namespace) -> int:
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.execution.options import MatrixOptions
+    from harness.recording.packing import records_exist
     from harness.tools.flips import describe, find_flips
 
     run_dir = args.results_dir / "runs" / args.run
-    if not (run_dir / "records.jsonl").is_file():
+    if not records_exist(run_dir / "records.jsonl"):
         raise UsageError(f"--run {args.run}: no {run_dir / 'records.jsonl'}")
     profile = load_profile(args.profile, MATRIX_DIR)
     options = MatrixOptions(results_dir=args.results_dir, install=InstallOptions(envs_dir=default_envs_dir()))
@@ -605,6 +619,17 @@ def _import_runs(args: argparse.Namespace) -> int:
     for path in args.records:
         run_dir, added, total = import_run(path, args.results_dir)
         print(f"{run_dir.name}: {added} new records ({total} in all) -> {run_dir}")
+    return 0
+
+
+def _pack(args: argparse.Namespace) -> int:
+    from harness.recording.packing import pack_runs
+
+    packed = pack_runs(args.results_dir, args.runs)
+    for item in packed:
+        print(f"{item.path}: {item.plain_bytes / 1e6:.2f} MB -> {item.packed_bytes / 1e6:.3f} MB")
+    plain, small = sum(p.plain_bytes for p in packed), sum(p.packed_bytes for p in packed)
+    print(f"packed {len(packed)} file(s): {plain / 1e6:.2f} MB -> {small / 1e6:.2f} MB")
     return 0
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.recording.packing import unpack_run
 from harness.recording.records import merge, read_records
 from harness.recording.runs import RunLock, write_meta
 from harness.textsafe import slug
@@ -25,6 +26,7 @@ def import_run(path: Path, results_dir: Path) -> tuple[Path, int, int]:
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunLock.acquire(run_dir)
     try:
+        unpack_run(run_dir)
         existing = read_records(run_dir / "records.jsonl")
         merged = merge([existing, read_records(path)])
         with open(run_dir / "records.jsonl", "w") as handle:

@@ -17,6 +17,7 @@ from typing import Any
 from harness import pause_points
 from harness.errors import UsageError
 from harness.recording.outcomes import OUTCOMES
+from harness.recording.packing import open_records, unpack_file
 
 SCHEMA_PATH = Path(__file__).with_name("record.schema.json")
 RECORD_VERSION = 1
@@ -30,10 +31,11 @@ def record_key(record: dict[str, Any]) -> tuple[str, ...]:
 
 def read_records(path: Path, warn: bool = True) -> list[dict[str, Any]]:
     """All complete records; a damaged line is skipped with a warning on stderr."""
-    if not path.is_file():
+    handle = open_records(path)
+    if handle is None:
         return []
     records = []
-    with open(path, "rb") as handle:
+    with handle:
         for number, raw in enumerate(handle, 1):
             line = raw.strip()
             if not line:
@@ -84,6 +86,7 @@ class RecordWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        unpack_file(path)  # a packed run that is resumed appends to plain JSONL again
         repair_tail(path)
         self.outcomes = {record_key(r): str(r.get("outcome")) for r in read_records(path)}
         self.keys = set(self.outcomes)
