@@ -231,6 +231,18 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("runs", nargs="*", help="run ids (default: every run under RESULTS_DIR, probe runs included)")
     pack.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
 
+    locks = sub.add_parser(
+        "lock",
+        help="write a dated GPU profile's era lock (matrix/locks/NAME.json) for an air-gapped node",
+        description="For each day of the profile's date axis: resolve the stack as the index had it that day over "
+        "the node's own torch (a stub of its version that requires nothing), and plan what the node must get on top "
+        "of its own packages (matrix/nodes/<node_image>.json): the era packages at their day's versions, and any "
+        "other resolved package the node lacks or holds in a version that does not meet their requirements. A day "
+        "that does not resolve is kept with uv's reason. Needs the index; the node reads the lock.",
+    )
+    locks.add_argument("--profile", required=True)
+    locks.add_argument("--day", action="append", metavar="YYYY-MM-DD", help="only these days (repeatable)")
+
     bis = sub.add_parser(
         "bisect",
         help="find the first release of a package where a scenario's outcome flips",
@@ -372,6 +384,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "import-run":
             return _import_runs(args)
+        if args.command == "lock":
+            from harness.tools.locking import write_lock
+
+            print(f"wrote {write_lock(args.profile, MATRIX_DIR, args.day)}")
+            return 0
         if args.command == "pack":
             return _pack(args)
         if args.command == "flips":

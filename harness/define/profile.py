@@ -46,7 +46,17 @@ PROFILE_SECTION_KEYS = {
     "example_variants",
 }
 TIMEOUT_KEYS = {"install_s", "job_s", "worker_start_s"}
-INSTALL_KEYS = {"no_build_isolation", "build_requires", "extra", "env", "mode", "overlay_support", "outside_era"}
+INSTALL_KEYS = {
+    "no_build_isolation",
+    "build_requires",
+    "extra",
+    "env",
+    "mode",
+    "overlay_support",
+    "outside_era",
+    "era_packages",
+    "node_image",
+}
 #: The axis of install dates: each value is a day, and a cell gets every package as the index had it then.
 DATE_AXIS = "date"
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -132,6 +142,12 @@ class Profile:
     outside_era: tuple[str, ...] = ()
     #: The day `outside_era` packages are resolved as of (default: the newest day of the date axis).
     outside_era_day: str | None = None
+    #: A dated profile over a node's own torch (system mode): the packages installed at each day's versions
+    #: from the profile's era lock (matrix/locks/<name>.json); the rest of the day's stack is the node's own
+    #: where it meets their requirements (harness/versions/lock.py).
+    era_packages: tuple[str, ...] = ()
+    #: The node image the era lock plans against: matrix/nodes/<node_image>.json (its python, torch, pip list).
+    node_image: str | None = None
     scenario_settings: dict[str, ScenarioSettings] = field(default_factory=dict)
     retry: RetryPolicy = RetryPolicy()
     #: Address-space limit per worker process (CPU only): a runaway allocation becomes a recorded OOM crash.
@@ -252,6 +268,8 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
         install_mode=install_mode,
         overlay_support=tuple(_str_list(shown, "install.overlay_support", install.get("overlay_support", []))),
         outside_era=_outside_era(shown, install.get("outside_era", []), axes),
+        era_packages=_era_packages(shown, install, axes, install_mode),
+        node_image=_node_image(shown, install, install_mode),
         scenario_settings=_parse_scenarios(shown, data.get("scenario", {})),
         retry=_parse_retry(shown, data.get("retry", {})),
         reduce=_one_of(shown, "profile.reduce", head.get("reduce", "none"), ("none", "pairwise")),
@@ -371,6 +389,24 @@ def _requirement(shown: str, key: str, line: str) -> None:
         raise ProfileError(shown, key, f"{line!r} is not a requirement: {exc}") from None
     if name not in AXIS_PACKAGES + SUPPORT_PACKAGES:
         raise ProfileError(shown, key, f"{name!r} is not a package of harness/define/packages.py")
+
+
+def _era_packages(shown: str, install: dict[str, Any], axes: dict[str, tuple[str, ...]], mode: str) -> tuple[str, ...]:
+    names = _str_list(shown, "install.era_packages", install.get("era_packages", []))
+    if names and (DATE_AXIS not in axes or mode != "system"):
+        raise ProfileError(shown, "install.era_packages", 'needs a date axis and [install] mode = "system"')
+    if names and "node_image" not in install:
+        raise ProfileError(shown, "install.era_packages", "needs install.node_image (the image the lock plans for)")
+    return tuple(names)
+
+
+def _node_image(shown: str, install: dict[str, Any], mode: str) -> str | None:
+    if "node_image" not in install:
+        return None
+    name = _str(shown, "install.node_image", install["node_image"])
+    if mode != "system" or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ProfileError(shown, "install.node_image", 'a file name in matrix/nodes/, with mode = "system"')
+    return name
 
 
 def _outside_era(shown: str, raw: Any, axes: dict[str, tuple[str, ...]]) -> tuple[str, ...]:

@@ -285,7 +285,13 @@ def era_flags(cell: Cell, profile: Profile) -> list[str]:
 
 
 def _era_facts(cell: Cell, profile: Profile) -> tuple[str, ...]:
-    """What a dated cell's exceptions add to its environment's identity (nothing for other cells)."""
+    """What a dated cell's exceptions, or its era lock's overlay, add to its environment's identity (nothing
+    for other cells)."""
+    if cell.date and profile.era_packages:
+        try:
+            return ("era-lock", *_overlay_requirements(cell, profile))
+        except InstallFailed as exc:
+            return ("era-lock-unresolved", str(exc))
     if not (cell.date and profile.outside_era):
         return ()
     return ("outside-era", *profile.outside_era, era_exception_day(profile))
@@ -296,11 +302,27 @@ def era_exception_day(profile: Profile) -> str:
     return profile.outside_era_day or max(profile.axes.get(DATE_AXIS, ("",)))
 
 
+def _overlay_requirements(cell: Cell, profile: Profile) -> list[str]:
+    """What a cell layers over the node: its requirement lines, or for a dated cell of an era-locked profile
+    the day's overlay from the lock (a day with no stack over the node's torch fails to install, with uv's
+    reason)."""
+    if not (cell.date and profile.era_packages):
+        return cell.requirements()
+    from harness.versions.lock import lock_path, read_lock
+
+    entry = read_lock(lock_path(profile.path.parent, profile.name))["days"].get(cell.date)
+    if entry is None:
+        raise InstallFailed(f"the era lock has no entry for {cell.date}: run python -m harness lock again")
+    if entry.get("error"):
+        raise InstallFailed(entry["error"])
+    return [f"{name}=={version}" for name, version in entry["overlay"].items()]
+
+
 def _build_overlay(cell: Cell, profile: Profile, options: InstallOptions, target: Path, build: _Build) -> EnvResult:
     python = Path(options.system_python or shutil.which("python3") or sys.executable)
     system = installed_versions(python)
     wanted = []
-    for line in [*cell.requirements(), *profile.extra_requirements]:
+    for line in [*_overlay_requirements(cell, profile), *profile.extra_requirements]:
         requirement = Requirement(line)
         have = system.get(requirement.name.lower())
         if have is not None and (not requirement.specifier or requirement.specifier.contains(have, prereleases=True)):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -110,9 +111,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="gpu")
     parser.add_argument("--python", default="3.12", help="target python version of the node")
     parser.add_argument("--platform", action="append", default=[], help="extra platform tags (repeatable)")
-    parser.add_argument("--dest", type=Path, required=True, help="directory to fill with wheels")
+    parser.add_argument("--dest", type=Path, help="directory to fill with wheels (not needed with --plan)")
     parser.add_argument("--only", action="append", metavar="NAME", help="only these distributions (repeatable)")
+    parser.add_argument(
+        "--day", action="append", metavar="YYYY-MM-DD", help="era-locked profiles: only these days (repeatable)"
+    )
+    parser.add_argument(
+        "--plan", action="store_true", help="era-locked profiles: print which days fit one device call, fetch no more"
+    )
+    parser.add_argument("--budget-mib", type=float, help="wheels per call (default: 64 MiB less the travelling tree)")
     args = parser.parse_args(argv)
+    profile = load_profile(args.profile, REPO_ROOT / "matrix")
+    if profile.era_packages:
+        return _era_main(profile, args)
+    if args.dest is None:
+        parser.error("--dest is required")
     args.dest.mkdir(parents=True, exist_ok=True)
     wheels, sdists, support, build_torch = requirements_for(args.profile)
     if args.only:
@@ -128,6 +141,38 @@ def main(argv: list[str] | None = None) -> int:
     )
     download(wheels + support, args.dest, args.python, platforms)
     build_sdists(sdists, args.dest, build_torch)
+    total = sum(p.stat().st_size for p in args.dest.glob("*.whl"))
+    print(f"done: {len(list(args.dest.glob('*.whl')))} wheels, {total / 2**20:.1f} MiB in {args.dest}")
+    return 0
+
+
+def _era_main(profile, args: argparse.Namespace) -> int:
+    """Wheels of an era lock's days, trimmed for the node's CUDA, planned into device calls."""
+    from harness.environments import era_wheels
+    from harness.versions.lock import lock_path, read_lock
+
+    lock = read_lock(lock_path(REPO_ROOT / "matrix", profile.name))
+    days = args.day or list(lock["days"])
+    cache = Path(os.environ.get("COMPAT_MATRIX_WHEEL_CACHE", Path.home() / ".cache" / "compat-matrix" / "wheels"))
+    cache.mkdir(parents=True, exist_ok=True)
+    platforms = list(dict.fromkeys([*args.platform, *DEFAULT_PLATFORMS]))
+    wheels = era_wheels.build(lock, days, args.python, platforms, cache)
+    travelling = era_wheels.travelling_bytes(REPO_ROOT, leave_out=args.dest)
+    budget = int(args.budget_mib * 2**20) if args.budget_mib else era_wheels.CALL_LIMIT_BYTES - travelling
+    budget -= 0 if args.budget_mib else era_wheels.MARGIN_BYTES
+    sizes = {day: {name: path.stat().st_size for name, path in found.items()} for day, found in wheels.items()}
+    calls = era_wheels.plan_calls(sizes, budget)
+    era_wheels.print_plan(calls, budget, travelling)
+    if args.plan:
+        return 0
+    if args.dest is None:
+        raise SystemExit("--dest is required unless --plan")
+    if len(calls) > 1:
+        raise SystemExit(f"these days need {len(calls)} calls: pass one call's days with --day (see the plan above)")
+    args.dest.mkdir(parents=True, exist_ok=True)
+    for found in wheels.values():
+        for name, path in found.items():
+            shutil.copy2(path, args.dest / name)
     total = sum(p.stat().st_size for p in args.dest.glob("*.whl"))
     print(f"done: {len(list(args.dest.glob('*.whl')))} wheels, {total / 2**20:.1f} MiB in {args.dest}")
     return 0

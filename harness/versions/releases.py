@@ -13,6 +13,7 @@ import re
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
@@ -143,6 +144,8 @@ def resolve_axes(
             text = values[0][len(RULE_PREFIX) :]
             if recorded and package in recorded:
                 chosen = recorded[package]
+            elif package == DATE_AXIS and profile.era_packages:
+                chosen = sorted(locked_days(profile))
             elif package == DATE_AXIS:
                 if wheelhouse is not None:
                     raise UsageError(f"axes.date = {text!r}: release dates need the index, not a wheelhouse")
@@ -155,6 +158,13 @@ def resolve_axes(
             resolved[package] = chosen
             axes[package] = tuple(chosen)
     return (replace(profile, axes=axes) if resolved else profile), resolved
+
+
+def locked_days(profile: Profile) -> dict[str, Any]:
+    """The days of a profile's era lock (an air-gapped node reads its dates from there, not the index)."""
+    from harness.versions.lock import lock_path, read_lock
+
+    return read_lock(lock_path(profile.path.parent, profile.name))["days"]
 
 
 def grown_dates(

@@ -1,0 +1,163 @@
+"""Wheels for an era-locked GPU profile, a few days at a time: each device call carries at most 64 MiB, the
+whole working tree included, so a call takes the days whose wheels fit and the next call takes the rest.
+
+bitsandbytes wheels ship one CUDA library per toolkit (40 to 120 MB); a node's torch loads the one for its
+own CUDA (libbitsandbytes_cuda130.so for cu130) and never another, unless BNB_CUDA_VERSION says otherwise,
+which the harness never sets. Those for other toolkits are left out (`trim_cuda_libraries`); a release with
+none for the node's CUDA keeps only its CPU library, which is what it would load there anyway.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+#: Packages whose wheels carry one native library per CUDA toolkit: the node needs only its own.
+PER_TOOLKIT_LIBRARIES = {"bitsandbytes": re.compile(r"libbitsandbytes_cuda(\d+)\w*\.(so|dll|dylib)$")}
+
+
+def day_pins(lock: dict, days: list[str]) -> dict[str, list[str]]:
+    """Each chosen day's overlay as requirement lines (days with no stack have none)."""
+    unknown = [d for d in days if d not in lock["days"]]
+    if unknown:
+        raise ValueError(f"the era lock has no day {', '.join(unknown)} (its days: {', '.join(lock['days'])})")
+    return {d: [f"{n}=={v}" for n, v in lock["days"][d].get("overlay", {}).items()] for d in days}
+
+
+def cached_wheel(pin: str, cache: Path, python: str, platforms: list[str]) -> Path:
+    """The wheel of an exact pin, downloaded once into `cache` and kept there between wheelhouses."""
+    name, _, version = pin.partition("==")
+    found = _find(cache, name, version)
+    if found is None:
+        tags = [flag for p in platforms for flag in ("--platform", p)]
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
+        command += ["--python-version", python, "--implementation", "cp", *tags, "-d", str(cache), pin]
+        print(f"  download {pin}", flush=True)
+        subprocess.run(command, check=True)
+        found = _find(cache, name, version)
+    if found is None:
+        raise FileNotFoundError(f"pip downloaded no wheel for {pin} into {cache}")
+    return found
+
+
+def _find(folder: Path, name: str, version: str) -> Path | None:
+    for path in sorted(folder.glob("*.whl")):
+        wheel_name, wheel_version, _, _ = parse_wheel_filename(path.name)
+        if wheel_name == canonicalize_name(name) and str(wheel_version) == version:
+            return path
+    return None
+
+
+def trim_cuda_libraries(wheel: Path, cuda: str, dest: Path) -> tuple[Path, list[str]]:
+    """Copy a wheel into `dest`, leaving out native libraries built for a CUDA toolkit other than `cuda`
+    (e.g. "13.0": keeps libbitsandbytes_cuda130*.so, and any cuda13x). Returns (the copy, what was left out)."""
+    name = parse_wheel_filename(wheel.name)[0]
+    pattern = PER_TOOLKIT_LIBRARIES.get(name)
+    target = dest / wheel.name
+    if pattern is None:
+        shutil.copy2(wheel, target)
+        return target, []
+    major = cuda.split(".")[0]
+    dropped: list[str] = []
+    with zipfile.ZipFile(wheel) as source, tempfile.NamedTemporaryFile(dir=dest, delete=False) as tmp:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as copy:
+            for item in source.infolist():
+                match = pattern.search(item.filename)
+                if match and not match.group(1).startswith(major):
+                    dropped.append(item.filename)
+                    continue
+                data = source.read(item)
+                if item.filename.endswith(".dist-info/RECORD"):
+                    kept = [line for line in data.decode().splitlines() if line.split(",")[0] not in dropped]
+                    data = ("\n".join(kept) + "\n").encode()
+                copy.writestr(item, data)
+    Path(tmp.name).replace(target)
+    return target, dropped
+
+
+@dataclass
+class CallPlan:
+    """Days that one device call takes, and the wheels it carries for them."""
+
+    days: list[str]
+    wheels: dict[str, int]  # file name -> bytes
+
+    @property
+    def size(self) -> int:
+        return sum(self.wheels.values())
+
+
+def plan_calls(day_wheels: dict[str, dict[str, int]], budget: int) -> list[CallPlan]:
+    """Days in order, packed greedily into calls whose wheels (shared ones counted once) fit `budget` bytes.
+    A day too large on its own still gets a call of its own, flagged by its size."""
+    calls: list[CallPlan] = []
+    for day, wheels in day_wheels.items():
+        if calls:
+            merged = calls[-1].wheels | wheels
+            if sum(merged.values()) <= budget:
+                calls[-1].days.append(day)
+                calls[-1].wheels = merged
+                continue
+        calls.append(CallPlan([day], dict(wheels)))
+    return calls
+
+
+#: What one device call may carry in all (the device tool's limit), and room kept for files made meanwhile.
+CALL_LIMIT_BYTES = 64 * 2**20
+MARGIN_BYTES = 2 * 2**20
+
+
+def travelling_bytes(repo: Path, leave_out: Path | None = None) -> int:
+    """Bytes of the working tree that travel with a call besides the wheels: tracked files and untracked
+    files git does not ignore (the wheel folder itself, if not ignored, left out)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo, capture_output=True
+    )
+    if listed.returncode != 0:
+        return 0
+    total = 0
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        path = repo / name
+        if leave_out is not None and leave_out.resolve() in path.resolve().parents:
+            continue
+        if path.is_file():
+            total += path.stat().st_size
+    return total
+
+
+def build(lock: dict, days: list[str], python: str, platforms: list[str], cache: Path) -> dict[str, dict[str, Path]]:
+    """Each day's wheels, trimmed for the node's CUDA, in `cache`/cuda-<version>/ (made once, kept)."""
+    cuda = str(lock["node"].get("cuda") or "")
+    trimmed_dir = cache / f"cuda-{cuda or 'none'}"
+    trimmed_dir.mkdir(parents=True, exist_ok=True)
+    result: dict[str, dict[str, Path]] = {}
+    for day, pins in day_pins(lock, days).items():
+        result[day] = {}
+        for pin in pins:
+            wheel = cached_wheel(pin, cache, python, platforms)
+            target = trimmed_dir / wheel.name
+            if not target.is_file():
+                _, dropped = trim_cuda_libraries(wheel, cuda, trimmed_dir) if cuda else (None, [])
+                if dropped:
+                    print(f"  {wheel.name}: left out {len(dropped)} libraries for CUDA other than {cuda}", flush=True)
+                if not target.is_file():
+                    shutil.copy2(wheel, target)
+            result[day][wheel.name] = target
+    return result
+
+
+def print_plan(calls: list[CallPlan], budget: int, travelling: int) -> None:
+    print(f"\nper-call plan: {budget / 2**20:.1f} MiB for wheels ({travelling / 2**20:.1f} MiB of the tree travels too)")
+    print("| call | days | wheels | MiB |")
+    print("|---|---|---|---|")
+    for number, call in enumerate(calls, 1):
+        over = " (over: a day too large on its own)" if call.size > budget else ""
+        print(f"| {number} | {' '.join(call.days)} | {len(call.wheels)} | {call.size / 2**20:.1f}{over} |")
