@@ -97,9 +97,18 @@ def upstream(signature: str | None) -> list[str]:
     return list(KNOWN_ISSUES.get(family, []))
 
 
+#: Failures that say the stack's packages cannot run over the torch they were given at all (the era stack of an
+#: old day over a GPU node's fixed torch): the environment is broken, whatever the scenario was about to test.
+CANNOT_RUN_OVER_TORCH = frozenset({"bnb-no-library-for-this-cuda", "bnb-needs-triton-ops"})
+
+
 def name(exc_type: str, message: str, traceback: str = "") -> str | None:
     """The name of a known failure of the stack, or None (the harness then names it unclassified)."""
     short = exc_type.rsplit(".", 1)[-1]
+    if "CUDA Setup failed despite GPU being available" in message:
+        return "bnb-no-library-for-this-cuda"  # bitsandbytes < 0.43 ships no library for torch's CUDA (13.0)
+    if "No module named 'triton.ops'" in message:
+        return "bnb-needs-triton-ops"  # bitsandbytes 0.43 imports triton.ops, which triton 3.2 (torch 2.6) removed
     if "different metadata than during the forward pass" in message or short == "CheckpointError":
         return _checkpoint_signature(message)
     if "element 0 of tensors does not require grad" in message:

@@ -69,10 +69,13 @@ def trim_cuda_libraries(wheel: Path, cuda: str, dest: Path) -> tuple[Path, list[
     dropped: list[str] = []
     with zipfile.ZipFile(wheel) as source, tempfile.NamedTemporaryFile(dir=dest, delete=False) as tmp:
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as copy:
+            dropped = [
+                item.filename
+                for item in source.infolist()
+                if (match := pattern.search(item.filename)) and not match.group(1).startswith(major)
+            ]
             for item in source.infolist():
-                match = pattern.search(item.filename)
-                if match and not match.group(1).startswith(major):
-                    dropped.append(item.filename)
+                if item.filename in dropped:
                     continue
                 data = source.read(item)
                 if item.filename.endswith(".dist-info/RECORD"):
@@ -96,18 +99,24 @@ class CallPlan:
 
 
 def plan_calls(day_wheels: dict[str, dict[str, int]], budget: int) -> list[CallPlan]:
-    """Days in order, packed greedily into calls whose wheels (shared ones counted once) fit `budget` bytes.
-    A day too large on its own still gets a call of its own, flagged by its size."""
+    """Days packed into as few calls as first-fit finds: the largest day first, each into the first call whose
+    wheels (shared ones counted once) still fit `budget` bytes with it. A day too large on its own still gets a
+    call of its own (the plan flags it). Each call lists its days in date order; calls are in order of their
+    first day."""
     calls: list[CallPlan] = []
-    for day, wheels in day_wheels.items():
-        if calls:
-            merged = calls[-1].wheels | wheels
+    for day in sorted(day_wheels, key=lambda d: (-sum(day_wheels[d].values()), d)):
+        wheels = day_wheels[day]
+        for call in calls:
+            merged = call.wheels | wheels
             if sum(merged.values()) <= budget:
-                calls[-1].days.append(day)
-                calls[-1].wheels = merged
-                continue
-        calls.append(CallPlan([day], dict(wheels)))
-    return calls
+                call.days.append(day)
+                call.wheels = merged
+                break
+        else:
+            calls.append(CallPlan([day], dict(wheels)))
+    for call in calls:
+        call.days.sort()
+    return sorted(calls, key=lambda call: call.days[0])
 
 
 #: What one device call may carry in all (the device tool's limit), and room kept for files made meanwhile.
@@ -155,7 +164,8 @@ def build(lock: dict, days: list[str], python: str, platforms: list[str], cache:
 
 
 def print_plan(calls: list[CallPlan], budget: int, travelling: int) -> None:
-    print(f"\nper-call plan: {budget / 2**20:.1f} MiB for wheels ({travelling / 2**20:.1f} MiB of the tree travels too)")
+    shown = f"{budget / 2**20:.1f} MiB for wheels ({travelling / 2**20:.1f} MiB of the tree travels too)"
+    print(f"\nper-call plan: {shown}")
     print("| call | days | wheels | MiB |")
     print("|---|---|---|---|")
     for number, call in enumerate(calls, 1):

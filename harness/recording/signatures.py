@@ -83,10 +83,10 @@ def _as_reported(record: dict[str, Any]) -> dict[str, Any]:
 def _renamed(record: dict[str, Any]) -> dict[str, Any]:
     """A failure of the stack (fail, flaky) named again; a violated check and anything the launcher decided
     (timeout, crash, skip) keep their names."""
-    if record.get("outcome") not in NAMED or not record.get("exc_type") or record.get("check"):
+    if record.get("outcome") not in (*NAMED, "env-broken") or not record.get("exc_type") or record.get("check"):
         return record
     detail = {k: record.get(k) or "" for k in ("exc_type", "message", "traceback")}
-    verdict = classify("exception", detail)
+    verdict = classify("env-broken" if record["outcome"] == "env-broken" else "exception", detail)
     if verdict.signature == record.get("signature"):
         return record
     renamed = record | {
@@ -129,6 +129,9 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
     if status == "crash":
         return Classified("crash", crash_signature(detail))
     if status == "env-broken":
+        named = failure_names.name(detail.get("exc_type", ""), detail.get("message", ""), detail.get("traceback", ""))
+        if named in failure_names.CANNOT_RUN_OVER_TORCH:
+            return Classified("env-broken", named)
         return Classified("env-broken", "env-broken-" + _short_type(detail.get("exc_type", "")))
     if status != "exception":
         return Classified("error", f"harness-unknown-status-{status}", classified=False)
@@ -147,6 +150,9 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
         return Classified("error", "scenario-bug-" + _short_type(detail.get("exc_type", "")), classified=False)
     signature = exception_signature(detail.get("exc_type", ""), detail.get("message", ""), detail.get("traceback", ""))
     known = failure_names.upstream(signature)
+    if signature in failure_names.CANNOT_RUN_OVER_TORCH:
+        # The stack cannot load over this torch: the environment is broken, not the scenario's failure mode.
+        return Classified("env-broken", signature, known)
     return Classified("fail", signature, known, classified=not signature.startswith("unclassified-"))
 
 

@@ -64,7 +64,8 @@ def stub_wheel(directory: Path, name: str, version: str) -> Path:
     dist_info = f"{name}-{public}.dist-info"
     files = {
         f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {public}\n".encode(),
-        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: compat-matrix\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: compat-matrix\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
     }
     path = directory / f"{name}-{public}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as archive:
@@ -109,10 +110,14 @@ class ResolutionFailed(Exception):
 def overlay_for(
     resolved: dict[str, str], era_packages: list[str], node: dict[str, str], requires: Metadata, python: str
 ) -> tuple[dict[str, str], list[str]]:
-    """(what the node must get on top of its own packages, why each non-era package is there)."""
-    environment = default_environment() | {"python_version": python, "sys_platform": "linux", "extra": ""}
+    """(what the node must get on top of its own packages, why each non-era package is there). `python` is the
+    node's full version (3.12.3): markers are judged for it, not for the machine making the lock."""
+    short = ".".join(python.split(".")[:2])
+    environment = default_environment() | {"python_version": short, "python_full_version": python, "extra": ""}
+    environment |= {"implementation_version": python, "sys_platform": "linux"}
     environment |= {"platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix"}
-    overlay = {n: resolved[n] for n in map(canonicalize_name, era_packages) if n in resolved and node.get(n) != resolved[n]}
+    era = map(canonicalize_name, era_packages)
+    overlay = {n: resolved[n] for n in era if n in resolved and node.get(n) != resolved[n]}
     reasons: list[str] = []
     pending = list(overlay)
     while pending:
@@ -130,7 +135,8 @@ def overlay_for(
             overlay[dependency] = resolved[dependency]
             pending.append(dependency)
             found = "absent on the node" if have is None else f"node has {have}"
-            reasons.append(f"{dependency}=={resolved[dependency]}: {name} {overlay[name]} needs {requirement} ({found})")
+            pin = f"{dependency}=={resolved[dependency]}"
+            reasons.append(f"{pin}: {name} {overlay[name]} needs {requirement} ({found})")
     return dict(sorted(overlay.items())), reasons
 
 
@@ -185,7 +191,6 @@ def build_lock(
 ) -> dict[str, Any]:
     """The lock for every day: its resolution and overlay, or the reason it has none."""
     node = {canonicalize_name(k): v for k, v in image["packages"].items()}
-    python = ".".join(image["python"].split(".")[:2])
     entries: dict[str, Any] = {}
     for day in days:
         try:
@@ -193,7 +198,7 @@ def build_lock(
         except ResolutionFailed as exc:
             entries[day] = {"error": f"no stack of {day} resolves over the node's torch {image['torch']}: {exc}"}
             continue
-        overlay, reasons = overlay_for(resolved, era_packages, node, requires, python)
+        overlay, reasons = overlay_for(resolved, era_packages, node, requires, image["python"])
         entries[day] = {"resolved": resolved, "overlay": overlay, "overlay_reasons": reasons}
     return {
         "lock_version": LOCK_VERSION,
