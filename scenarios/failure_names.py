@@ -107,6 +107,10 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
     short = exc_type.rsplit(".", 1)[-1]
     if "CUDA Setup failed despite GPU being available" in message:
         return "bnb-no-library-for-this-cuda"  # bitsandbytes < 0.43 ships no library for torch's CUDA (13.0)
+    if "Configured CUDA binary not found at" in message + traceback and "libbitsandbytes_cuda" in message + traceback:
+        return "bnb-no-library-for-this-cuda"  # bitsandbytes 0.46-0.47: no libbitsandbytes_cuda130.so to call
+    if re.search(r"libbitsandbytes_cpu\.\w+: undefined symbol: c\w*quantize", message):
+        return "bnb-no-library-for-this-cuda"  # bitsandbytes 0.45 fell back to its CPU library for CUDA tensors
     if "No module named 'triton.ops'" in message:
         return "bnb-needs-triton-ops"  # bitsandbytes 0.43 imports triton.ops, which triton 3.2 (torch 2.6) removed
     if "different metadata than during the forward pass" in message or short == "CheckpointError":

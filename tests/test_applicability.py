@@ -8,10 +8,10 @@ refusing a config that silently degrades) is tested on real runs in `tests/test_
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
+from harness.recording.packing import records_exist
 from harness.recording.records import read_records
 from harness.recording.signatures import rename
 from scenarios import applicability
@@ -115,7 +115,7 @@ def test_distinct_failures_get_distinct_names() -> None:
 
 
 def test_committed_history_run_exists() -> None:
-    assert Path(HISTORY).is_file()
+    assert records_exist(HISTORY)  # committed runs are packed (records.jsonl.xz)
 
 
 def test_a_trainer_pass_that_ran_another_fsdp_than_declared_is_not_applicable() -> None:

@@ -44,8 +44,35 @@ def dated_verdicts(
     return sorted({d for _, d in grouped}), stacks, dict(verdicts)
 
 
+def dated_by_device(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The dated records of each device ("cpu", "cuda"): a CPU atlas and a GPU atlas are two atlases, never
+    one (their stacks differ: the era's torch on CPU, the node's fixed torch on a GPU)."""
+    found: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        if (record.get("pins") or {}).get(DATE_AXIS):
+            found[str((record.get("hardware") or {}).get("device") or "cpu")].append(record)
+    return dict(sorted(found.items()))
+
+
+def held_torch(records: list[dict[str, Any]]) -> str | None:
+    """'2.11.0+cu130' when every record ran one torch taken from the node (pin 'system'), else None."""
+    if not records or any((r.get("pins") or {}).get("torch") != "system" for r in records):
+        return None
+    torches = {str((r.get("versions") or {}).get("torch")) for r in records}
+    runtimes = {str((r.get("versions") or {}).get("nvidia-cuda-runtime", "")) for r in records}
+    if len(torches) != 1 or len(runtimes) != 1:
+        return None
+    torch, runtime = torches.pop(), runtimes.pop()
+    build = "+cu" + "".join(runtime.split(".")[:2]) if runtime and "+" not in torch else ""
+    return torch + build
+
+
 def plot_timeline(
-    records: list[dict[str, Any]], specs: dict[str, dict[str, Any]], flips: list[dict[str, Any]], path: Path
+    records: list[dict[str, Any]],
+    specs: dict[str, dict[str, Any]],
+    flips: list[dict[str, Any]],
+    path: Path,
+    device: str = "cpu",
 ) -> Path | None:
     """One row per scenario, one column per date (its stack under it): the target outcome, the number of
     configs it shows on, the fixes that remove it (F) or only a workaround (W), and each named flip."""
@@ -88,8 +115,10 @@ def plot_timeline(
     stack_labels = [_stack_label(d, stacks.get(d, {})) for d in dates]
     ax.set_xticks([i + 0.48 for i in range(len(dates))], stack_labels, fontsize=6.5)
     ax.xaxis.tick_top()
+    fixed = held_torch(records)
+    where = "on one GPU, torch fixed at " + fixed if fixed else ("on one GPU" if device == "cuda" else "on CPU")
     ax.set_title(
-        "Target outcome per install date (the stack installed that day above each column).\n"
+        f"Target outcome per install date, {where} (the stack installed that day above each column).\n"
         "Red: the target failure on k/n seed configs (F: a fix removes it, W: only a workaround). "
         "Orange: not the target, other failures.\nGreen: neither. Grey: not runnable here (env: environment "
         "broken). A labelled bar: a named flip (package, first release); 'masked': the target is hidden there.",
@@ -128,7 +157,7 @@ def newest_flips(results_dir: Path, run_ids: list[str]) -> list[dict[str, Any]]:
     for run_id in run_ids:
         path = results_dir / "flips" / run_id / "flips.json"
         if path.is_file():
-            found += json.loads(path.read_text())
+            found += [flip | {"run_id": run_id} for flip in json.loads(path.read_text())]
     return found
 
 
@@ -166,13 +195,14 @@ def flips_markdown(
     flips: list[dict[str, Any]],
     records: list[dict[str, Any]] | None = None,
     specs: dict[str, dict[str, Any]] | None = None,
+    where: str = "the history run",
 ) -> str:
     """The "what changed it" list: one line per flip, with the probes and whether upstream agrees."""
     if not flips:
         return ""
     lines = [
         "",
-        "## What changed it (flips of the history run)",
+        f"## What changed it (flips of {where})",
         "",
         "Between neighbouring install dates where a scenario's target outcome changes, each changed package was "
         "moved alone (the rest held at the older date's releases) in a real one-cell run, then the one that "

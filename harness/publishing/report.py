@@ -71,7 +71,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
 
             raise UsageError(f"unknown run id(s): {', '.join(unknown)} (known: {', '.join(metas) or 'none'})")
         records = [rec for r in chosen for rec in rename_all(read_records(run_root / r / "records.jsonl"))]
-        return Selection(chosen, records, [metas[r] for r in chosen])
+        return Selection(chosen, qualify_shared_cells(records, metas), [metas[r] for r in chosen])
     by_profile: dict[str, list[str]] = defaultdict(list)
     for run_id, meta in metas.items():
         if not meta.get("superseded_by"):
@@ -97,7 +97,28 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
                 shown |= {record_key(rec): rec["outcome"] for rec in fresh}
                 shown_by |= {record_key(rec): (metas[run_id], rec) for rec in fresh}
     chosen.sort()
+    records = qualify_shared_cells(records, metas)
+    conflicting = {key for key in conflicting if any(record_key(r) == key for r in records)}
     return Selection(chosen, records, [metas[r] for r in chosen], frozenset(conflicting))
+
+
+def qualify_shared_cells(records: list[dict[str, Any]], metas: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Cells of one id in two profiles (the CPU history's `era_date-2024-02-29` and the GPU history's) are two
+    cells: each is shown as `<cell>@<profile>` (the recorded id kept in `cell_at_run`), so neither's records
+    replace the other's in the table, the reproducers or the atlas."""
+    profiles: dict[str, set[str]] = defaultdict(set)
+    for record in records:
+        profiles[record["cell"]].add(str(metas.get(record["run_id"], {}).get("profile", record["run_id"])))
+    shared = {cell for cell, names in profiles.items() if len(names) > 1}
+    if not shared:
+        return records
+    qualified = []
+    for record in records:
+        if record["cell"] in shared:
+            profile = str(metas.get(record["run_id"], {}).get("profile", record["run_id"]))
+            record = record | {"cell": f"{record['cell']}@{profile}", "cell_at_run": record["cell"]}
+        qualified.append(record)
+    return qualified
 
 
 def _shown_meta(run_dir: Path) -> dict[str, Any]:

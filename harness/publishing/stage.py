@@ -34,10 +34,17 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
     from harness.publishing.publish import changes_markdown, changes_since_previous
 
     text += changes_markdown(changes_since_previous(results_dir, selection))
-    from harness.publishing.atlas import flips_markdown, newest_flips, plot_s5_history, plot_timeline
+    from harness.publishing.atlas import dated_by_device, flips_markdown, held_torch, newest_flips
+    from harness.publishing.device_compare import disagreements_markdown
 
     flips = newest_flips(results_dir, selection.run_ids)
-    text += flips_markdown(flips, selection.latest()[0], specs)
+    dated = dated_by_device(selection.latest()[0])
+    for device, records in dated.items():
+        runs = {r["run_id"] for r in records}
+        fixed = held_torch(records)
+        where = "the history run" if device == "cpu" else f"the GPU history run (torch fixed at {fixed or '?'})"
+        text += flips_markdown([f for f in flips if f["run_id"] in runs], records, specs, where)
+    text += disagreements_markdown(dated.get("cpu", []), dated.get("cuda", []), specs)
     output = output or results_dir / "COMPATIBILITY.md"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
@@ -52,6 +59,13 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
 
         latest = selection.latest()[0]
         plot_real_size(real_size_rows(latest), results_dir / "s5-real-size.png")
-        plot_timeline(latest, specs, flips, results_dir / "history-timeline.png")
-        plot_s5_history(latest, results_dir / "history-s5-ratio.png")
+        from harness.publishing.atlas import plot_s5_history, plot_timeline
+
+        for device, records in dated.items():
+            name = (
+                "history-timeline.png" if device == "cpu" else f"{device.replace('cuda', 'gpu')}-history-timeline.png"
+            )
+            runs = {r["run_id"] for r in records}
+            plot_timeline(records, specs, [f for f in flips if f["run_id"] in runs], results_dir / name, device)
+        plot_s5_history(dated.get("cpu", []), results_dir / "history-s5-ratio.png")
     return output

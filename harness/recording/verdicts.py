@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.recording.outcomes import BAD
+from harness.recording.outcomes import BAD, UNUSABLE
 
 #: Outcomes that count as "did not pass" (a failure, or a job that could not finish).
 
@@ -78,14 +78,17 @@ def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdi
     target = list((spec or {}).get("target") or [])
     controls_spec = list((spec or {}).get("controls") or [])
     controls = [r for r in base if is_control(r.get("config"), controls_spec)]
-    candidates = [r for r in base if r not in controls and r["outcome"] != "skip"]
+    # A config whose environment could not run it (e.g. a 4-bit config where the day's bitsandbytes cannot load
+    # over the node's torch) is no evidence about the target: not a candidate, but listed among the others.
+    unusable = [r for r in base if r not in controls and r["outcome"] in UNUSABLE]
+    candidates = [r for r in base if r not in controls and r["outcome"] != "skip" and r not in unusable]
     failing = [r for r in candidates if r["outcome"] in BAD]
     hits = [r for r in failing if matches(r.get("signature"), target)] if target else failing
     result = Verdict(
         ("target" if hits else "not-reproduced") if target else ("failures" if hits else "passes"),
         target_records=hits,
         candidates=len(candidates),
-        others=dict(Counter(r.get("signature") or r["outcome"] for r in failing if r not in hits)),
+        others=dict(Counter(r.get("signature") or r["outcome"] for r in [*failing, *unusable] if r not in hits)),
         controls_total=len([r for r in controls if r["outcome"] != "skip"]),
         controls_failed=dict(Counter(r.get("signature") or r["outcome"] for r in controls if r["outcome"] in BAD)),
         ran=_how_it_ran(base),
