@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from harness.errors import UsageError
 from harness.execution import hardware
@@ -589,6 +590,8 @@ def _flips(args: argparse.Namespace) -> int:
     if not records_exist(run_dir / "records.jsonl"):
         raise UsageError(f"--run {args.run}: no {run_dir / 'records.jsonl'}")
     profile = load_profile(args.profile, MATRIX_DIR)
+    if profile.era_packages:
+        return _node_flips(args, profile, run_dir)
     options = MatrixOptions(results_dir=args.results_dir, install=InstallOptions(envs_dir=default_envs_dir()))
     for flip in find_flips(run_dir, profile, options, args.results_dir / "flips", scenarios=args.scenario):
         print(describe(flip), flush=True)
@@ -628,6 +631,30 @@ def _check_repros(args: argparse.Namespace) -> int:
             )
     print(f"{len(entries) - skipped} reproducers checked, {skipped} skipped, {bad} disagreements")
     return 1 if bad else 0
+
+
+def _node_flips(args: argparse.Namespace, profile: Any, run_dir: Path) -> int:
+    """Flips of a GPU history run: one planning round (harness/tools/node_flips.py)."""
+    from harness.tools.flips import describe
+    from harness.tools.node_flips import plan_round, write_probe_profile
+
+    flips, by_scenario = plan_round(run_dir, profile, args.results_dir / "flips", MATRIX_DIR)
+    for flip in flips:
+        print(describe(flip), flush=True)
+    if not by_scenario:
+        print(f"every flip of {run_dir.name} is as named as its probes allow")
+        return 0
+    needed = sorted({day for days in by_scenario.values() for day in days})
+    path = write_probe_profile(profile, needed, sorted(by_scenario), MATRIX_DIR)
+    probes = args.results_dir / "flips" / run_dir.name / "probes"
+    print(f"{len(needed)} probe day(s) needed: {' '.join(needed)}")
+    print(f"next: python -m harness wheelhouse --profile {path.stem} " + " ".join(f"--day {d}" for d in needed))
+    print(
+        f"      on the node: scripts/gpu-node-run.sh {path.stem} WHEELS OUT "
+        + " ".join(f"--cell '*{d}'" for d in needed)
+    )
+    print(f"      python -m harness import-run --results-dir {probes} OUT/<run-id>.records.jsonl; then flips again")
+    return 0
 
 
 def _import_runs(args: argparse.Namespace) -> int:

@@ -60,6 +60,9 @@ INSTALL_KEYS = {
 #: The axis of install dates: each value is a day, and a cell gets every package as the index had it then.
 DATE_AXIS = "date"
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+#: A probe day of an era-locked profile: the day's stack with one axis package moved ('2025-11-14+transformers-5.0.0'),
+#: its overlay in the profile's era lock (harness/tools/node_flips.py names GPU flips with these).
+_PROBE_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}\+[a-z]+-\d[\w.]*$")
 SCENARIO_KEYS = {"examples", "job_timeout_s", "variants", "configs", "cells", "single_rank"}
 
 
@@ -373,7 +376,7 @@ def _parse_dates(shown: str, key: str, values: Any) -> tuple[str, ...]:
         return (RULE_PREFIX + values,)
     items = _str_list(shown, key, values, allow_empty=False)
     for item in items:
-        if not _DATE.match(item):
+        if not _DATE.match(item) and not _PROBE_DAY.match(item):
             raise ProfileError(shown, key, f"{item!r} is not a day (YYYY-MM-DD)")
     if len(set(items)) != len(items):
         raise ProfileError(shown, key, "lists a day twice")

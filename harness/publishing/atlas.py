@@ -188,7 +188,9 @@ def masking(flip: dict[str, Any], verdicts: dict[str, Any]) -> list[str]:
     # The configs that showed the target on the other side could not run on this side: not a flip of the stack.
     showed = {r["config_id"] for r in (shown.target_records if shown is not None else [])}
     reasons = sorted({why for cid, why in found.inapplicable_ids.items() if cid in showed})
-    return masked + [f"not applicable: {why}" for why in reasons]
+    # ... or could not run at all there (the day's packages could not load them): no evidence either way.
+    broken = sorted({why for cid, why in found.unusable_ids.items() if cid in showed})
+    return masked + [f"not applicable: {why}" for why in reasons] + [f"could not run: {why}" for why in broken]
 
 
 def flips_markdown(

@@ -56,6 +56,8 @@ class Verdict:
     inapplicable: dict[str, int] = field(default_factory=dict)
     #: Their config ids (a flip between two dates is only a flip on configs that ran on both).
     inapplicable_ids: dict[str, str] = field(default_factory=dict)
+    #: Baseline configs whose environment could not run them (env-broken, install-failed): id -> signature.
+    unusable_ids: dict[str, str] = field(default_factory=dict)
 
 
 def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdict:
@@ -94,6 +96,7 @@ def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdi
         ran=_how_it_ran(base),
         inapplicable=inapplicable,
         inapplicable_ids=inapplicable_ids,
+        unusable_ids={r["config_id"]: str(r.get("signature") or r["outcome"]) for r in unusable},
     )
     result.fixed, result.partly, result.not_fixed = fix_verdicts(records, {r["config_id"] for r in hits})
     result.not_applicable = [name for name, sigs in result.not_fixed if set(sigs) <= {"not-applicable"}]

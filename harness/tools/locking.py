@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from harness.define.cells import expand
-from harness.define.profile import DATE_AXIS, RULE_PREFIX, load_profile, parse_date_rule
+from harness.define.profile import DATE_AXIS, RULE_PREFIX, Profile, load_profile, parse_date_rule
 from harness.environments.envs import uv_binary
 from harness.errors import UsageError
 from harness.versions import lock as era_lock
@@ -31,14 +31,19 @@ def lock_requirements(profile_name: str, matrix_dir: Path) -> tuple[list[str], l
     return lines, days
 
 
+def node_image(matrix_dir: Path, profile: Profile) -> dict:
+    """The node image an era-locked profile plans for (its python, torch, CUDA and pip list)."""
+    image_path = matrix_dir / "nodes" / f"{profile.node_image}.json"
+    if not image_path.is_file():
+        raise UsageError(f"{image_path}: no node image (pip list --format=json of the node, with python and torch)")
+    return json.loads(image_path.read_text())
+
+
 def write_lock(profile_name: str, matrix_dir: Path, only_days: list[str] | None = None) -> Path:
     """Resolve every day (or the given ones, keeping the lock's other days) and write the lock."""
     profile = load_profile(profile_name, matrix_dir)
     requirements, days = lock_requirements(profile_name, matrix_dir)
-    image_path = matrix_dir / "nodes" / f"{profile.node_image}.json"
-    if not image_path.is_file():
-        raise UsageError(f"{image_path}: no node image (pip list --format=json of the node, with python and torch)")
-    image = json.loads(image_path.read_text())
+    image = node_image(matrix_dir, profile)
     python = ".".join(image["python"].split(".")[:2])
     uv = uv_binary()
     target = era_lock.lock_path(matrix_dir, profile.name)

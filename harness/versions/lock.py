@@ -78,9 +78,17 @@ def stub_wheel(directory: Path, name: str, version: str) -> Path:
     return path
 
 
-def resolve_day(uv: str, requirements: list[str], day: str, python: str, held: dict[str, str]) -> dict[str, str]:
+def resolve_day(
+    uv: str,
+    requirements: list[str],
+    day: str,
+    python: str,
+    held: dict[str, str],
+    moved: dict[str, str] | None = None,
+) -> dict[str, str]:
     """Exact versions of everything `requirements` need as the index had it at the start of `day`, with the
-    `held` packages (name -> the node's version) fixed and contributing no dependencies."""
+    `held` packages (name -> the node's version) fixed and contributing no dependencies, and the `moved` ones
+    (name -> day) as the index had them on their own day."""
     with tempfile.TemporaryDirectory(prefix="era-lock-") as tmp:
         folder = Path(tmp)
         overrides = folder / "overrides.txt"
@@ -90,6 +98,8 @@ def resolve_day(uv: str, requirements: list[str], day: str, python: str, held: d
         command = [uv, "pip", "compile", "--quiet", "--no-header", "--no-annotate", str(wanted)]
         command += ["--python-version", python, "--python-platform", NODE_PLATFORM]
         command += ["--exclude-newer", f"{day}T00:00:00Z", "--override", str(overrides)]
+        for name, until in (moved or {}).items():
+            command += ["--exclude-newer-package", f"{name}={until}T00:00:00Z"]
         done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise ResolutionFailed(" ".join(done.stderr.split())[-600:])
@@ -101,6 +111,19 @@ def resolve_day(uv: str, requirements: list[str], day: str, python: str, held: d
         name, _, version = line.partition("==")
         pins[canonicalize_name(name)] = version.split(";")[0].strip()
     return pins
+
+
+def resolve_probe(
+    uv: str, pins: dict[str, str], older: str, newer: str, package: str, version: str, python: str, held: dict[str, str]
+) -> tuple[dict[str, str], str]:
+    """A probe of a flip: the older day's axis packages (`pins`) with `package` moved to `version`. First every
+    dependency as of the older day (only the moved package may be newer); where that has no solution (a newer
+    release needs newer dependencies), as of the newer day. Returns (the resolution, which way)."""
+    lines = [f"{name}=={pinned}" for name, pinned in pins.items() if name != package] + [f"{package}=={version}"]
+    try:
+        return resolve_day(uv, lines, older, python, held, moved={package: newer}), "older-dependencies"
+    except ResolutionFailed:
+        return resolve_day(uv, lines, newer, python, held), "newer-dependencies"
 
 
 class ResolutionFailed(Exception):

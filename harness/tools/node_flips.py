@@ -1,0 +1,227 @@
+"""Flips of a GPU history run, named with the same method as on CPU (`harness/tools/flips.py`), in rounds that
+fit an air-gapped node.
+
+On CPU a flip's probes run at once: each changed package moved alone, then a bisection of the one that
+reproduces. A GPU node has no index, so each round is planned here and run there:
+1. `compat-matrix flips --run <gpu run>` finds the run's flips (the same `flips_in`, masked ones set aside),
+   reads the probe records it has, and plans the probes still missing: first each changed era package moved
+   alone (the older day's stack, that package at the newer day's release), then, for the one package that
+   alone reproduces the newer outcome, up to `PER_ROUND` releases inside the bracket not yet probed. It writes
+   those probe days into the probe profile's era lock (`<profile>-probes`: resolved like the days, dependencies
+   as of the older day where they allow, else the newer day) and the probe profile's day list.
+2. The probe profile runs on the node like any era-locked profile; its records are imported under
+   `results/flips/<run>/probes/`.
+3. Again from 1 until nothing is missing: flips.json then names the package and its first release.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from harness.define.profile import Profile
+from harness.define.registry import discover
+from harness.recording.outcomes import FAILING, UNUSABLE
+from harness.recording.packing import run_dirs
+from harness.recording.records import read_records
+from harness.recording.signatures import rename_all
+from harness.tools.flips import Flip, dated_states, flips_in
+from harness.versions import lock as era_lock
+from harness.versions.releases import between, index_url, releases
+
+#: Releases probed per bisection round (one device call carries their wheels).
+PER_ROUND = 4
+#: The flip probes of a flip's older day: '2025-11-14+transformers-5.0.0'.
+PROBE_DAY = re.compile(r"^(?P<day>\d{4}-\d{2}-\d{2})\+(?P<package>[a-z]+)-(?P<version>\d[\w.]*)$")
+
+
+def probe_day(day: str, package: str, version: str) -> str:
+    return f"{day}+{package}-{version}"
+
+
+def probe_states(probe_root: Path, scenario: str, signature: str | None) -> dict[str, str]:
+    """probe day -> 'fail' (the flip's failure), 'pass', or 'unusable', from every probe run recorded so far."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for run_dir in run_dirs(probe_root):
+        for record in rename_all(read_records(run_dir / "records.jsonl")):
+            day = (record.get("pins") or {}).get("date", "")
+            if record["scenario"] == scenario and record["variant"] == "baseline" and PROBE_DAY.match(day):
+                grouped.setdefault(day, []).append(record)
+    states = {}
+    for day, records in grouped.items():
+        if all(r["outcome"] in UNUSABLE for r in records):
+            states[day] = "unusable"
+            continue
+        hit = any(r["outcome"] in FAILING and (signature is None or r["signature"] == signature) for r in records)
+        states[day] = "fail" if hit else "pass"
+    return states
+
+
+def step(flip: Flip, states: dict[str, str], release_list: list[str]) -> list[str]:
+    """Advance one flip with the probe states known so far; returns the probe days still needed (none: done).
+    Fills `flip.probes`, `flip.reproducing`, `flip.package` and `flip.release` as far as the states allow.
+    `release_list`: the reproducing package's releases from the older day's to the newer day's, oldest first
+    (empty until the package is known)."""
+    newer_fails = flip.newer_state == "target"
+    moves = {p: new for p, (_, new) in flip.changed.items() if new}
+    flip.probes = [
+        {
+            "package": p,
+            "version": v,
+            "probe_day": probe_day(flip.older, p, v),
+            "state": states[probe_day(flip.older, p, v)],
+        }
+        for p, v in moves.items()
+        if probe_day(flip.older, p, v) in states
+    ]
+    needed = [probe_day(flip.older, p, v) for p, v in moves.items() if probe_day(flip.older, p, v) not in states]
+    if needed:
+        return needed
+    flip.reproducing = [
+        p["package"] for p in flip.probes if p["state"] != "unusable" and (p["state"] == "fail") == newer_fails
+    ]
+    if len(flip.reproducing) != 1 or not release_list:
+        return []  # none alone (a combination did it) or several (the probes say which), or not bisected yet
+    package = flip.package = flip.reproducing[0]
+    old, new = flip.changed[package]
+    before, after = ("pass", "fail") if newer_fails else ("fail", "pass")
+    known = {
+        v: states[probe_day(flip.older, package, v)]
+        for v in release_list
+        if probe_day(flip.older, package, v) in states
+    }
+    known |= {old: before, new: after}
+    flip.probes += [
+        {"package": package, "version": v, "probe_day": probe_day(flip.older, package, v), "state": state}
+        for v, state in known.items()
+        if v not in (old, new)
+    ]
+    ordered = [v for v in release_list if known.get(v) != "unusable"]
+    low = max(i for i, v in enumerate(ordered) if known.get(v) == before)
+    high = min((i for i, v in enumerate(ordered) if i > low and known.get(v) == after), default=len(ordered) - 1)
+    untested = [v for v in ordered[low + 1 : high] if v not in known]
+    if not untested:
+        flip.release = ordered[high]
+        flip.bisect = f"{len(known) - 2} release(s) of {package} probed between {old} and {new} on the node"
+        return []
+    return [probe_day(flip.older, package, v) for v in _spread(untested, PER_ROUND)]
+
+
+def _spread(items: list[str], count: int) -> list[str]:
+    """Up to `count` items evenly spaced (a k-ary search step)."""
+    if len(items) <= count:
+        return items
+    return [items[round((i + 1) * len(items) / (count + 1)) - 1] for i in range(count)]
+
+
+def plan_round(
+    run_dir: Path, profile: Profile, out_root: Path, matrix_dir: Path
+) -> tuple[list[Flip], dict[str, list[str]]]:
+    """Every flip of the GPU run advanced as far as its probe records allow (written to flips.json). Returns
+    (flips, the probe days still needed per scenario)."""
+    from harness.publishing.atlas import dated_verdicts, masking
+
+    records = rename_all(read_records(run_dir / "records.jsonl"))  # judged by today's rules, as the table is
+    specs = {s.id: s.spec for s in discover()}
+    verdicts = dated_verdicts(records, specs)[2]
+    probe_root = out_root / run_dir.name / "probes"
+    flips: list[Flip] = []
+    needed: dict[str, list[str]] = {}
+    for flip in flips_in(dated_states(records, specs)):
+        if masking(asdict(flip), verdicts):
+            flips.append(flip)  # another failure, or configs that could not run, hide the target: no cause to name
+            continue
+        states = probe_states(probe_root, flip.scenario, flip.signature)
+        needed_now = step(flip, states, [])
+        if not needed_now and len(flip.reproducing) == 1:
+            old, new = flip.changed[flip.reproducing[0]]
+            release_list = [str(v) for v in between(releases(flip.reproducing[0], profile.python), old, new)]
+            needed_now = step(flip, states, release_list)
+        if needed_now:
+            needed.setdefault(flip.scenario, []).extend(needed_now)
+        flips.append(flip)
+    out_dir = out_root / run_dir.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "flips.json").write_text(json.dumps([asdict(f) for f in flips], indent=1) + "\n")
+    return flips, needed
+
+
+def write_probe_profile(profile: Profile, needed: list[str], scenarios: list[str], matrix_dir: Path) -> Path:
+    """The probe profile (`<profile>-probes.toml`, every probe day so far) and its era lock, with the needed
+    days resolved: the older day's era packages with one moved (harness/versions/lock.py)."""
+    from harness.environments.envs import uv_binary
+    from harness.tools.locking import node_image
+
+    name = f"{profile.name}-probes"
+    main_lock = era_lock.read_lock(era_lock.lock_path(matrix_dir, profile.name))
+    target = era_lock.lock_path(matrix_dir, name)
+    lock = era_lock.read_lock(target) if target.is_file() else dict(main_lock, days={})
+    image = node_image(matrix_dir, profile)
+    node = {k.lower(): v for k, v in image["packages"].items()}
+    axis = [p for p in profile.era_packages if p in main_lock["requirements"]]
+    for day in needed:
+        match = PROBE_DAY.match(day)
+        assert match is not None
+        older = main_lock["days"][match["day"]]["resolved"]
+        newer_day = next(d for d in main_lock["days"] if d > match["day"])
+        pins = {p: older[p] for p in axis if p in older}
+        try:
+            resolved, way = era_lock.resolve_probe(
+                uv_binary(),
+                pins,
+                match["day"],
+                newer_day,
+                match["package"],
+                match["version"],
+                profile.python,
+                {"torch": image["torch"]},
+            )
+        except era_lock.ResolutionFailed as exc:
+            lock["days"][day] = {"error": f"no stack for probe {day} over the node's torch {image['torch']}: {exc}"}
+            continue
+        overlay, reasons = era_lock.overlay_for(
+            resolved, list(profile.era_packages), node, era_lock.index_requires(index_url()), image["python"]
+        )
+        lock["days"][day] = {"resolved": resolved, "overlay": overlay, "overlay_reasons": reasons, "dependencies": way}
+        print(f"  probe {day}: dependencies as of the {way.split('-')[0]} day; overlay {len(overlay)} packages")
+    lock["days"] = dict(sorted(lock["days"].items()))
+    target.write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
+    days = list(lock["days"])
+    stack = profile.stacks.get("era", next(iter(profile.stacks.values()), {}))
+    text = [
+        f"# Generated by `compat-matrix flips --profile {profile.name} --run RUN` (harness/tools/node_flips.py):",
+        f"# the probe days of {profile.name}'s flips, each the older day's stack with one package moved. Do not edit.",
+        "[profile]",
+        f"description = {json.dumps('Probes of ' + profile.name + ' flips: one era package moved per probe day')}",
+        f'python = "{profile.python}"',
+        f'device = "{profile.device}"',
+        "world_size = 1",
+        f"scenarios = {json.dumps(sorted(scenarios))}",
+        "examples_per_scenario = 0",
+        f"hypothesis_seed = {profile.hypothesis_seed}",
+        f'hypothesis_profile = "{profile.hypothesis_profile}"',
+        "",
+        "[axes]",
+        f"date = {json.dumps(days)}",
+        "",
+        "[stacks.era]",
+        *(f'{package} = "{value}"' for package, value in stack.items()),
+        "",
+        "[install]",
+        'mode = "system"',
+        f'node_image = "{profile.node_image}"',
+        f"era_packages = {json.dumps(list(profile.era_packages))}",
+        "",
+        "[timeouts]",
+        f"install_s = {int(profile.install_timeout_s)}",
+        f"job_s = {int(profile.job_timeout_s)}",
+        f"worker_start_s = {int(profile.worker_start_timeout_s)}",
+    ]
+    for scenario in sorted(scenarios):
+        text += ["", f'[scenario."{scenario}"]', 'variants = ["baseline"]']
+    path = matrix_dir / f"{name}.toml"
+    path.write_text("\n".join(text) + "\n")
+    return path
