@@ -208,7 +208,8 @@ def flips_markdown(
         "",
         "Between neighbouring install dates where a scenario's target outcome changes, each changed package was "
         "moved alone (the rest held at the older date's releases) in a real one-cell run, then the one that "
-        "reproduces the change was bisected (`compat-matrix flips`; probes' records under `results/flips/`).",
+        "reproduces the change was bisected (`compat-matrix flips`; probes' records under `results/flips/`"
+        + ("; on a GPU node in rounds of probe days, `harness/tools/node_flips.py`)." if "GPU" in where else ")."),
         "",
         "| scenario | failure | change | dates | package | first release | upstream record |",
         "|---|---|---|---|---|---|---|",
