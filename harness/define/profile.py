@@ -396,6 +396,9 @@ def _requirement(shown: str, key: str, line: str) -> None:
 
 def _era_packages(shown: str, install: dict[str, Any], axes: dict[str, tuple[str, ...]], mode: str) -> tuple[str, ...]:
     names = _str_list(shown, "install.era_packages", install.get("era_packages", []))
+    probes = [d for d in axes.get(DATE_AXIS, ()) if _PROBE_DAY.match(d)]
+    if probes and not names:
+        raise ProfileError(shown, "axes.date", f"{probes[0]!r}: probe days belong to era-locked profiles only")
     if names and (DATE_AXIS not in axes or mode != "system"):
         raise ProfileError(shown, "install.era_packages", 'needs a date axis and [install] mode = "system"')
     if names and "node_image" not in install:

@@ -22,6 +22,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
 from harness.define.profile import Profile
 from harness.define.registry import discover
 from harness.recording.outcomes import FAILING, UNUSABLE
@@ -99,7 +101,10 @@ def step(flip: Flip, states: dict[str, str], release_list: list[str]) -> list[st
         for v, state in known.items()
         if v not in (old, new)
     ]
-    ordered = [v for v in release_list if known.get(v) != "unusable"]
+    # The two days' own releases bound the bracket even where the index list lacks them (yanked, or filtered
+    # by Requires-Python): the run itself measured them.
+    bounded = sorted({*release_list, old, new}, key=Version)
+    ordered = [v for v in bounded if known.get(v) != "unusable"]
     low = max(i for i, v in enumerate(ordered) if known.get(v) == before)
     high = min((i for i, v in enumerate(ordered) if i > low and known.get(v) == after), default=len(ordered) - 1)
     untested = [v for v in ordered[low + 1 : high] if v not in known]
