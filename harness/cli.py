@@ -232,6 +232,19 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("runs", nargs="*", help="run ids (default: every run under RESULTS_DIR, probe runs included)")
     pack.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
 
+    look = sub.add_parser(
+        "lookup",
+        help="the measured rows nearest your versions, the verdict per scenario there and the fix to try",
+        description="Finds the table's rows whose versions match PACKAGE==VERSION (a version like 2.4 matches every "
+        "2.4.x); without one, the two atlas dates whose stacks bracket your versions; without those, the nearest "
+        "rows, saying plainly that it is extrapolating. Prints each row's versions and, per scenario, the verdict "
+        "and the fixes that remove the failure.",
+    )
+    look.add_argument("versions", nargs="+", metavar="PACKAGE==VERSION")
+    look.add_argument("--scenario", action="append", metavar="ID", help="only these scenarios (e.g. S1)")
+    look.add_argument("--device", choices=["cpu", "cuda"], help="only rows measured on this device")
+    look.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+
     locks = sub.add_parser(
         "lock",
         help="write a dated GPU profile's era lock (matrix/locks/NAME.json) for an air-gapped node",
@@ -385,6 +398,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "import-run":
             return _import_runs(args)
+        if args.command == "lookup":
+            from harness.tools.lookup import lookup
+
+            print(lookup(args.results_dir, args.versions, args.scenario, args.device))
+            return 0
         if args.command == "lock":
             from harness.tools.locking import write_lock
 
