@@ -99,6 +99,9 @@ def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdi
         unusable_ids={r["config_id"]: str(r.get("signature") or r["outcome"]) for r in unusable},
     )
     result.fixed, result.partly, result.not_fixed = fix_verdicts(records, {r["config_id"] for r in hits})
+    # Real fixes before workarounds: the first one listed is the one a user should try first.
+    kinds = {name: value[0] for name, value in ((spec or {}).get("variants") or {}).items()}
+    result.fixed.sort(key=lambda name: kinds.get(name) != "fix")
     result.not_applicable = [name for name, sigs in result.not_fixed if set(sigs) <= {"not-applicable"}]
     result.not_fixed = [(name, sigs) for name, sigs in result.not_fixed if name not in result.not_applicable]
     return result

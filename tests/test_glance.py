@@ -1,0 +1,42 @@
+"""The answer at a glance: the table's first section names rows by versions, keeps every entry short, and shows
+as the change to try the first fix the detailed summary lists (a real fix before a workaround)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from test_report import rec, write_run
+
+from harness.publishing.glance import ENTRY_LIMIT, column_labels
+from harness.publishing.report import render_markdown, select_runs
+
+SPEC = {"target": ["t"], "variants": {"a_workaround": ["workaround"], "z_fix": ["fix"]}}
+
+
+def versions(torch: str, peft: str) -> dict:
+    return {"versions": {"torch": torch, "peft": peft}, "hardware": {"device": "cpu", "world_size": 2}}
+
+
+def test_rows_are_versions_entries_are_short_and_the_fix_is_the_first_listed(tmp_path: Path) -> None:
+    old, new = versions("2.4.0", "0.12.0"), versions("2.13.0+cpu", "0.21.0")
+    records = [
+        rec("cpu-1", "old_cell", "S1-x", "fail", sig="t") | old,
+        rec("cpu-1", "old_cell", "S1-x", "pass", variant="a_workaround") | old,
+        rec("cpu-1", "old_cell", "S1-x", "pass", variant="z_fix") | old,
+        rec("cpu-1", "new_cell", "S1-x", "pass") | new,
+    ]
+    write_run(tmp_path, "cpu-1", "cpu", "1", records)
+    text = render_markdown(select_runs(tmp_path), {"S1-x": SPEC})
+    glance = text.split("## The answer at a glance", 1)[1].split("## Provenance", 1)[0]
+    rows = [line for line in glance.splitlines() if line.startswith("| ") and not line.startswith("| versions")]
+    # Newest first, named by the versions that ran, never by cell ids.
+    assert rows == ["| torch 2.13.0 peft 0.21.0 | ✓ 0/1 |", "| torch 2.4.0 peft 0.12.0 | ✗ 1/1 · try z_fix |"]
+    assert "old_cell" not in glance and "### CPU, up to 2 ranks" in glance
+    summary = text.split("## Summary", 1)[1]
+    assert "fixed by: z_fix, a_workaround (workaround)" in summary  # the fix the glance shows is listed first
+    assert all(len(cell.strip()) <= ENTRY_LIMIT for row in rows for cell in row.strip("|").split("|"))
+
+
+def test_columns_of_one_mode_are_told_apart_by_their_own_words() -> None:
+    labels = column_labels(["S1-dora-fsdp", "S2-qlora-fsdp-grad-flags", "S2-qlora-grad-flags", "S3-lora"])
+    assert labels == ["S1", "S2 fsdp", "S2", "S3"]
