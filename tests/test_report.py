@@ -146,3 +146,14 @@ def test_headline_counts_the_target_apart_from_other_failures(tmp_path: Path) ->
     assert lines[3] == "other failures: `optimizer-bf16-grad-on-fp32-param` (1)"
     assert lines[4] == "controls: pass 1/1"
     assert lines[5] == "ran: cpu, world size 2, FSDP1"
+
+
+def test_a_cell_shared_by_two_profiles_keeps_its_flaky_mark(tmp_path: Path) -> None:
+    """An older run of a profile that disagrees marks the key flaky; when another profile has a cell of the same
+    id, the mark follows the cell to its qualified id instead of being lost."""
+    write_run(tmp_path, "gpu-1", "gpu", "1", [rec("gpu-1", "c", "S1-x", "fail", sig="s")])
+    write_run(tmp_path, "gpu-2", "gpu", "2", [rec("gpu-2", "c", "S1-x", "pass")])
+    write_run(tmp_path, "hist-1", "history", "3", [rec("hist-1", "c", "S1-x", "pass")])
+    records, flaky = select_runs(tmp_path).latest()
+    assert sorted(r["cell"] for r in records) == ["c@gpu", "c@history"]
+    assert flaky == {("c@gpu", "S1-x", "baseline", "c1")}

@@ -78,7 +78,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
         if not meta.get("superseded_by"):
             by_profile[meta.get("profile", run_id)].append(run_id)
     chosen, records = [], []
-    conflicting: set[tuple[str, ...]] = set()
+    disagreeing: set[tuple[str, tuple[str, ...]]] = set()
     for profile in sorted(by_profile):
         covered: set[tuple[str, str]] = set()
         shown: dict[tuple[str, ...], str] = {}
@@ -90,7 +90,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
                     fresh.append(rec)
                 elif record_key(rec) in shown and shown[record_key(rec)] != rec["outcome"]:
                     if same_code((metas[run_id], rec), shown_by[record_key(rec)]):
-                        conflicting.add(record_key(rec))  # an older run disagrees: shown as flaky, never hidden
+                        disagreeing.add((profile, record_key(rec)))  # an older run disagrees: flaky, never hidden
             if fresh:
                 chosen.append(run_id)
                 records.extend(fresh)
@@ -98,26 +98,41 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
                 shown |= {record_key(rec): rec["outcome"] for rec in fresh}
                 shown_by |= {record_key(rec): (metas[run_id], rec) for rec in fresh}
     chosen.sort()
-    records = qualify_shared_cells(records, metas)
-    conflicting = {key for key in conflicting if any(record_key(r) == key for r in records)}
+    shared = shared_cells(records, metas)
+    records = qualify_shared_cells(records, metas, shared)
+    # A flaky key of a shared cell follows its cell to the qualified id.
+    conflicting = {(_shown_cell(key[0], profile, shared), *key[1:]) for profile, key in disagreeing}
     return Selection(chosen, records, [metas[r] for r in chosen], frozenset(conflicting))
 
 
-def qualify_shared_cells(records: list[dict[str, Any]], metas: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def _profile_of(record: dict[str, Any], metas: dict[str, dict[str, Any]]) -> str:
+    return str(metas.get(record["run_id"], {}).get("profile", record["run_id"]))
+
+
+def shared_cells(records: list[dict[str, Any]], metas: dict[str, dict[str, Any]]) -> set[str]:
+    """Cell ids that records of more than one profile carry."""
+    profiles: dict[str, set[str]] = defaultdict(set)
+    for record in records:
+        profiles[record["cell"]].add(_profile_of(record, metas))
+    return {cell for cell, names in profiles.items() if len(names) > 1}
+
+
+def _shown_cell(cell: str, profile: str, shared: set[str]) -> str:
+    return f"{cell}@{profile}" if cell in shared else cell
+
+
+def qualify_shared_cells(
+    records: list[dict[str, Any]], metas: dict[str, dict[str, Any]], shared: set[str] | None = None
+) -> list[dict[str, Any]]:
     """Cells of one id in two profiles (the CPU history's `era_date-2024-02-29` and the GPU history's) are two
     cells: each is shown as `<cell>@<profile>` (the recorded id kept in `cell_at_run`), so neither's records
     replace the other's in the table, the reproducers or the atlas."""
-    profiles: dict[str, set[str]] = defaultdict(set)
-    for record in records:
-        profiles[record["cell"]].add(str(metas.get(record["run_id"], {}).get("profile", record["run_id"])))
-    shared = {cell for cell, names in profiles.items() if len(names) > 1}
-    if not shared:
-        return records
+    shared = shared_cells(records, metas) if shared is None else shared
     qualified = []
     for record in records:
         if record["cell"] in shared:
-            profile = str(metas.get(record["run_id"], {}).get("profile", record["run_id"]))
-            record = record | {"cell": f"{record['cell']}@{profile}", "cell_at_run": record["cell"]}
+            shown = _shown_cell(record["cell"], _profile_of(record, metas), shared)
+            record = record | {"cell": shown, "cell_at_run": record["cell"]}
         qualified.append(record)
     return qualified
 
