@@ -656,7 +656,7 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dir: Path) -> int:
     from harness.tools.flips import describe
     from harness.tools.node_flips import plan_round, write_probe_profile
 
-    flips, by_scenario = plan_round(run_dir, profile, args.results_dir / "flips", MATRIX_DIR)
+    flips, by_scenario = plan_round(run_dir, profile, args.results_dir / "flips")
     for flip in flips:
         masked = " (masked: another failure or configs that could not run hide it; not probed)"
         print(describe(flip).split(", by ")[0] + masked if not flip.probes else describe(flip), flush=True)

@@ -62,7 +62,7 @@ DATE_AXIS = "date"
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 #: A probe day of an era-locked profile: the day's stack with one axis package moved ('2025-11-14+transformers-5.0.0'),
 #: its overlay in the profile's era lock (harness/tools/node_flips.py names GPU flips with these).
-_PROBE_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}\+[a-z]+-\d[\w.]*$")
+PROBE_DAY = re.compile(r"^(?P<day>\d{4}-\d{2}-\d{2})\+(?P<package>[a-z]+)-(?P<version>\d[\w.]*)$")
 SCENARIO_KEYS = {"examples", "job_timeout_s", "variants", "configs", "cells", "single_rank"}
 
 
@@ -376,7 +376,7 @@ def _parse_dates(shown: str, key: str, values: Any) -> tuple[str, ...]:
         return (RULE_PREFIX + values,)
     items = _str_list(shown, key, values, allow_empty=False)
     for item in items:
-        if not _DATE.match(item) and not _PROBE_DAY.match(item):
+        if not _DATE.match(item) and not PROBE_DAY.match(item):
             raise ProfileError(shown, key, f"{item!r} is not a day (YYYY-MM-DD)")
     if len(set(items)) != len(items):
         raise ProfileError(shown, key, "lists a day twice")
@@ -396,7 +396,7 @@ def _requirement(shown: str, key: str, line: str) -> None:
 
 def _era_packages(shown: str, install: dict[str, Any], axes: dict[str, tuple[str, ...]], mode: str) -> tuple[str, ...]:
     names = _str_list(shown, "install.era_packages", install.get("era_packages", []))
-    probes = [d for d in axes.get(DATE_AXIS, ()) if _PROBE_DAY.match(d)]
+    probes = [d for d in axes.get(DATE_AXIS, ()) if PROBE_DAY.match(d)]
     if probes and not names:
         raise ProfileError(shown, "axes.date", f"{probes[0]!r}: probe days belong to era-locked profiles only")
     if names and (DATE_AXIS not in axes or mode != "system"):

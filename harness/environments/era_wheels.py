@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -37,11 +36,9 @@ def cached_wheel(pin: str, cache: Path, python: str, platforms: list[str]) -> Pa
     name, _, version = pin.partition("==")
     found = _find(cache, name, version)
     if found is None:
-        tags = [flag for p in platforms for flag in ("--platform", p)]
-        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
-        command += ["--python-version", python, "--implementation", "cp", *tags, "-d", str(cache), pin]
-        print(f"  download {pin}", flush=True)
-        subprocess.run(command, check=True)
+        from harness.environments.wheelhouse import download
+
+        download([pin], cache, python, platforms)
         found = _find(cache, name, version)
     if found is None:
         raise FileNotFoundError(f"pip downloaded no wheel for {pin} into {cache}")
@@ -153,12 +150,12 @@ def build(lock: dict, days: list[str], python: str, platforms: list[str], cache:
         for pin in pins:
             wheel = cached_wheel(pin, cache, python, platforms)
             target = trimmed_dir / wheel.name
-            if not target.is_file():
-                _, dropped = trim_cuda_libraries(wheel, cuda, trimmed_dir) if cuda else (None, [])
+            if not target.is_file() and not cuda:
+                shutil.copy2(wheel, target)
+            elif not target.is_file():
+                _, dropped = trim_cuda_libraries(wheel, cuda, trimmed_dir)
                 if dropped:
                     print(f"  {wheel.name}: left out {len(dropped)} libraries for CUDA other than {cuda}", flush=True)
-                if not target.is_file():
-                    shutil.copy2(wheel, target)
             result[day][wheel.name] = target
     return result
 

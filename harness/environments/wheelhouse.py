@@ -158,8 +158,8 @@ def _era_main(profile, args: argparse.Namespace) -> int:
     platforms = list(dict.fromkeys([*args.platform, *DEFAULT_PLATFORMS]))
     wheels = era_wheels.build(lock, days, args.python, platforms, cache)
     travelling = era_wheels.travelling_bytes(REPO_ROOT, leave_out=args.dest)
-    budget = int(args.budget_mib * 2**20) if args.budget_mib else era_wheels.CALL_LIMIT_BYTES - travelling
-    budget -= 0 if args.budget_mib else era_wheels.MARGIN_BYTES
+    free = era_wheels.CALL_LIMIT_BYTES - travelling - era_wheels.MARGIN_BYTES
+    budget = int(args.budget_mib * 2**20) if args.budget_mib else free
     sizes = {day: {name: path.stat().st_size for name, path in found.items()} for day, found in wheels.items()}
     calls = era_wheels.plan_calls(sizes, budget)
     era_wheels.print_plan(calls, budget, travelling)

@@ -10,7 +10,7 @@ from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES, public_version, short_name
 from harness.define.profile import DATE_AXIS
-from harness.recording.verdicts import verdict
+from harness.recording.verdicts import variant_kinds, verdict
 from harness.textsafe import code, md
 
 #: Colour per verdict state on the timeline.
@@ -87,7 +87,7 @@ def plot_timeline(
     scenarios = sorted(verdicts, key=lambda s: int(s[1:].split("-")[0]))
     fig, ax = plt.subplots(figsize=(max(8, 1.15 * len(dates)), 1.0 + 0.62 * len(scenarios)))
     for row, scenario in enumerate(scenarios):
-        kinds = {n: v[0] for n, v in (specs.get(scenario, {}).get("variants") or {}).items()}
+        kinds = variant_kinds(specs.get(scenario))
         for col, date in enumerate(dates):
             found = verdicts[scenario].get(date)
             state = found.state if found else "empty"

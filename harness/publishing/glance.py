@@ -10,7 +10,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from harness.define.packages import AXIS_PACKAGES, public_version, short_name
-from harness.recording.verdicts import verdict
+from harness.recording.verdicts import first_change, verdict
 from harness.textsafe import md
 
 #: Longest entry of the glance table (the details are one anchor below).
@@ -37,11 +37,10 @@ def entry(found: Any, spec: dict[str, Any] | None) -> str:
         return "-"
     symbol = SYMBOLS.get(found.state, found.state)
     if found.state in ("target", "failures"):
-        kinds = {name: value[0] for name, value in ((spec or {}).get("variants") or {}).items()}
         text = f"{symbol} {len(found.target_records)}/{found.candidates}"
-        if found.fixed:
-            first = found.fixed[0]
-            text += f" · try {first}" + ("" if kinds.get(first) == "fix" else " (w/a)")
+        change = first_change(found, spec)
+        if change:
+            text += f" · try {change[0]}" + ("" if change[1] == "fix" else " (w/a)")
         else:
             text += " · no fix measured"
     elif found.state in ("not-reproduced", "passes"):

@@ -60,6 +60,20 @@ class Verdict:
     unusable_ids: dict[str, str] = field(default_factory=dict)
 
 
+def variant_kinds(spec: dict[str, Any] | None) -> dict[str, str]:
+    """Each variant's kind from the scenario's spec: "fix", "workaround", ..."""
+    return {name: value[0] for name, value in ((spec or {}).get("variants") or {}).items()}
+
+
+def first_change(found: Verdict, spec: dict[str, Any] | None) -> tuple[str, str] | None:
+    """The change a user should try first where the target shows: (variant, "fix" or "workaround"), the first
+    the entry lists (real fixes come first), or None where no measured change removes it."""
+    if not found.fixed:
+        return None
+    first = found.fixed[0]
+    return first, "fix" if variant_kinds(spec).get(first) == "fix" else "workaround"
+
+
 def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdict:
     """The verdict of one cell x scenario from its records (newest per key) and the scenario's spec."""
     if not records:
@@ -100,7 +114,7 @@ def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdi
     )
     result.fixed, result.partly, result.not_fixed = fix_verdicts(records, {r["config_id"] for r in hits})
     # Real fixes before workarounds: the first one listed is the one a user should try first.
-    kinds = {name: value[0] for name, value in ((spec or {}).get("variants") or {}).items()}
+    kinds = variant_kinds(spec)
     result.fixed.sort(key=lambda name: kinds.get(name) != "fix")
     result.not_applicable = [name for name, sigs in result.not_fixed if set(sigs) <= {"not-applicable"}]
     result.not_fixed = [(name, sigs) for name, sigs in result.not_fixed if name not in result.not_applicable]
@@ -118,7 +132,7 @@ def headline(v: Verdict, spec: dict[str, Any] | None, code: Format = str, text: 
     if v.state == "env-broken":
         return [f"ENV-BROKEN {code(v.first_signature)}"]
     hits = v.target_records
-    kinds = {name: value[0] for name, value in ((spec or {}).get("variants") or {}).items()}
+    kinds = variant_kinds(spec)
 
     def named(variant: str, count: str = "") -> str:
         notes = [n for n in (count, "workaround" if kinds.get(variant) == "workaround" else "") if n]

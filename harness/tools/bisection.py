@@ -183,8 +183,14 @@ def _probe(
     )
     summary = run_matrix(single, probe_options)
     records = read_records(summary.run_dir / "records.jsonl")
+    state, signatures = probe_state(records, signature)
+    return Probe(version, state, signatures, summary.run_id, len(records))
+
+
+def probe_state(records: list[dict[str, Any]], signature: str | None) -> tuple[str, list[str]]:
+    """A probe's state from its records: 'unusable' (nothing could install or run), 'fail' (the failure asked
+    about, or any failure when none is named), else 'pass'; with the signatures behind it."""
     if records and all(r["outcome"] in UNUSABLE for r in records):
-        return Probe(version, "unusable", sorted({r["signature"] for r in records}), summary.run_id, len(records))
+        return "unusable", sorted({r["signature"] for r in records})
     failing = [r for r in records if r["outcome"] in FAILING and (signature is None or r["signature"] == signature)]
-    state = "fail" if failing else "pass"
-    return Probe(version, state, sorted({r["signature"] for r in failing}), summary.run_id, len(records))
+    return ("fail" if failing else "pass"), sorted({r["signature"] for r in failing})

@@ -19,7 +19,7 @@ from packaging.version import InvalidVersion, Version
 from harness.define.packages import AXIS_PACKAGES, public_version
 from harness.define.profile import DATE_AXIS
 from harness.errors import UsageError
-from harness.recording.verdicts import headline, verdict
+from harness.recording.verdicts import first_change, headline, verdict
 
 CASES = ("exact", "between atlas dates", "outside the atlas", "nearest only")
 
@@ -166,15 +166,11 @@ def render(result: Answer, specs: dict[str, dict[str, Any]], scenarios: list[str
 
 def short_answer(found: Any, spec: dict[str, Any] | None) -> str:
     """One line: the verdict, and the first change to try (a real fix before a workaround)."""
-    kinds = {name: value[0] for name, value in ((spec or {}).get("variants") or {}).items()}
     if found.state in ("target", "failures"):
         signatures = sorted({str(r.get("signature")) for r in found.target_records})
         head = f"FAILS ({', '.join(signatures)}) on {len(found.target_records)}/{found.candidates} configs"
-        fixes = [n for n in found.fixed if kinds.get(n) == "fix"] or list(found.fixed)
-        if not fixes:
-            return head + "; no measured change removes it"
-        kind = "fix" if kinds.get(fixes[0]) == "fix" else "workaround"
-        return head + f"; try: {fixes[0]} ({kind})"
+        change = first_change(found, spec)
+        return head + (f"; try: {change[0]} ({change[1]})" if change else "; no measured change removes it")
     if found.state in ("not-reproduced", "passes"):
         others = f"; other failures: {', '.join(sorted(found.others))}" if found.others else ""
         return f"target not reproduced (0/{found.candidates}){others}"

@@ -17,30 +17,28 @@ reproduces. A GPU node has no index, so each round is planned here and run there
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from packaging.version import Version
 
-from harness.define.profile import Profile
+from harness.define.profile import PROBE_DAY, Profile
 from harness.define.registry import discover
-from harness.recording.outcomes import FAILING, UNUSABLE
 from harness.recording.packing import run_dirs
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
+from harness.tools.bisection import probe_state
 from harness.tools.flips import Flip, dated_states, flips_in
 from harness.versions import lock as era_lock
 from harness.versions.releases import between, index_url, releases
 
 #: Releases probed per bisection round (one device call carries their wheels).
 PER_ROUND = 4
-#: The flip probes of a flip's older day: '2025-11-14+transformers-5.0.0'.
-PROBE_DAY = re.compile(r"^(?P<day>\d{4}-\d{2}-\d{2})\+(?P<package>[a-z]+)-(?P<version>\d[\w.]*)$")
 
 
 def probe_day(day: str, package: str, version: str) -> str:
+    """The probe day of `day`'s stack with `package` moved to `version` ('2025-11-14+transformers-5.0.0')."""
     return f"{day}+{package}-{version}"
 
 
@@ -52,14 +50,7 @@ def probe_states(probe_root: Path, scenario: str, signature: str | None) -> dict
             day = (record.get("pins") or {}).get("date", "")
             if record["scenario"] == scenario and record["variant"] == "baseline" and PROBE_DAY.match(day):
                 grouped.setdefault(day, []).append(record)
-    states = {}
-    for day, records in grouped.items():
-        if all(r["outcome"] in UNUSABLE for r in records):
-            states[day] = "unusable"
-            continue
-        hit = any(r["outcome"] in FAILING and (signature is None or r["signature"] == signature) for r in records)
-        states[day] = "fail" if hit else "pass"
-    return states
+    return {day: probe_state(records, signature)[0] for day, records in grouped.items()}
 
 
 def step(flip: Flip, states: dict[str, str], release_list: list[str]) -> list[str]:
@@ -122,9 +113,7 @@ def _spread(items: list[str], count: int) -> list[str]:
     return [items[round((i + 1) * len(items) / (count + 1)) - 1] for i in range(count)]
 
 
-def plan_round(
-    run_dir: Path, profile: Profile, out_root: Path, matrix_dir: Path
-) -> tuple[list[Flip], dict[str, list[str]]]:
+def plan_round(run_dir: Path, profile: Profile, out_root: Path) -> tuple[list[Flip], dict[str, list[str]]]:
     """Every flip of the GPU run advanced as far as its probe records allow (written to flips.json). Returns
     (flips, the probe days still needed per scenario)."""
     from harness.publishing.atlas import dated_verdicts, masking
@@ -165,33 +154,27 @@ def write_probe_profile(profile: Profile, needed: list[str], scenarios: list[str
     target = era_lock.lock_path(matrix_dir, name)
     lock = era_lock.read_lock(target) if target.is_file() else dict(main_lock, days={})
     image = node_image(matrix_dir, profile)
-    node = {k.lower(): v for k, v in image["packages"].items()}
     axis = [p for p in profile.era_packages if p in main_lock["requirements"]]
+    uv, requires = uv_binary(), era_lock.index_requires(index_url())  # one metadata cache for every probe day
     for day in needed:
         match = PROBE_DAY.match(day)
         assert match is not None
         older = main_lock["days"][match["day"]]["resolved"]
         newer_day = next(d for d in main_lock["days"] if d > match["day"])
         pins = {p: older[p] for p in axis if p in older}
+        held = {"torch": image["torch"]}
         try:
             resolved, way = era_lock.resolve_probe(
-                uv_binary(),
-                pins,
-                match["day"],
-                newer_day,
-                match["package"],
-                match["version"],
-                profile.python,
-                {"torch": image["torch"]},
+                uv, pins, match["day"], newer_day, match["package"], match["version"], profile.python, held
             )
         except era_lock.ResolutionFailed as exc:
-            lock["days"][day] = {"error": f"no stack for probe {day} over the node's torch {image['torch']}: {exc}"}
+            lock["days"][day] = era_lock.unresolved_entry(f"probe {day}", image, exc)
             continue
-        overlay, reasons = era_lock.overlay_for(
-            resolved, list(profile.era_packages), node, era_lock.index_requires(index_url()), image["python"]
+        entry = era_lock.lock_entry(resolved, list(profile.era_packages), image, requires)
+        lock["days"][day] = entry | {"dependencies": way}
+        print(
+            f"  probe {day}: dependencies as of the {way.split('-')[0]} day; overlay {len(entry['overlay'])} packages"
         )
-        lock["days"][day] = {"resolved": resolved, "overlay": overlay, "overlay_reasons": reasons, "dependencies": way}
-        print(f"  probe {day}: dependencies as of the {way.split('-')[0]} day; overlay {len(overlay)} packages")
     lock["days"] = dict(sorted(lock["days"].items()))
     target.write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
     days = list(lock["days"])

@@ -204,6 +204,21 @@ def _fetch_requires(index: str, name: str, version: str) -> list[str]:
     return Parser().parsestr(text).get_all("Requires-Dist") or []
 
 
+def lock_entry(
+    resolved: dict[str, str], era_packages: list[str], image: dict[str, Any], requires: Metadata
+) -> dict[str, Any]:
+    """One day's (or probe day's) entry: its resolution, and what the node of `image` must get on top."""
+    node = {canonicalize_name(k): v for k, v in image["packages"].items()}
+    overlay, reasons = overlay_for(resolved, era_packages, node, requires, image["python"])
+    return {"resolved": resolved, "overlay": overlay, "overlay_reasons": reasons}
+
+
+def unresolved_entry(day: str, image: dict[str, Any], why: Exception) -> dict[str, Any]:
+    """The entry of a day with no stack over the node's torch: the node records its cells as failing to
+    install, with uv's reason."""
+    return {"error": f"no stack of {day} resolves over the node's torch {image['torch']}: {why}"}
+
+
 def build_lock(
     days: list[str],
     requirements: list[str],
@@ -213,16 +228,12 @@ def build_lock(
     requires: Metadata,
 ) -> dict[str, Any]:
     """The lock for every day: its resolution and overlay, or the reason it has none."""
-    node = {canonicalize_name(k): v for k, v in image["packages"].items()}
     entries: dict[str, Any] = {}
     for day in days:
         try:
-            resolved = resolve(day)
+            entries[day] = lock_entry(resolve(day), era_packages, image, requires)
         except ResolutionFailed as exc:
-            entries[day] = {"error": f"no stack of {day} resolves over the node's torch {image['torch']}: {exc}"}
-            continue
-        overlay, reasons = overlay_for(resolved, era_packages, node, requires, image["python"])
-        entries[day] = {"resolved": resolved, "overlay": overlay, "overlay_reasons": reasons}
+            entries[day] = unresolved_entry(day, image, exc)
     return {
         "lock_version": LOCK_VERSION,
         "made": dt.date.today().isoformat(),
