@@ -39,11 +39,11 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
 
     flips = newest_flips(results_dir, selection.run_ids)
     dated = dated_by_device(selection.latest()[0])
+    flips_of = {device: [f for f in flips if f["run_id"] in {r["run_id"] for r in rs}] for device, rs in dated.items()}
     for device, records in dated.items():
-        runs = {r["run_id"] for r in records}
         fixed = held_torch(records)
         where = "the history run" if device == "cpu" else f"the GPU history run (torch fixed at {fixed or '?'})"
-        text += flips_markdown([f for f in flips if f["run_id"] in runs], records, specs, where)
+        text += flips_markdown(flips_of[device], records, specs, where)
     text += disagreements_markdown(dated.get("cpu", []), dated.get("cuda", []), specs)
     output = output or results_dir / "COMPATIBILITY.md"
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -65,7 +65,6 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
             name = (
                 "history-timeline.png" if device == "cpu" else f"{device.replace('cuda', 'gpu')}-history-timeline.png"
             )
-            runs = {r["run_id"] for r in records}
-            plot_timeline(records, specs, [f for f in flips if f["run_id"] in runs], results_dir / name, device)
+            plot_timeline(records, specs, flips_of[device], results_dir / name, device)
         plot_s5_history(dated.get("cpu", []), results_dir / "history-s5-ratio.png")
     return output
