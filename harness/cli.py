@@ -277,6 +277,36 @@ def build_parser() -> argparse.ArgumentParser:
     bis.add_argument("--offline", action="store_true")
     bis.add_argument("--wheelhouse", type=Path, metavar="DIR")
 
+    bs = sub.add_parser(
+        "bisect-script",
+        help="run your own script across the atlas's dated stacks and name the release where it breaks or heals",
+        description="Runs SCRIPT (a plain Python file or a PEP 723 script; it fails by a non-zero exit or an "
+        "exception, exit 77 means 'not applicable here') in every install day of the atlas (the history profile's "
+        "dated stacks: the same environments the atlas ran in), or between two ends of your own. Each run is "
+        "the failure asked about (the bad end's signature, or --match), a pass, a different failure (reported, "
+        "never taken for it) or unusable. Between neighbouring days whose outcome differs, it moves one package "
+        "at a time from the older day's release to the newer one's (the failing traceback's packages first), "
+        "then bisects that package's releases. Writes results/script-bisect/<name>/verdict.json, runs.jsonl "
+        "(every run, reused by the next invocation) and issue.md (an upstream issue body). Exit 0 with a verdict, "
+        "2 on bad input.",
+    )
+    bs.add_argument("script", type=Path, help="the script to run")
+    bs.add_argument("--nproc", type=int, default=1, help="ranks: >1 starts it under torchrun (default 1)")
+    bs.add_argument("--from", dest="from_day", metavar="YYYY-MM-DD", help="first day of the scan")
+    bs.add_argument("--to", dest="to_day", metavar="YYYY-MM-DD", help="last day of the scan")
+    bs.add_argument(
+        "--good", metavar="SPEC", help="an end where it passes: a day, or exact pins 'peft==0.13.2,torch==2.4.1'"
+    )
+    bs.add_argument("--bad", metavar="SPEC", help="an end where it fails with the failure asked about (as --good)")
+    bs.add_argument("--match", metavar="REGEX", help="the failure asked about: runs whose error text matches")
+    bs.add_argument("--timeout", type=float, default=600.0, help="seconds per run; then every rank's stack (600)")
+    bs.add_argument("--name", help="the verdict's folder under results/script-bisect/ (default: the script's stem)")
+    bs.add_argument("--all-moves", action="store_true", help="move every changed package, not only until one flips")
+    bs.add_argument("--fresh", action="store_true", help="ignore the runs an earlier invocation recorded")
+    bs.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    bs.add_argument("--offline", action="store_true", help="install only from --wheelhouse (air-gapped nodes)")
+    bs.add_argument("--wheelhouse", type=Path, metavar="DIR")
+
     fl = sub.add_parser(
         "flips",
         help="name every flip of a dated run: which package, then which release, changed a target outcome",
@@ -414,6 +444,10 @@ def main(argv: list[str] | None = None) -> int:
             return _flips(args)
         if args.command == "bisect":
             return _bisect(args)
+        if args.command == "bisect-script":
+            from harness.tools.script_bisect import command
+
+            return command(args)
         if args.command == "upstream-report":
             from harness.publishing.upstream import find_entry, report_body
 

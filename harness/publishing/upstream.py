@@ -104,3 +104,63 @@ def _flips(results_dir: Path, scenario: str) -> list[str]:
                     f"{flip['older']} and {flip['newer']}, {path.parent.name})"
                 )
     return found
+
+
+#: Where each package files its issues (for the issue body a script bisect writes).
+PROJECTS = {
+    "torch": "pytorch/pytorch",
+    "transformers": "huggingface/transformers",
+    "peft": "huggingface/peft",
+    "accelerate": "huggingface/accelerate",
+    "trl": "huggingface/trl",
+    "deepspeed": "deepspeedai/DeepSpeed",
+    "bitsandbytes": "bitsandbytes-foundation/bitsandbytes",
+}
+
+
+def script_issue_body(verdict: dict[str, Any], script: str, flip: dict[str, Any]) -> str:
+    """The issue body (Markdown) for a user script's failure that a bisect pinned on one release."""
+    package, first, last = flip["package"], flip["first_release"], flip["last_release_before"]
+    bad = next((s for s in verdict["scan"] if s["label"] == flip["newer"]), {})
+    failing = flip["newer"] if flip["newer_state"] == "target" else flip["older"]
+    versions = next((s["versions"] for s in verdict["scan"] if s["label"] == failing), {})
+    launch = f"torchrun --nproc-per-node {verdict['nproc']} " if verdict["nproc"] > 1 else "python "
+    started = flip["newer_state"] == "target"
+    held = ", ".join(f"{p}=={v}" for p, v in flip["held"].items() if p in PINNED_PACKAGES)
+    project = PROJECTS.get(package, package)
+    lines = [
+        f"<!-- for https://github.com/{project}/issues/new -->",
+        f"**{verdict['target']['error'] or verdict['target']['signature']}** "
+        + (f"since {package} {first} (last good: {last})" if started else f"until {package} {first} fixed it"),
+        "",
+        "### System Info\n",
+        *[f"- `{name}`: {value}" for name, value in versions.items()],
+        f"- launched as `{launch}{verdict['script']}` on CPU",
+        "",
+        "### Reproduction\n",
+        f"`{launch}{verdict['script']}`:",
+        "",
+        "```python",
+        script.rstrip(),
+        "```",
+        "",
+        "### Expected behavior\n",
+        f"The script exits 0, as it does with {package}=={last if started else first}.",
+        "",
+        "### Actual behavior\n",
+        f"With {package}=={first if started else last}: `{verdict['target']['error']}`",
+        "",
+        "### Which release\n",
+        f"Found by `compat-matrix bisect-script`: between the stacks of {flip['older']} and {flip['newer']} only "
+        f"moving {package} alone from {flip['changed'][package][0]} to {flip['changed'][package][1]} reproduces the "
+        f"change (others held: {held}); bisecting {len(flip['candidates'])} releases of {package} in "
+        f"{len(flip['bisect_runs'])} runs: last good {last}, first bad {first}."
+        if started
+        else f"Found by `compat-matrix bisect-script`: it fails up to {last} and passes from {first} "
+        f"(others held: {held}).",
+    ]
+    if flip.get("note"):
+        lines += ["", f"Note: {flip['note']}"]
+    if bad.get("error") and bad.get("state") == "other":
+        lines += ["", f"The newer stack also showed a different failure: `{bad['error']}`"]
+    return "\n".join(lines) + "\n"

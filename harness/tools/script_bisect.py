@@ -1,0 +1,643 @@
+"""Bring your own failure: run a user's script across the atlas's dated stacks (or between two stacks of their
+own) and name the package and release where its failure starts or ends.
+
+Three phases, each a list of real runs of the script:
+1. **scan**: one run per atlas day (the history profile's install days, the same environments the atlas ran
+   in), or the user's two ends. Each run is *target* (the failure asked about: the bad end's signature, or
+   the user's `--match`), *pass*, *other* (a different failure: reported, never taken for the target) or
+   *unusable* (the stack could not be installed, or the script exited 77: not applicable).
+2. **moves**: for each pair of neighbouring known days whose states differ, the older stack with one package
+   moved to the newer day's release (an overlay, `script_stacks.overlay`), packages named by the failing
+   traceback first, until one move alone reproduces the newer state.
+3. **bisect**: that package's releases between the two, binary search with both ends already known, so n
+   releases take ceil(log2 n) runs (plus one per release stepped over because it fails differently or does
+   not install).
+
+Every run is appended to `<out>/runs.jsonl` as it ends and is reused by a later invocation of the same script
+(same text, launch and stack), so an interrupted bisect resumes and a repeated one costs nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import itertools
+import json
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from harness.define.packages import AXIS_PACKAGES, import_name
+from harness.define.profile import DATE_AXIS, Profile
+from harness.environments.envs import InstallOptions
+from harness.errors import UsageError
+from harness.recording.runs import now_iso
+from harness.tools import script_stacks
+from harness.tools.script_stacks import Stack
+from harness.tools.user_script import CLASSIFIER_VERSION, ScriptRun, run_script, script_dependencies
+from harness.versions import releases
+
+KNOWN = ("target", "pass")
+_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+@dataclass(frozen=True)
+class End:
+    """One end the user named: an install day, or pins ('transformers==4.39.3,accelerate==1.0.0')."""
+
+    day: str | None = None
+    pins: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.day or ",".join(f"{p}=={v}" for p, v in self.pins.items())
+
+
+def parse_end(option: str, text: str) -> End:
+    """A day (YYYY-MM-DD) or comma-separated exact pins; anything else is a usage error."""
+    text = text.strip()
+    if _DAY.match(text):
+        try:
+            dt.date.fromisoformat(text)
+        except ValueError:
+            raise UsageError(f"{option} {text!r}: not a real day") from None
+        return End(day=text)
+    pins: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, version = part.partition("==")
+        try:
+            Version(version)
+        except InvalidVersion:
+            sep = ""
+        if not sep or not name:
+            raise UsageError(f"{option} {text!r}: give a day (2024-09-26) or exact pins (peft==0.13.2,torch==2.4.1)")
+        pins[str(canonicalize_name(name))] = version
+    if not pins:
+        raise UsageError(f"{option}: empty")
+    return End(pins=pins)
+
+
+@dataclass
+class Observation:
+    """One run of the script in one stack, and what it says about the failure asked about."""
+
+    phase: str
+    label: str
+    outcome: str  # pass | fail | timeout | skip | install-failed
+    signature: str | None
+    error: str | None
+    seconds: float
+    stack: dict[str, Any]
+    key: str
+    exit_code: int | None = None
+    traceback: str = ""
+    stderr_tail: str = ""
+    rank_stacks: dict[str, str] = field(default_factory=dict)
+    waiting_in: dict[str, str | None] = field(default_factory=dict)
+    reused: bool = False
+    state: str = ""
+
+
+@dataclass
+class FlipVerdict:
+    older: str
+    newer: str
+    older_state: str
+    newer_state: str
+    #: package -> [older release, newer release], every distribution that differs between the two stacks.
+    changed: dict[str, list[str]]
+    #: Where the moves started: the older stack with one package moved at a time.
+    moves: list[dict[str, Any]] = field(default_factory=list)
+    package: str | None = None
+    first_release: str | None = None
+    last_release_before: str | None = None
+    candidates: list[str] = field(default_factory=list)
+    bisect_runs: list[dict[str, Any]] = field(default_factory=list)
+    stepped_over: list[dict[str, Any]] = field(default_factory=list)
+    #: The packages the named release's runs held at the older stack's versions.
+    held: dict[str, str] = field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def direction(self) -> str:
+        return "started" if self.newer_state == "target" else "ended"
+
+
+@dataclass
+class Cost:
+    environments_built: int = 0
+    environments_reused: int = 0
+    overlays_built: int = 0
+    overlays_reused: int = 0
+    runs: int = 0
+    runs_reused: int = 0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+
+
+class ScriptBisect:
+    """One invocation: the script, how it launches, where its runs go, and what they cost."""
+
+    def __init__(
+        self,
+        script: Path,
+        out_dir: Path,
+        history: Profile,
+        options: InstallOptions,
+        *,
+        nproc: int = 1,
+        timeout_s: float = 600.0,
+        match: str | None = None,
+        fresh: bool = False,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        if not script.is_file():
+            raise UsageError(f"{script}: no such file")
+        try:
+            self.extras = script_dependencies(script)
+        except (ValueError, Exception) as exc:  # tomllib errors, two blocks
+            raise UsageError(f"{script}: its PEP 723 block does not parse: {exc}") from None
+        self.script, self.out_dir, self.history, self.options = script, out_dir, history, options
+        self.nproc, self.timeout_s, self.say = nproc, timeout_s, say
+        try:
+            self.match = re.compile(match) if match else None
+        except re.error as exc:
+            raise UsageError(f"--match {match!r}: {exc}") from None
+        text = script.read_bytes()
+        self.script_sha = hashlib.sha256(text).hexdigest()
+        self.cost = Cost()
+        self.observations: list[Observation] = []
+        self.target: str | None = None
+        self.target_error: str | None = None
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.runs_path = out_dir / "runs.jsonl"
+        self.earlier = {} if fresh else _earlier_runs(self.runs_path)
+        if fresh and self.runs_path.exists():
+            self.runs_path.rename(out_dir / f"runs-{now_iso().replace(':', '')}.jsonl")
+
+    # -- running ---------------------------------------------------------------------------------------------
+    def observe(self, phase: str, stack: Stack) -> Observation:
+        """Run the script in `stack` (or take the same run from an earlier invocation) and record it."""
+        self._count_stack(stack)
+        facts = {
+            "kind": stack.kind,
+            "mode": stack.mode,
+            "overlaid": stack.overlaid,
+            "versions": stack.versions,
+            "reused": stack.reused,
+            "build_seconds": round(stack.seconds, 1),
+            "failure": stack.failure,
+        }
+        key = hashlib.sha256(
+            json.dumps(
+                [CLASSIFIER_VERSION, self.script_sha, self.nproc, stack.failure or sorted(stack.versions.items())]
+            ).encode()
+        ).hexdigest()[:16]
+        if key in self.earlier:
+            found = Observation(**{**self.earlier[key], "phase": phase, "label": stack.label, "reused": True})
+            self.cost.runs_reused += 1
+        elif stack.failure or stack.python is None:
+            found = Observation(
+                phase, stack.label, "install-failed", None, (stack.failure or "")[:600], 0.0, facts, key
+            )
+        else:
+            run = run_script(
+                stack.python, self.script, nproc=self.nproc, timeout_s=self.timeout_s, pythonpath=stack.pythonpath
+            )
+            self.cost.runs += 1
+            found = _from_run(phase, stack.label, run, facts, key)
+        found.stack = facts
+        if found.reused is False:
+            with open(self.runs_path, "a") as handle:
+                handle.write(
+                    json.dumps({**asdict(found), "script_sha256": self.script_sha, "nproc": self.nproc}) + "\n"
+                )
+        found.state = self.state_of(found)
+        self.observations.append(found)
+        what = found.error or ""
+        self.say(
+            f"  {phase:<6} {stack.label:<40} {found.outcome:<14} {found.state:<9} "
+            f"{found.seconds:6.1f} s{' (earlier run)' if found.reused else ''}  {what[:90]}"
+        )
+        return found
+
+    def state_of(self, found: Observation) -> str:
+        if found.outcome in ("install-failed", "skip"):
+            return "unusable"
+        if found.outcome == "pass":
+            return "pass"
+        if self.match is not None:
+            text = f"{found.error or ''}\n{found.traceback}\n{found.stderr_tail}"
+            return "target" if self.match.search(text) else "other"
+        if self.target is None:
+            return ""
+        return "target" if found.signature == self.target else "other"
+
+    def set_target(self, found: Observation) -> None:
+        self.target, self.target_error = found.signature, found.error
+        for other in self.observations:
+            other.state = self.state_of(other)
+
+    def _count_stack(self, stack: Stack) -> None:
+        if stack.kind == "overlay":
+            if stack.reused:
+                self.cost.overlays_reused += 1
+            elif stack.python is not None:
+                self.cost.overlays_built += 1
+        elif stack.reused:
+            self.cost.environments_reused += 1
+        elif stack.python is not None:
+            self.cost.environments_built += 1
+
+    def timed(self, phase: str, started: float) -> None:
+        self.cost.phase_seconds[phase] = round(self.cost.phase_seconds.get(phase, 0.0) + time.monotonic() - started, 1)
+
+    # -- stacks ----------------------------------------------------------------------------------------------
+    def stack_for(self, end: End) -> Stack:
+        if end.day:
+            return script_stacks.dated_stack(self.history, end.day, self.extras, self.options)
+        return script_stacks.pinned_stack(self.history, end.label, end.pins, self.extras, self.options)
+
+    def moved(self, base: Stack, package: str, version: str, older: End, newer: End) -> Stack:
+        return script_stacks.overlay(
+            base,
+            [f"{package}=={version}"],
+            older_day=older.day,
+            newer_day=newer.day,
+            moving=(package,),
+            options=self.options,
+            label=f"{base.label} + {package}=={version}",
+        )
+
+
+def run(
+    bisect: ScriptBisect,
+    days: list[str] | None,
+    good: End | None,
+    bad: End | None,
+    *,
+    all_moves: bool = False,
+) -> dict[str, Any]:
+    """The whole search; returns the verdict (also written to `<out>/verdict.json`)."""
+    say = bisect.say
+    started = time.monotonic()
+    if good and bad and not good.day:
+        ends = [good, bad]
+    else:
+        ends = [End(day=d) for d in days or []]
+    say(f"bisect-script: {bisect.script.name}, {bisect.nproc} process(es), {len(ends)} stacks to scan")
+    stacks: dict[str, Stack] = {}
+    scan: list[Observation] = []
+    for index, end in enumerate(ends, 1):
+        stack = bisect.stack_for(end)
+        stacks[end.label] = stack
+        say(f"[{index}/{len(ends)}]")
+        scan.append(bisect.observe("scan", stack))
+    bisect.timed("scan", started)
+
+    target_at = _choose_target(bisect, scan, ends, bad)
+    flips: list[FlipVerdict] = []
+    if target_at is not None:
+        bisect.set_target(target_at)
+        if good and bad and not good.day:
+            flips = _end_flips(scan)
+        else:
+            flips = _neighbour_flips(scan)
+        for flip in flips:
+            older = next(e for e in ends if e.label == flip.older)
+            newer = next(e for e in ends if e.label == flip.newer)
+            _name_flip(bisect, flip, stacks[flip.older], stacks[flip.newer], older, newer, all_moves)
+    verdict = _verdict(bisect, scan, flips, ends)
+    (bisect.out_dir / "verdict.json").write_text(json.dumps(verdict, indent=1) + "\n")
+    (bisect.out_dir / "script.py").write_bytes(bisect.script.read_bytes())
+    for line in summary_lines(verdict):
+        say(line)
+    return verdict
+
+
+def _choose_target(
+    bisect: ScriptBisect, scan: list[Observation], ends: list[End], bad: End | None
+) -> Observation | None:
+    """The failure asked about: the user's --match, else the bad end's failure, else the newest failing stack's."""
+    failing = [o for o in scan if o.outcome in ("fail", "timeout")]
+    if bisect.match is not None:
+        matched = [o for o in failing if o.state == "target"]
+        return matched[-1] if matched else None
+    if bad is not None:
+        at = next((o for o in scan if o.label == bad.label), None)
+        if at is None or at.outcome not in ("fail", "timeout"):
+            outcome = at.outcome if at else "not run"
+            bisect.say(f"the bad end {bad.label} does not fail ({outcome}): nothing to bisect")
+            return None
+        return at
+    return failing[-1] if failing else None
+
+
+def _neighbour_flips(scan: list[Observation]) -> list[FlipVerdict]:
+    known = [o for o in scan if o.state in KNOWN]
+    return [
+        FlipVerdict(a.label, b.label, a.state, b.state, _changed(a, b))
+        for a, b in itertools.pairwise(known)
+        if a.state != b.state
+    ]
+
+
+def _end_flips(scan: list[Observation]) -> list[FlipVerdict]:
+    good, bad = scan
+    if good.state != "pass":
+        return [FlipVerdict(good.label, bad.label, good.state, bad.state, _changed(good, bad), note=(
+            f"the good end does not pass ({good.outcome}: {good.error}), so no release can be named"))]  # fmt: skip
+    return [FlipVerdict(good.label, bad.label, good.state, bad.state, _changed(good, bad))]
+
+
+def _changed(a: Observation, b: Observation) -> dict[str, list[str]]:
+    va, vb = a.stack["versions"], b.stack["versions"]
+    return {
+        name: [va.get(name), vb.get(name)]
+        for name in sorted(set(va) | set(vb))
+        if name not in script_stacks.NOT_PACKAGES and va.get(name) != vb.get(name)
+    }
+
+
+def move_order(changed: dict[str, list[str]], failing: Observation | None) -> list[str]:
+    """Packages to move, most suspect first: those whose files the failing traceback passes through (innermost
+    first), then those its error line names, then the atlas packages, then the rest."""
+    movable = [p for p, (_, new) in changed.items() if new is not None]
+    text = f"{failing.traceback if failing else ''}"
+    frames = re.findall(r'File "[^"]*/(?:site-packages|site)/([^/"]+)/', text)[::-1]
+    error = (failing.error or "").lower() if failing else ""
+    order: list[str] = []
+    for module in frames:
+        order += [p for p in movable if import_name(p) == module and p not in order]
+    order += [p for p in movable if _named_in(import_name(p).lower(), error) and p not in order]
+    order += [p for p in AXIS_PACKAGES if p in movable and p not in order]
+    return order + [p for p in movable if p not in order]
+
+
+def _named_in(module: str, error: str) -> bool:
+    """Whether a word of the error starts like the module ('Accelerator.__init__()' names accelerate)."""
+    stem = module[: min(len(module), 8)]
+    return any(word.startswith(stem) for word in re.findall(r"[a-z_][a-z0-9_]*", error))
+
+
+def _name_flip(
+    bisect: ScriptBisect, flip: FlipVerdict, older_stack: Stack, newer_stack: Stack, older: End, newer: End,
+    all_moves: bool,
+) -> None:  # fmt: skip
+    if flip.note:
+        return
+    say = bisect.say
+    failing = next(o for o in bisect.observations if o.label in (flip.older, flip.newer) and o.state == "target")
+    say(
+        f"flip {flip.older} ({flip.older_state}) -> {flip.newer} ({flip.newer_state}): "
+        f"{len(flip.changed)} packages differ"
+    )
+    started = time.monotonic()
+    reproducing: list[str] = []
+    for package in move_order(flip.changed, failing):
+        version = flip.changed[package][1]
+        found = bisect.observe("move", bisect.moved(older_stack, package, version, older, newer))
+        flip.moves.append({"package": package, "version": version, **_brief(found)})
+        if found.state == flip.newer_state:
+            reproducing.append(package)
+            if not all_moves:
+                break
+    bisect.timed("moves", started)
+    if len(reproducing) != 1:
+        tried = ", ".join(f"{m['package']} {m['version']}: {m['state']}" for m in flip.moves)
+        flip.note = (
+            f"each of {', '.join(reproducing)} alone reproduces it" if reproducing else f"no single package ({tried})"
+        )
+        return
+    package = flip.package = reproducing[0]
+    old, new = flip.changed[package]
+    flip.held = {
+        p: v for p, v in older_stack.packages().items() if p != package and p in (*AXIS_PACKAGES, *flip.changed)
+    }
+    started = time.monotonic()
+    _bisect_releases(bisect, flip, older_stack, older, newer, package, old, new)
+    bisect.timed("bisect", started)
+
+
+def _bisect_releases(
+    bisect: ScriptBisect, flip: FlipVerdict, base: Stack, older: End, newer: End, package: str, old: str | None,
+    new: str,
+) -> None:  # fmt: skip
+    """Binary search over the releases after `old` up to `new`, both ends' states known already."""
+    python = bisect.history.python
+    available = releases.releases(package, python, bisect.options.wheelhouse if bisect.options.offline else None)
+    if old is None:
+        flip.first_release, flip.note = new, f"{package} is absent from the older stack"
+        return
+    after = [str(v) for v in releases.between(available, old, new) if str(v) != str(Version(old))]
+    if not after or after[-1] != str(Version(new)):
+        after = [*after, new] if new not in after else after
+    flip.candidates = after
+    usable = list(after)
+    lo, hi = -1, len(usable) - 1  # lo: last with the older state (-1 = old itself); hi: first with the newer one
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        found = bisect.observe("bisect", bisect.moved(base, package, usable[mid], older, newer))
+        entry = {"version": usable[mid], **_brief(found)}
+        flip.bisect_runs.append(entry)
+        if found.state == flip.newer_state:
+            hi = mid
+        elif found.state == flip.older_state:
+            lo = mid
+        else:
+            flip.stepped_over.append(entry)
+            usable.pop(mid)
+            hi -= 1
+    flip.first_release = usable[hi]
+    flip.last_release_before = usable[lo] if lo >= 0 else str(Version(old))
+    skipped = [s for s in flip.stepped_over if _between(s["version"], flip.last_release_before, flip.first_release)]
+    if skipped:
+        how = "fail differently" if any(s["state"] == "other" for s in skipped) else "could not run"
+        flip.note = (
+            f"{', '.join(s['version'] for s in skipped)} (between {flip.last_release_before} and "
+            f"{flip.first_release}) {how}: the change may be in one of them, masked"
+        )
+
+
+def _between(version: str, low: str, high: str) -> bool:
+    return Version(low) < Version(version) < Version(high)
+
+
+def _brief(found: Observation) -> dict[str, Any]:
+    return {
+        "state": found.state,
+        "outcome": found.outcome,
+        "signature": found.signature,
+        "error": found.error,
+        "mode": found.stack.get("mode"),
+        "reused": found.reused,
+    }
+
+
+def _verdict(
+    bisect: ScriptBisect, scan: list[Observation], flips: list[FlipVerdict], ends: list[End]
+) -> dict[str, Any]:
+    others = sorted(
+        {(o.signature or "", o.error or "") for o in bisect.observations if o.state == "other"}, key=lambda x: x[0]
+    )
+    return {
+        "script": bisect.script.name,
+        "script_sha256": bisect.script_sha,
+        "nproc": bisect.nproc,
+        "timeout_s": bisect.timeout_s,
+        "match": bisect.match.pattern if bisect.match else None,
+        "made_at": now_iso(),
+        "target": {"signature": bisect.target, "error": bisect.target_error},
+        "scan": [{"label": o.label, **_brief(o), "versions": _key_versions(o.stack["versions"])} for o in scan],
+        "flips": [asdict(f) | {"direction": f.direction} for f in flips],
+        "different_failures": [{"signature": s, "error": e} for s, e in others],
+        "cost": asdict(bisect.cost)
+        | {
+            "runs_after_scan": sum(1 for o in bisect.observations if o.phase in ("move", "bisect")),
+            "bound_after_scan": [
+                math.ceil(math.log2(max(len(f.candidates), 1))) + len(f.moves) for f in flips if f.candidates
+            ],
+        },
+        "runs": "runs.jsonl",
+    }
+
+
+def _key_versions(versions: dict[str, str]) -> dict[str, str]:
+    return {p: versions[p] for p in ("python", *AXIS_PACKAGES) if p in versions}
+
+
+def summary_lines(verdict: dict[str, Any]) -> list[str]:
+    """The verdict in a few lines for the terminal (and the README's example)."""
+    target = verdict["target"]
+    lines = ["", f"verdict for {verdict['script']} ({verdict['nproc']} process(es)):"]
+    if not target["signature"] and not verdict["match"]:
+        lines.append("  no stack fails: nothing to bisect")
+    else:
+        lines.append(f"  failure asked about: {target['error'] or target['signature']}")
+    states = " ".join(f"{s['label']}:{s['state'] or s['outcome']}" for s in verdict["scan"])
+    lines.append(f"  scan: {states}")
+    for flip in verdict["flips"]:
+        where = f"between {flip['older']} ({flip['older_state']}) and {flip['newer']} ({flip['newer_state']})"
+        if flip["package"] and flip["first_release"]:
+            lines.append(
+                f"  {flip['direction']} with {flip['package']} {flip['first_release']} "
+                f"(last {flip['older_state']}: {flip['last_release_before']}), {where}"
+            )
+            held = ", ".join(f"{p} {v}" for p, v in flip["held"].items() if p in AXIS_PACKAGES) or ", ".join(
+                f"{p} {v}" for p, v in list(flip["held"].items())[:8]
+            )
+            lines.append(f"    held: {held}")
+            lines.append(
+                f"    probes: {len(flip['moves'])} move(s), {len(flip['bisect_runs'])} bisect run(s) over "
+                f"{len(flip['candidates'])} release(s)"
+            )
+        else:
+            lines.append(f"  {where}: {flip['note'] or 'not named'}")
+        if flip["note"] and flip["package"]:
+            lines.append(f"    note: {flip['note']}")
+    for other in verdict["different_failures"]:
+        where = [s["label"] for s in verdict["scan"] if s["signature"] == other["signature"] and s["state"] == "other"]
+        lines.append(
+            f"  a different failure ({', '.join(where) or 'in a probe'}): {other['error'] or other['signature']}"
+        )
+    cost = verdict["cost"]
+    phases = ", ".join(f"{k} {v:.0f} s" for k, v in cost["phase_seconds"].items())
+    lines.append(
+        f"  cost: {cost['runs']} runs (+{cost['runs_reused']} from earlier), environments {cost['environments_built']} "
+        f"built / {cost['environments_reused']} reused, overlays {cost['overlays_built']} built / "
+        f"{cost['overlays_reused']} reused; {cost['runs_after_scan']} runs after the scan; {phases}"
+    )
+    return lines
+
+
+def _from_run(phase: str, label: str, run: ScriptRun, facts: dict[str, Any], key: str) -> Observation:
+    return Observation(
+        phase, label, run.outcome, run.signature, run.error, round(run.seconds, 2), facts, key, run.exit_code,
+        run.traceback, run.stderr_tail, run.rank_stacks, run.waiting_in,
+    )  # fmt: skip
+
+
+def _earlier_runs(path: Path) -> dict[str, dict[str, Any]]:
+    """Runs an earlier invocation made, by key (a torn last line from a kill is skipped)."""
+    found: dict[str, dict[str, Any]] = {}
+    if not path.is_file():
+        return found
+    for line in path.read_text().splitlines():
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        data.pop("script_sha256", None)
+        data.pop("nproc", None)
+        found[data["key"]] = data
+    return found
+
+
+def atlas_days(results_dir: Path, history: Profile) -> list[str]:
+    """The install days of the newest committed history run (the environments the atlas ran in), else the
+    profile's date rule resolved against the index."""
+    runs = sorted((results_dir / "runs").glob(f"{history.name}-*/meta.json"))
+    for meta_path in reversed(runs):
+        days = json.loads(meta_path.read_text()).get("resolved_axes", {}).get(DATE_AXIS)
+        if days:
+            return sorted(days)
+    resolved, _ = releases.resolve_axes(history)
+    return sorted(resolved.axes[DATE_AXIS])
+
+
+def command(args: Any) -> int:
+    """`compat-matrix bisect-script`: validate the input, pick the stacks, run, write the issue body."""
+    from harness.define.profile import load_profile
+    from harness.environments.envs import default_envs_dir
+    from harness.paths import MATRIX_DIR
+    from harness.publishing.upstream import script_issue_body
+
+    if args.nproc < 1:
+        raise UsageError("--nproc must be at least 1")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    if args.offline and args.wheelhouse is None:
+        raise UsageError("--offline needs --wheelhouse DIR")
+    if bool(args.good) != bool(args.bad):
+        raise UsageError("--good and --bad go together")
+    good = parse_end("--good", args.good) if args.good else None
+    bad = parse_end("--bad", args.bad) if args.bad else None
+    if good and bad and bool(good.day) != bool(bad.day):
+        raise UsageError("--good and --bad must both be days or both be pins")
+    for option, value in (("--from", args.from_day), ("--to", args.to_day)):
+        if value and not parse_end(option, value).day:
+            raise UsageError(f"{option} {value!r}: give a day, YYYY-MM-DD")
+    history = load_profile("history", MATRIX_DIR)
+    options = InstallOptions(
+        envs_dir=default_envs_dir(),
+        offline=args.offline,
+        wheelhouse=args.wheelhouse.resolve() if args.wheelhouse else None,
+    )
+    out_dir = args.results_dir / "script-bisect" / (args.name or args.script.stem)
+    bisect = ScriptBisect(
+        args.script, out_dir, history, options, nproc=args.nproc, timeout_s=args.timeout, match=args.match,
+        fresh=args.fresh,
+    )  # fmt: skip
+    days: list[str] | None = None
+    if not (good and not good.day):
+        first = args.from_day or (min(good.day, bad.day) if good and bad else None)  # type: ignore[type-var]
+        last = args.to_day or (max(good.day, bad.day) if good and bad else None)  # type: ignore[type-var]
+        if first and last and first > last:
+            raise UsageError(f"--from {first} is after --to {last}")
+        atlas = atlas_days(args.results_dir, history)
+        days = sorted(
+            {d for d in atlas if (not first or d >= first) and (not last or d <= last)} | {first, last} - {None}
+        )  # type: ignore[operator]
+    verdict = run(bisect, days, good, bad, all_moves=args.all_moves)
+    named = [f for f in verdict["flips"] if f["package"] and f["first_release"]]
+    if named:
+        (out_dir / "issue.md").write_text(script_issue_body(verdict, args.script.read_text(), named[0]))
+        bisect.say(f"  issue body for {named[0]['package']}: {out_dir / 'issue.md'}")
+    bisect.say(f"  verdict: {out_dir / 'verdict.json'}; every run: {out_dir / 'runs.jsonl'}")
+    return 0

@@ -1,0 +1,206 @@
+"""The stacks a user's script runs in: the atlas's dated stacks, a user's own pins, and cheap probes over them.
+
+A dated stack is the history profile's cell for that day, built (or reused: the same environment the atlas
+ran in) by `envs.ensure_env`. A probe moves one package of a built stack to another release: instead of a new
+environment (5 GB with a CUDA torch), the moved package and whatever its move drags along are installed as a
+`--target` overlay that goes first on PYTHONPATH, everything else stays the base's own. The overlay is
+resolved by uv against the base's exact versions (dependencies as of the older day); where that cannot
+resolve, only the atlas packages stay held and the rest resolves as of the newer day, and the stack says which.
+Overlays are cached by what they contain, so a second invocation reuses every probe it has made.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import subprocess
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from harness.define.cells import Cell, expand
+from harness.define.packages import AXIS_PACKAGES
+from harness.define.profile import DATE_AXIS, Profile
+from harness.environments import envs
+from harness.environments.envs import InstallOptions
+
+OVERLAY_MARKER = ".compat-matrix-overlay.json"
+#: What a stack's versions exclude when two stacks are compared (the interpreter is not a release).
+NOT_PACKAGES = ("python",)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Where one run happens: a python, maybe an overlay first on its path, and the versions it imports."""
+
+    label: str
+    python: Path | None
+    versions: dict[str, str]
+    #: "dated", "pinned" or "overlay".
+    kind: str
+    pythonpath: str | None = None
+    #: Why it could not be built (the installer's reason); then nothing runs in it.
+    failure: str | None = None
+    reused: bool = False
+    seconds: float = 0.0
+    #: An overlay's dependency policy: "older-dependencies" (all else held) or "newer-dependencies".
+    mode: str | None = None
+    overlaid: dict[str, str] = field(default_factory=dict)
+
+    def packages(self) -> dict[str, str]:
+        return {k: v for k, v in self.versions.items() if k not in NOT_PACKAGES}
+
+
+def dated_stack(history: Profile, day: str, extras: list[str], options: InstallOptions) -> Stack:
+    """The atlas's stack of `day` (its environment is shared with the history matrix), plus the script's own
+    dependencies it lacks, resolved as of that day."""
+    cell = _day_cell(history, day)
+    built = envs.ensure_env(cell, history, options)
+    base = _from_env(day, built, "dated")
+    missing = [line for line in extras if not _satisfied(line, base.versions)]
+    if base.failure or not missing:
+        return base
+    return overlay(base, missing, older_day=day, newer_day=None, moving=(), options=options, label=day)
+
+
+def pinned_stack(
+    history: Profile, label: str, pins: dict[str, str], extras: list[str], options: InstallOptions
+) -> Stack:
+    """A user's own end: the pinned packages (and the script's other dependencies, resolved today)."""
+    named = {canonicalize_name(p) for p in pins}
+    lines = [f"{p}=={v}" for p, v in pins.items() if p not in AXIS_PACKAGES]
+    lines += [line for line in extras if canonicalize_name(Requirement(line).name) not in named]
+    choices = tuple((p, pins[p]) for p in AXIS_PACKAGES if p in pins)
+    profile = replace(
+        history, name="script", axes={p: (v,) for p, v in choices}, stacks={}, extra_requirements=tuple(lines)
+    )
+    cell = Cell(stack="script", choices=choices, implied=())
+    return _from_env(label, envs.ensure_env(cell, profile, options), "pinned")
+
+
+def overlay(
+    base: Stack,
+    requirements: list[str],
+    *,
+    older_day: str | None,
+    newer_day: str | None,
+    moving: tuple[str, ...],
+    options: InstallOptions,
+    label: str,
+) -> Stack:
+    """`base` with `requirements` layered over it. First every other package held at the base's version and the
+    dependencies as of `older_day`; if that cannot resolve, only the atlas packages held and the rest as of
+    `newer_day`."""
+    assert base.python is not None
+    held_all = {n: v for n, v in base.packages().items() if n not in moving}
+    held_axes = {n: v for n, v in held_all.items() if n in AXIS_PACKAGES}
+    # The second attempt: only the atlas packages held, the rest as of the newer day (today without days).
+    attempts = [("older-dependencies", held_all, older_day), ("newer-dependencies", held_axes, newer_day)]
+    reason = ""
+    for mode, held, day in attempts:
+        resolved, reason = _resolve(base.python, requirements, held, day, moving, newer_day, options)
+        if resolved is None:
+            continue
+        wanted = {n: v for n, v in resolved.items() if base.versions.get(n) != v}
+        return _install_overlay(base, wanted, mode, label, options)
+    return Stack(label, None, {}, "overlay", failure=reason, mode="unresolved")
+
+
+def _resolve(
+    python: Path,
+    requirements: list[str],
+    held: dict[str, str],
+    day: str | None,
+    moving: tuple[str, ...],
+    newer_day: str | None,
+    options: InstallOptions,
+) -> tuple[dict[str, str] | None, str]:
+    """uv's resolution of `requirements` with `held` as exact constraints, as of `day` (the moving packages as
+    of `newer_day`)."""
+    with tempfile.TemporaryDirectory(prefix="overlay-resolve-") as scratch:
+        wanted, constraints = Path(scratch, "wanted.in"), Path(scratch, "held.txt")
+        wanted.write_text("\n".join(requirements) + "\n")
+        constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(held.items())))
+        flags = envs.index_flags(options=options, dated=bool(day))
+        if day:
+            flags += ["--exclude-newer", f"{day}T00:00:00Z"]
+            for name in moving:
+                flags += ["--exclude-newer-package", f"{name}={newer_day or _tomorrow()}T00:00:00Z"]
+        proc = subprocess.run(
+            [
+                envs.uv_binary(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python",
+                str(python), *flags, str(wanted), "--constraint", str(constraints),
+            ],
+            capture_output=True, text=True,
+        )  # fmt: skip
+    if proc.returncode != 0:
+        return None, envs.summarise_install_error(proc.stderr or proc.stdout)
+    pins = {}
+    for line in proc.stdout.splitlines():
+        if "==" in line and not line.lstrip().startswith("#"):
+            name, version = line.split(";")[0].strip().split("==", 1)
+            pins[str(canonicalize_name(name))] = version.strip()
+    return pins, ""
+
+
+def _install_overlay(base: Stack, wanted: dict[str, str], mode: str, label: str, options: InstallOptions) -> Stack:
+    """Install `wanted` without dependencies into a cached `--target` directory for this base."""
+    assert base.python is not None
+    identity = json.dumps({"base": str(base.python), "base_path": base.pythonpath, "wanted": sorted(wanted.items())})
+    target = options.envs_dir / "script-overlays" / hashlib.sha256(identity.encode()).hexdigest()[:16]
+    marker = target / OVERLAY_MARKER
+    path = ":".join(p for p in (str(target / "site"), base.pythonpath) if p)
+    if marker.is_file() and not options.rebuild:
+        data = json.loads(marker.read_text())
+        return replace(
+            base, label=label, kind="overlay", pythonpath=path, versions=data["versions"], reused=True, seconds=0.0,
+            mode=mode, overlaid=wanted,
+        )  # fmt: skip
+    started = dt.datetime.now()
+    envs._discard(target)
+    if wanted:
+        proc = subprocess.run(
+            [
+                envs.uv_binary(), "pip", "install", "--quiet", "--no-deps", "--python", str(base.python),
+                "--target", str(target / "site"), *envs.index_flags(options=options),
+                *(f"{n}=={v}" for n, v in sorted(wanted.items())),
+            ],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            envs._discard(target)
+            return Stack(label, None, {}, "overlay", failure=envs.summarise_install_error(proc.stderr), mode=mode)
+    else:
+        (target / "site").mkdir(parents=True)
+    versions = envs.installed_versions(base.python, pythonpath=path)
+    marker.write_text(json.dumps({"versions": versions, "wanted": wanted, "mode": mode}, indent=1))
+    seconds = (dt.datetime.now() - started).total_seconds()
+    return replace(
+        base, label=label, kind="overlay", pythonpath=path, versions=versions, reused=False, seconds=seconds,
+        mode=mode, overlaid=wanted,
+    )  # fmt: skip
+
+
+def _day_cell(history: Profile, day: str) -> Cell:
+    """The history profile's cell of one day: the same environment the atlas built for it."""
+    return expand(replace(history, axes={**history.axes, DATE_AXIS: (day,)}))[0]
+
+
+def _from_env(label: str, built: envs.EnvResult, kind: str) -> Stack:
+    return Stack(
+        label, built.python, built.versions, kind, built.pythonpath, built.failure, built.reused, built.seconds
+    )
+
+
+def _satisfied(line: str, versions: dict[str, str]) -> bool:
+    requirement = Requirement(line)
+    have = versions.get(str(canonicalize_name(requirement.name)))
+    return have is not None and requirement.specifier.contains(have, prereleases=True)
+
+
+def _tomorrow() -> str:
+    return (dt.date.today() + dt.timedelta(days=1)).isoformat()

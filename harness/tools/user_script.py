@@ -1,0 +1,232 @@
+"""Run a user's own script once in a built environment, the way the user launches it, and say what happened.
+
+A script fails by a non-zero exit or an exception; exit 77 (the automake convention) means "not applicable to
+this stack" and is a skip. With `nproc > 1` it starts under torchrun with that many ranks (gloo or NCCL is the
+script's own choice), each rank's output in its own file. A run that outlives its timeout gets SIGABRT first:
+with PYTHONFAULTHANDLER set, every rank writes its threads' Python stacks to its stderr before it dies, so a
+hang is a record with each rank's stack, not a silence.
+
+The failure's signature is the harness's own (`signatures.exception_signature` over the last traceback's
+exception line), so a script's failure is named the way a scenario's is, and two runs fail "the same way" when
+their signatures are equal, or, with `--match`, when their error text matches the user's pattern.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.execution.launcher import waiting_in
+from harness.processes import guard
+from harness.processes.proctree import ORCHESTRATOR_VAR
+from harness.recording.signatures import exception_signature
+
+#: Changes whenever how a run is judged changes: runs recorded under another one are not reused.
+CLASSIFIER_VERSION = 2
+#: The exit code a script uses to say "this stack cannot run me" (automake's SKIP).
+SKIP_EXIT = 77
+#: How long the ranks get to write their stacks after SIGABRT before they are killed.
+STACK_GRACE_S = 5.0
+#: What a run keeps of each stream.
+TAIL_CHARS = 6000
+_PEP723 = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
+_RANK_PREFIX = re.compile(r"(?m)^\[(?:default)?rank\d+\]:\s?")
+_TRACEBACK = "Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<message>.*))?$")
+
+
+@dataclass(frozen=True)
+class ScriptRun:
+    """One run of the script: its outcome (pass | fail | timeout | skip), and the evidence behind it."""
+
+    outcome: str
+    exit_code: int | None
+    seconds: float
+    signature: str | None = None
+    #: The exception line ('TypeError: ... unexpected keyword ...'), or the last stderr line without one.
+    error: str | None = None
+    traceback: str = ""
+    stderr_tail: str = ""
+    #: rank -> its Python stacks when it was stopped (timeouts only).
+    rank_stacks: dict[str, str] = field(default_factory=dict)
+    #: rank -> the collective its main thread waited in, where its stack tells.
+    waiting_in: dict[str, str | None] = field(default_factory=dict)
+
+
+def script_dependencies(path: Path) -> list[str]:
+    """The `dependencies` of a PEP 723 script's `# /// script` block (none for a plain file)."""
+    blocks = [m for m in _PEP723.finditer(path.read_text()) if m.group("type") == "script"]
+    if not blocks:
+        return []
+    if len(blocks) > 1:
+        raise ValueError(f"{path}: more than one '# /// script' block")
+    content = "".join(
+        line[2:] if line.startswith("# ") else line[1:] for line in blocks[0].group("content").splitlines(True)
+    )
+    return list(tomllib.loads(content).get("dependencies", []))
+
+
+def run_script(
+    python: Path,
+    script: Path,
+    *,
+    nproc: int = 1,
+    timeout_s: float = 600.0,
+    pythonpath: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> ScriptRun:
+    """Run `script` with `python` (and an overlay first on PYTHONPATH), in a scratch working directory."""
+    with tempfile.TemporaryDirectory(prefix="bisect-script-") as scratch:
+        work = Path(scratch)
+        logs = work / "torchrun-logs"
+        command = [str(python), str(script.resolve())]
+        if nproc > 1:
+            command = [
+                str(python), "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                f"--log-dir={logs}", "--redirects=3", str(script.resolve()),
+            ]  # fmt: skip
+        env = dict(os.environ) | (extra_env or {})
+        env.pop("PYTHONPATH", None)
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
+        env |= {"PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1", ORCHESTRATOR_VAR: str(os.getpid())}
+        guard.ensure_started()
+        start = time.monotonic()
+        out_path, err_path = work / "stdout.log", work / "stderr.log"
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = subprocess.Popen(
+                command, cwd=work, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+            timed_out = False
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _stop_with_stacks(proc)
+        seconds = time.monotonic() - start
+        stderr = err_path.read_text(errors="replace")
+        ranks = _rank_logs(logs) if nproc > 1 else {}
+        return _classify(proc.returncode, timed_out, seconds, stderr, ranks)
+
+
+def _stop_with_stacks(proc: subprocess.Popen) -> None:
+    """SIGABRT every process of the launch (ranks dump their stacks through faulthandler), then kill them."""
+    members = [proc.pid, *_descendants(proc.pid)]
+    for pid in reversed(members):  # the ranks first: torchrun would otherwise tear them down with SIGTERM
+        _signal(pid, signal.SIGABRT)
+    try:
+        proc.wait(timeout=STACK_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in [proc.pid, *_descendants(proc.pid), *members]:
+        _signal(pid, signal.SIGKILL)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc), parents before children."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _rank_logs(logs: Path) -> dict[str, str]:
+    """rank -> its stderr, from torchrun's log directory (`<run>/attempt_<k>/<rank>/stderr.log`; the layout has
+    been stable since torch 1.10, the run folder's name has not)."""
+    found: dict[str, str] = {}
+    for path in sorted(logs.glob("**/attempt_*/*/stderr.log")):
+        found[path.parent.name] = path.read_text(errors="replace")
+    return dict(sorted(found.items(), key=lambda item: int(item[0]) if item[0].isdigit() else 0))
+
+
+def _classify(code: int | None, timed_out: bool, seconds: float, stderr: str, ranks: dict[str, str]) -> ScriptRun:
+    tail = stderr[-TAIL_CHARS:]
+    if timed_out:
+        texts = ranks or {"0": stderr}
+        stacks = {rank: _stacks_in(text) for rank, text in texts.items()}
+        stacks = {rank: text for rank, text in stacks.items() if text}
+        return ScriptRun(
+            "timeout", code, seconds, "timeout", "the script did not finish in time", stderr_tail=tail,
+            rank_stacks=stacks, waiting_in={r: w for r, w in waiting_in(stacks).items()},  # type: ignore[arg-type]
+        )  # fmt: skip
+    if code == 0:
+        return ScriptRun("pass", code, seconds, stderr_tail=tail)
+    if code == SKIP_EXIT:
+        return ScriptRun("skip", code, seconds, error=_last_line(stderr), stderr_tail=tail)
+    # The first rank with a traceback (torchrun's own ChildFailedError comes last, in its stderr); torch >= 2.2
+    # prefixes every line a rank writes with '[rank<N>]: '.
+    for text in [_RANK_PREFIX.sub("", t) for t in [*ranks.values(), stderr]]:
+        found = last_traceback(text)
+        if found:
+            traceback, exc_type, message = found
+            signature = exception_signature(exc_type, message, traceback)
+            line = f"{exc_type}: {message}" if message else exc_type
+            return ScriptRun("fail", code, seconds, signature, line, traceback[-TAIL_CHARS:], tail)
+    crash = f"crash-exit-{code}" if code is not None and code >= 0 else f"crash-{_signal_name(code)}"
+    return ScriptRun("fail", code, seconds, crash, _last_line(stderr), stderr_tail=tail)
+
+
+def last_traceback(text: str) -> tuple[str, str, str] | None:
+    """The last Python traceback in `text`: (its text, the exception type, the message's first line)."""
+    start = text.rfind(_TRACEBACK)
+    if start < 0:
+        return None
+    block = text[start:]
+    lines = block.splitlines()
+    for index, line in enumerate(lines[1:], start=1):
+        if line.startswith((" ", "\t")) or not line.strip():
+            continue
+        match = _EXCEPTION_LINE.match(line.strip())
+        if match:
+            exc_type = match.group("type")
+            message = "\n".join([match.group("message") or "", *lines[index + 1 : index + 4]]).strip()
+            return "\n".join(lines[: index + 1]), exc_type, message.splitlines()[0] if message else ""
+    return None
+
+
+def _stacks_in(text: str) -> str:
+    found = re.search(r"(?m)^(?:Fatal Python error|Current thread|Thread) ", text)
+    return text[found.start() :][-TAIL_CHARS:] if found else ""
+
+
+def _last_line(text: str) -> str | None:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else None
+
+
+def _signal_name(code: int | None) -> str:
+    try:
+        return signal.Signals(-(code or 0)).name
+    except ValueError:
+        return f"signal-{code}"

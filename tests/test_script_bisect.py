@@ -1,0 +1,199 @@
+"""`bisect-script` against real environments and real runs of small scripts.
+
+The scripts use `packaging`, whose 22.0 release made `parse()` of a non-PEP 440 string an error (before it
+returned a LegacyVersion): a real release that breaks a real call, cheap to install, so the search (ends,
+moves, binary search, a different failure on the way) is exercised end to end without the ML stack. The
+torchrun hang test builds a CPU torch environment and is marked `matrix`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.tools.script_bisect import Observation, _neighbour_flips, move_order, parse_end
+from harness.tools.user_script import last_traceback, run_script, script_dependencies
+
+REPO = Path(__file__).resolve().parent.parent
+
+BREAKS_AT_22 = textwrap.dedent(
+    '''
+    # /// script
+    # dependencies = ["packaging"]
+    # ///
+    """parse() of a non-PEP 440 string: a LegacyVersion before packaging 22.0, InvalidVersion from it."""
+    from packaging.version import parse
+
+    print(parse("not-a-version"))
+    '''
+)
+
+DIFFERENT_ON_THE_WAY = textwrap.dedent(
+    '''
+    # /// script
+    # dependencies = ["packaging"]
+    # ///
+    """The same break at 22.0, but every 21.x release fails another way first."""
+    import packaging
+    from packaging.version import parse
+
+    if packaging.__version__.startswith("21."):
+        raise RuntimeError("a different failure in the 21 series")
+    print(parse("not-a-version"))
+    '''
+)
+
+
+def bisect_script(tmp_path: Path, text: str, *extra: str) -> tuple[dict, str]:
+    script = tmp_path / "user_script.py"
+    script.write_text(text)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "bisect-script", str(script), "--results-dir", str(tmp_path / "results"),
+         "--good", "packaging==20.0", "--bad", "packaging==23.0", *extra],
+        capture_output=True, text=True, cwd=REPO, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    verdict = json.loads((tmp_path / "results" / "script-bisect" / "user_script" / "verdict.json").read_text())
+    return verdict, proc.stdout
+
+
+def test_names_the_release_where_the_failure_starts(tmp_path: Path) -> None:
+    verdict, out = bisect_script(tmp_path, BREAKS_AT_22)
+    assert verdict["target"]["error"].startswith("packaging.version.InvalidVersion")
+    (flip,) = verdict["flips"]
+    assert (flip["package"], flip["first_release"], flip["last_release_before"]) == ("packaging", "22.0", "21.3")
+    assert flip["direction"] == "started"
+    # Both ends are known before the binary search: n releases take ceil(log2 n) runs, plus one per release
+    # stepped over (none here: every release between installs and passes or fails the same way).
+    assert not flip["stepped_over"]
+    assert len(flip["bisect_runs"]) <= math.ceil(math.log2(len(flip["candidates"])))
+    assert verdict["cost"]["runs_after_scan"] <= math.ceil(math.log2(len(flip["candidates"]))) + 3
+    assert "started with packaging 22.0 (last pass: 21.3)" in out
+    issue = (tmp_path / "results" / "script-bisect" / "user_script" / "issue.md").read_text()
+    assert "since packaging 22.0 (last good: 21.3)" in issue and 'parse("not-a-version")' in issue
+    # Every run is on disk, and a second invocation reuses all of them: same verdict, no new run.
+    runs = (tmp_path / "results" / "script-bisect" / "user_script" / "runs.jsonl").read_text().splitlines()
+    assert len(runs) == verdict["cost"]["runs"] + sum(1 for r in runs if json.loads(r)["outcome"] == "install-failed")
+    again, _ = bisect_script(tmp_path, BREAKS_AT_22)
+    assert again["cost"]["runs"] == 0 and again["cost"]["runs_reused"] >= verdict["cost"]["runs"]
+    assert again["flips"][0]["first_release"] == "22.0"
+    assert [r["state"] for r in again["flips"][0]["bisect_runs"]] == [r["state"] for r in flip["bisect_runs"]]
+
+
+def test_a_different_failure_on_the_way_is_reported_as_different(tmp_path: Path) -> None:
+    verdict, out = bisect_script(tmp_path, DIFFERENT_ON_THE_WAY)
+    (flip,) = verdict["flips"]
+    assert flip["first_release"] == "22.0"
+    assert flip["last_release_before"].startswith("20.")
+    others = [r for r in flip["bisect_runs"] if r["state"] == "other"]
+    assert others and all(r["version"].startswith("21.") for r in others)
+    assert all(r["error"] == "RuntimeError: a different failure in the 21 series" for r in others)
+    assert "fail differently" in flip["note"]
+    assert [f["error"] for f in verdict["different_failures"]] == ["RuntimeError: a different failure in the 21 series"]
+    assert "a different failure (in a probe): RuntimeError" in out
+    # Never the failure asked about:
+    assert verdict["target"]["error"].startswith("packaging.version.InvalidVersion")
+
+
+def test_a_hang_is_a_timeout_with_the_stack(tmp_path: Path) -> None:
+    script = tmp_path / "hangs.py"
+    script.write_text("import time\n\ndef wait_for_peer():\n    time.sleep(600)\n\nwait_for_peer()\n")
+    found = run_script(Path(sys.executable), script, timeout_s=5)
+    assert found.outcome == "timeout" and found.signature == "timeout"
+    assert "wait_for_peer" in found.rank_stacks["0"]
+
+
+def test_exit_77_is_not_applicable_and_a_crash_is_named(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nsys.exit(77)\n")
+    assert run_script(Path(sys.executable), script, timeout_s=60).outcome == "skip"
+    script.write_text("import os\nos.abort()\n")
+    crashed = run_script(Path(sys.executable), script, timeout_s=60)
+    assert (crashed.outcome, crashed.signature) == ("fail", "crash-SIGABRT")
+
+
+@pytest.mark.matrix
+def test_torchrun_hang_gives_every_ranks_stack(tmp_path: Path) -> None:
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions, default_envs_dir
+    from harness.paths import MATRIX_DIR
+    from harness.tools.script_stacks import pinned_stack
+
+    ci = load_profile("ci", MATRIX_DIR)
+    torch_pin = ci.axes["torch"][0]
+    stack = pinned_stack(ci, "torch", {"torch": torch_pin}, [], InstallOptions(envs_dir=default_envs_dir()))
+    assert stack.python is not None, stack.failure
+    script = tmp_path / "two_ranks.py"
+    script.write_text(
+        "import time\nimport torch.distributed as dist\n\n"
+        "dist.init_process_group('gloo')\n"
+        "if dist.get_rank() == 0:\n    dist.barrier()  # rank 1 never joins\nelse:\n    time.sleep(600)\n"
+    )
+    found = run_script(stack.python, script, nproc=2, timeout_s=90)
+    assert found.outcome == "timeout"
+    assert set(found.rank_stacks) == {"0", "1"}
+    assert found.waiting_in["0"] == "barrier"
+    assert "time.sleep" not in found.rank_stacks["1"] or "two_ranks.py" in found.rank_stacks["1"]
+
+
+def test_pep723_dependencies_and_tracebacks(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text(BREAKS_AT_22)
+    assert script_dependencies(script) == ["packaging"]
+    text = 'noise\nTraceback (most recent call last):\n  File "x.py", line 1, in <module>\nValueError: bad 3\nmore\n'
+    _, exc_type, message = last_traceback(text)
+    assert (exc_type, message) == ("ValueError", "bad 3")
+
+
+def test_ends_and_bad_input(tmp_path: Path) -> None:
+    assert parse_end("--good", "2024-09-26").day == "2024-09-26"
+    assert parse_end("--good", "peft==0.13.2, torch==2.4.1").pins == {"peft": "0.13.2", "torch": "2.4.1"}
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    for extra, says in (
+        (["--good", "peft>=0.13", "--bad", "peft==0.14.0"], "exact pins"),
+        (["--good", "2024-13-40", "--bad", "2024-01-01"], "not a real day"),
+        (["--good", "2024-01-01"], "go together"),
+        (["--good", "2024-01-01", "--bad", "peft==0.13.2"], "both be days or both be pins"),
+        (["--nproc", "0"], "at least 1"),
+        (["--match", "("], "--match"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "harness", "bisect-script", str(script), *extra],
+            capture_output=True, text=True, cwd=REPO,
+        )  # fmt: skip
+        assert proc.returncode == 2 and says in proc.stderr, (extra, proc.stderr)
+    missing = subprocess.run(
+        [sys.executable, "-m", "harness", "bisect-script", str(tmp_path / "nope.py")], capture_output=True, text=True
+    )
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def _seen(label: str, state: str, versions: dict[str, str], error: str = "", traceback: str = "") -> Observation:
+    found = Observation("scan", label, "fail", None, error, 1.0, {"versions": versions}, label, traceback=traceback)
+    found.state = state
+    return found
+
+
+def test_flips_skip_unusable_and_different_days_and_moves_follow_the_traceback() -> None:
+    scan = [
+        _seen("d1", "pass", {"peft": "0.9.0", "accelerate": "0.27.2"}),
+        _seen("d2", "other", {"peft": "0.10.0", "accelerate": "0.28.0"}),
+        _seen("d3", "unusable", {}),
+        _seen("d4", "target", {"peft": "0.11.0", "accelerate": "0.30.1", "tokenizers": "0.19.1"}),
+        _seen("d5", "target", {"peft": "0.12.0", "accelerate": "0.33.0"}),
+    ]
+    (flip,) = _neighbour_flips(scan)
+    assert (flip.older, flip.newer) == ("d1", "d4")  # d2 fails differently, d3 could not run: no evidence
+    failing = _seen(
+        "d4", "target", {}, "TypeError: Accelerator.__init__() got an unexpected keyword argument",
+        traceback='  File "/x/lib/python3.11/site-packages/tokenizers/__init__.py", line 3, in f\n',
+    )  # fmt: skip
+    # The traceback's package first, then what the error names, then the atlas packages.
+    assert move_order(flip.changed, failing) == ["tokenizers", "accelerate", "peft"]
