@@ -66,8 +66,9 @@ def wheelhouse(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    """Benchmarks: env build uv cold/warm vs pip, persistent worker vs process per config (prints a table)."""
-    session.install(*HARNESS_DEPS)
+    """Benchmarks: env build uv cold/warm vs pip, persistent worker vs process per config, the site's first render
+    (`-- --site`) (prints a table)."""
+    session.install(*HARNESS_DEPS, "selenium")
     session.run("compat-matrix", "bench", *session.posargs)
 
 

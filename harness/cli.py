@@ -373,7 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
         "templates ask for: the environment (versions, hardware), the PEP 723 reproducer, expected and actual "
         "behaviour, the traceback, the fixes that passed, and the first flipping release where a bisect found one.",
     )
-    up.add_argument("reproducer", help="a file name from results/repros/index.json (or its path or id)")
+    up.add_argument(
+        "reproducer",
+        help="a file name from results/repros/index.json (or its path or id), or a bisect-script verdict folder "
+        "(results/script-bisect/<name>)",
+    )
     up.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
 
     listing = sub.add_parser("list", help="show profiles, scenarios, or a profile's cells")
@@ -449,9 +453,13 @@ def main(argv: list[str] | None = None) -> int:
 
             return command(args)
         if args.command == "upstream-report":
-            from harness.publishing.upstream import find_entry, report_body
+            from harness.publishing.upstream import find_entry, report_body, script_report
 
-            print(report_body(args.results_dir, find_entry(args.results_dir, args.reproducer)))
+            folder = Path(args.reproducer)
+            if (folder / "verdict.json").is_file():
+                print(script_report(folder))
+            else:
+                print(report_body(args.results_dir, find_entry(args.results_dir, args.reproducer)))
             return 0
         if args.command == "check":
             from harness.tools.check import run_check

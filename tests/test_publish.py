@@ -51,9 +51,10 @@ def selection() -> Selection:
 def test_exception_text_is_escaped_everywhere(tmp_path: Path) -> None:
     markdown = render_markdown(selection())
     assert "<script>" not in markdown and "<img" not in markdown and "&lt;script&gt;" in markdown
-    site = write_site(build_matrix(selection()), tmp_path).read_text()
-    data = site.split('id="matrix-data" type="application/json">', 1)[1].split("</script>", 1)[0]
-    assert "<script>window" not in data and "\\u003cscript\\u003ewindow" in data
+    write_site(build_matrix(selection()), tmp_path)
+    script = (tmp_path / "data" / "matrix.js").read_text()
+    data = script.removeprefix("window.COMPAT_DATA = ").removesuffix(";\n")
+    assert "<script>window" not in data and "\\u003cscript\\u003ewindow" in data and "</" not in script
     messages = {r["variant"]: r["message"] for r in json.loads(data)["records"] if r["cell"] == "old_a"}
     assert messages["baseline"] == EVIL  # escaped for HTML, intact as data
     [junit] = write_junit(selection(), tmp_path / "junit")
@@ -70,7 +71,7 @@ def test_site_in_headless_chromium(tmp_path: Path) -> None:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     site = write_site(build_matrix(selection()), tmp_path / "site")
     options = webdriver.ChromeOptions()
@@ -80,6 +81,7 @@ def test_site_in_headless_chromium(tmp_path: Path) -> None:
     browser = webdriver.Chrome(service=Service(driver), options=options)
     try:
         browser.get(site.as_uri())  # file://, no server, no external resources
+        WebDriverWait(browser, 120).until(lambda b: b.execute_script("return window.__recordsRenderedAt !== undefined"))
         assert browser.find_elements(By.CSS_SELECTOR, "td.entry.fail")
         Select(browser.find_element(By.ID, "filter-peft")).select_by_visible_text("0.12.0")  # apply a filter
         assert "peft=0.12.0" in browser.current_url
@@ -93,6 +95,86 @@ def test_site_in_headless_chromium(tmp_path: Path) -> None:
         detail = browser.find_element(By.ID, "record-detail").text
         assert "unclassified-RuntimeError-1" in detail and "huggingface/peft#1910" in detail
         assert browser.save_screenshot(str(tmp_path / "site.png")) and (tmp_path / "site.png").stat().st_size > 1000
+    finally:
+        browser.quit()
+
+
+def headless_chromium():
+    """A headless Chromium under chromedriver (a skip, or under CI=true a failure, where there is none)."""
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not chromium or not driver:
+        missing_component(
+            "chromium", "Chromium is not installed (Debian: apt-get install chromium chromium-driver; .ci/run does)"
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+def test_glance_grid_and_picker_agree_with_matrix_json(tmp_path: Path) -> None:
+    """On today's committed records: the answer grid shows exactly matrix.json's glance rows and entries, the
+    page is small and the records come separately, and picking versions highlights exactly the rows that
+    matrix.json says were measured with them."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    from harness.define.registry import discover
+    from harness.publishing.report import select_runs
+
+    document = build_matrix(select_runs(REPO_ROOT / "results"), None, {s.id: s.spec for s in discover()})
+    site = write_site(document, tmp_path / "site")
+    assert site.stat().st_size < 64_000, "the page itself stays small; the data are beside it"
+    assert (tmp_path / "site" / "data" / "glance.js").stat().st_size < 512_000
+    tables = document["glance"]
+    browser = headless_chromium()
+    try:
+        browser.get(site.as_uri())
+        WebDriverWait(browser, 120).until(lambda b: b.execute_script("return window.__glanceRenderedAt !== undefined"))
+        first_render_ms = browser.execute_script("return window.__glanceRenderedAt")
+        print(f"first render of the answer grid: {first_render_ms:.0f} ms after navigation start")
+        for t, table in enumerate(tables):
+            grid = browser.find_element(By.ID, f"glance-{t}")
+            rows = grid.find_elements(By.CSS_SELECTOR, "tr.glance-row")
+            shown = [[c.get_attribute("textContent") for c in r.find_elements(By.CSS_SELECTOR, "th, td")] for r in rows]
+            assert shown == [[row["label"], *(e["text"] for e in row["entries"])] for row in table["rows"]]
+        # Pick the versions of one measured row (major.minor, as the picker offers them): that row, and every
+        # row measured with the same releases, is highlighted; no other.
+        wanted = tables[0]["rows"][len(tables[0]["rows"]) // 2]["versions"]
+        picks = {p: ".".join(wanted[p].split(".")[:2]) for p in ("torch", "transformers", "peft") if p in wanted}
+        for package, minor in picks.items():
+            Select(browser.find_element(By.ID, f"pick-{package}")).select_by_visible_text(minor)
+        expected = [
+            (t, r)
+            for t, table in enumerate(tables)
+            for r, row in enumerate(table["rows"])
+            if all(
+                row["versions"].get(p, "") == v or row["versions"].get(p, "").startswith(v + ".")
+                for p, v in picks.items()
+            )
+        ]
+        picked = browser.find_elements(By.CSS_SELECTOR, "tr.glance-row.picked")
+        assert [(int(e.get_attribute("data-table")), int(e.get_attribute("data-row"))) for e in picked] == expected
+        assert expected and len(browser.find_elements(By.CSS_SELECTOR, "tr.glance-row.dim")) == sum(
+            len(t["rows"]) for t in tables
+        ) - len(expected)
+        assert all(f"pick-{p}={v}" in browser.current_url for p, v in picks.items())
+        # A row's entry opens its records once they are loaded.
+        WebDriverWait(browser, 120).until(lambda b: b.execute_script("return window.__recordsRenderedAt !== undefined"))
+        picked[0].find_elements(By.CSS_SELECTOR, "td.g")[0].click()
+        heading = browser.find_element(By.CSS_SELECTOR, "#details h2").text
+        row = tables[expected[0][0]]["rows"][expected[0][1]]
+        assert heading == f"{row['entries'][0]['scenario']} in {row['cell']}"
     finally:
         browser.quit()
 

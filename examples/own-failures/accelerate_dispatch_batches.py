@@ -1,7 +1,7 @@
 # /// script
-# dependencies = ["torch", "transformers==4.39.3", "peft", "accelerate"]
+# dependencies = ["torch", "transformers==4.39.3", "peft==0.10.0", "accelerate"]
 # ///
-"""A project that pinned transformers 4.39.3 and let everything else float, as a user's requirements file does.
+"""A project that pinned transformers 4.39.3 and peft 0.10.0 (the stack of the report) and let the rest float.
 
 Upstream report: https://github.com/huggingface/transformers/issues/34699
 ("TypeError: Accelerator.__init__() got an unexpected keyword argument 'dispatch_batches'"; duplicate:

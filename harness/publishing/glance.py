@@ -66,34 +66,59 @@ def version_label(versions: dict[str, Any]) -> str:
     return " ".join(f"{short_name(p)} {public_version(str(versions[p]))}" for p in AXIS_PACKAGES if versions.get(p))
 
 
-def glance_markdown(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> list[str]:
-    """The glance table's lines: one table per (device, world size), rows named by versions, newest first."""
+def glance_tables(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One table per (device, world size): its scenario columns and its rows, newest first, each row named by
+    the versions that ran, with the cell it stands for and one short entry per scenario. The Markdown table,
+    matrix.json and the site's answer grid are all drawn from this."""
     by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         by_cell[record["cell"]].append(record)
     scenarios = sorted({r["scenario"] for r in records}, key=lambda s: (int(s[1:].split("-")[0]), s))
-    groups: dict[tuple[str, int], list[tuple[tuple, str, str]]] = defaultdict(list)
+    groups: dict[tuple[str, int], list[tuple[tuple, dict[str, Any]]]] = defaultdict(list)
     for cell, cell_records in by_cell.items():
         versions = next((r["versions"] for r in cell_records if r.get("versions")), {})
         hardware = [r.get("hardware") or {} for r in cell_records]
         device = "GPU" if any(h.get("device") == "cuda" for h in hardware) else "CPU"
         ranks = max((int(h.get("world_size") or 1) for h in hardware), default=1)
-        label = version_label(versions) or cell
         date = next(((r.get("pins") or {}).get("date") for r in cell_records if (r.get("pins") or {}).get("date")), "")
+        shown = {p: public_version(str(versions[p])) for p in AXIS_PACKAGES if versions.get(p)}
+        label = (version_label(versions) or cell) + (f" ({date})" if date else "")
+        entries = []
+        for scenario in scenarios:
+            subset = [r for r in cell_records if r["scenario"] == scenario]
+            found = verdict(subset, specs.get(scenario)) if subset else None
+            text = entry(found, specs.get(scenario)) if found else "-"
+            entries.append({"scenario": scenario, "text": text, "state": found.state if found else "empty"})
         order = tuple(public_version(str(versions.get(p) or "0")) for p in AXIS_PACKAGES)
-        groups[(device, ranks)].append((order, f"{label}{' (' + date + ')' if date else ''}", cell))
-    lines = ["## The answer at a glance", "", LEGEND, ""]
+        row = {"label": label, "cell": cell, "day": date or None, "versions": shown, "entries": entries}
+        groups[(device, ranks)].append((order, row))
+    tables = []
     for (device, ranks), rows in sorted(groups.items()):
-        lines += [f"### {device}, up to {ranks} rank{'s' if ranks > 1 else ''}", ""]
-        lines.append("| versions | " + " | ".join(md(label) for label in column_labels(scenarios)) + " |")
-        lines.append("|---|" + "---|" * len(scenarios))
-        newest_first = sorted(rows, key=lambda row: (tuple(map(_as_version, row[0])), row[1]), reverse=True)
-        for _, label, cell in newest_first:
-            cells = []
-            for scenario in scenarios:
-                subset = [r for r in by_cell[cell] if r["scenario"] == scenario]
-                cells.append(entry(verdict(subset, specs.get(scenario)), specs.get(scenario)) if subset else "-")
-            lines.append(f"| {md(label)} | " + " | ".join(md(c) for c in cells) + " |")
+        newest_first = sorted(rows, key=lambda item: (tuple(map(_as_version, item[0])), item[1]["label"]), reverse=True)
+        tables.append(
+            {
+                "device": device,
+                "ranks": ranks,
+                "title": f"{device}, up to {ranks} rank{'s' if ranks > 1 else ''}",
+                "columns": [
+                    {"scenario": s, "label": label}
+                    for s, label in zip(scenarios, column_labels(scenarios), strict=True)
+                ],
+                "rows": [row for _, row in newest_first],
+            }
+        )
+    return tables
+
+
+def glance_markdown(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> list[str]:
+    """The glance table's lines: one table per (device, world size), rows named by versions, newest first."""
+    lines = ["## The answer at a glance", "", LEGEND, ""]
+    for table in glance_tables(records, specs):
+        lines += [f"### {table['title']}", ""]
+        lines.append("| versions | " + " | ".join(md(c["label"]) for c in table["columns"]) + " |")
+        lines.append("|---|" + "---|" * len(table["columns"]))
+        for row in table["rows"]:
+            lines.append(f"| {md(row['label'])} | " + " | ".join(md(e["text"]) for e in row["entries"]) + " |")
         lines.append("")
     return lines
 

@@ -15,7 +15,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from harness.define.packages import AXIS_PACKAGES
+from harness.publishing.glance import LEGEND, glance_tables
 from harness.publishing.report import Selection, same_code
 from harness.recording import runs
 from harness.recording.outcomes import BAD
@@ -108,6 +111,7 @@ def build_matrix(
         },
         "records": slim,
         "flaky_keys": sorted(list(k) for k in flaky),
+        "glance": glance_tables(records, specs),
     }
 
 
@@ -238,13 +242,52 @@ def write_junit(selection: Selection, out_dir: Path) -> list[Path]:
 
 
 def write_site(document: dict[str, Any], out_dir: Path) -> Path:
-    """A single self-contained page: no external resources, works from file://."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(document, sort_keys=True).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    page = SITE_TEMPLATE.read_text().replace("/*DATA*/null", data)
+    """A small page and its data beside it: `data/glance.js` (the answer grid, loaded first) and `data/matrix.js`
+    (every record, loaded once the grid is on screen). No external resources; works from file://, where a
+    browser refuses fetch(), so the data are script files that assign one JSON object each."""
+    data_dir = out_dir / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    glance = {
+        "packages": document.get("packages", []),
+        "tables": document.get("glance", []),
+        "pick_options": pick_options(document.get("glance", []), document.get("packages", [])),
+        "legend": LEGEND,
+        "generated_at": document.get("generated_at"),
+    }
+    (data_dir / "glance.js").write_text(f"window.COMPAT_GLANCE = {_script_json(glance)};\n")
+    (data_dir / "matrix.js").write_text(f"window.COMPAT_DATA = {_script_json(document)};\n")
     path = out_dir / "index.html"
-    path.write_text(page)
+    path.write_text(SITE_TEMPLATE.read_text())
     return path
+
+
+def pick_options(tables: list[dict[str, Any]], packages: list[str]) -> dict[str, list[str]]:
+    """package -> the major.minor releases the grid's rows hold, newest first (what the version picker offers)."""
+    seen: dict[str, set[str]] = defaultdict(set)
+    for table in tables:
+        for row in table["rows"]:
+            for package, version in row["versions"].items():
+                seen[package].add(".".join(version.split(".")[:2]))
+    return {p: sorted(seen[p], key=_version_or_zero, reverse=True) for p in packages if seen.get(p)}
+
+
+def _version_or_zero(text: str) -> Version:
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return Version("0")
+
+
+def _script_json(value: Any) -> str:
+    """JSON that cannot end the script it sits in or open markup (record messages are arbitrary text)."""
+    text = json.dumps(value, sort_keys=True)
+    return (
+        text.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
 
 
 def publish(results_dir: Path, selection: Selection, specs: dict[str, dict[str, Any]] | None = None) -> dict[str, Path]:

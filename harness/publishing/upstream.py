@@ -127,14 +127,17 @@ def script_issue_body(verdict: dict[str, Any], script: str, flip: dict[str, Any]
     launch = f"torchrun --nproc-per-node {verdict['nproc']} " if verdict["nproc"] > 1 else "python "
     started = flip["newer_state"] == "target"
     held = ", ".join(f"{p}=={v}" for p, v in flip["held"].items() if p in PINNED_PACKAGES)
-    project = PROJECTS.get(package, package)
+    project = PROJECTS.get(package)
+    where = f"https://github.com/{project}/issues/new" if project else f"the {package} project's issue tracker"
+    shown = {**versions, **{p: v for p, v in flip["held"].items() if p not in versions}}
+    shown[package] = first if started else last
     lines = [
-        f"<!-- for https://github.com/{project}/issues/new -->",
+        f"<!-- for {where} -->",
         f"**{verdict['target']['error'] or verdict['target']['signature']}** "
         + (f"since {package} {first} (last good: {last})" if started else f"until {package} {first} fixed it"),
         "",
         "### System Info\n",
-        *[f"- `{name}`: {value}" for name, value in versions.items()],
+        *[f"- `{name}`: {value}" for name, value in shown.items()],
         f"- launched as `{launch}{verdict['script']}` on CPU",
         "",
         "### Reproduction\n",
@@ -164,3 +167,12 @@ def script_issue_body(verdict: dict[str, Any], script: str, flip: dict[str, Any]
     if bad.get("error") and bad.get("state") == "other":
         lines += ["", f"The newer stack also showed a different failure: `{bad['error']}`"]
     return "\n".join(lines) + "\n"
+
+
+def script_report(folder: Path) -> str:
+    """The issue body for a bisect-script verdict folder (its verdict.json and the script it ran)."""
+    verdict = json.loads((folder / "verdict.json").read_text())
+    named = [f for f in verdict["flips"] if f["package"] and f["first_release"]]
+    if not named:
+        raise UsageError(f"{folder}: the bisect named no release, so there is nothing to report upstream")
+    return script_issue_body(verdict, (folder / "script.py").read_text(), named[0])

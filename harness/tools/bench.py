@@ -287,8 +287,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar=("RUN_ID", "DAY"),
         help="only: the marginal cost of one more history cell (a copy of RUN_ID grown by DAY)",
     )
+    parser.add_argument(
+        "--site",
+        metavar="LOADS",
+        nargs="?",
+        const=5,
+        type=int,
+        help="only: the site's first render in headless Chromium, today's split layout vs one inline page (5 loads)",
+    )
     args = parser.parse_args(argv)
-    if args.first_run or args.history_cell:
+    if args.first_run or args.history_cell or args.site:
         return _only(args)
     if args.configs < 2:
         parser.error("--configs must be at least 2")
@@ -337,6 +345,11 @@ def _only(args: argparse.Namespace) -> int:
         if args.first_run:
             print(f"first run: the {args.first_run} profile cold, then warm ...", flush=True)
             report["first_run"] = bench_first_run(Path(tmp), args.first_run)
+        if args.site:
+            from harness.tools.site_bench import bench_site
+
+            print(f"site: first render in headless Chromium, {args.site} loads of each layout ...", flush=True)
+            report["site"] = bench_site(REPO_ROOT / "results", Path(tmp), args.site)
         if args.history_cell:
             print(f"history: one more day ({args.history_cell[1]}) on a copy of {args.history_cell[0]} ...", flush=True)
             report["history_cell"] = bench_history_cell(Path(tmp), *args.history_cell)
@@ -347,6 +360,24 @@ def _only(args: argparse.Namespace) -> int:
 
 def print_table(report: dict) -> None:
     rows = []
+    if "site" in report:
+        site = report["site"]
+        for name in ("split (today)", "inline (before)"):
+            for kind, what in (("glance_ms", "answer grid"), ("records_ms", "every record")):
+                m = site[name][kind]
+                rows.append(
+                    (f"site {name}: {what}", f"{m['median']:.0f} ms median", f"min {m['min']:.0f}, max {m['max']:.0f}")
+                )
+        rows.append(
+            ("site: answer grid, before / today", f"{site['glance_before_over_today']:.1f}x", "goal: < 1000 ms")
+        )
+        rows.append(
+            (
+                "site: bytes",
+                f"page {site['page_bytes'] / 1e3:.0f} kB",
+                f"grid {site['glance_bytes'] / 1e3:.0f} kB, records {site['records_bytes'] / 1e6:.1f} MB",
+            )
+        )
     if "first_run" in report:
         f = report["first_run"]
         rows += [

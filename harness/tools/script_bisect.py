@@ -184,7 +184,7 @@ class ScriptBisect:
     # -- running ---------------------------------------------------------------------------------------------
     def observe(self, phase: str, stack: Stack) -> Observation:
         """Run the script in `stack` (or take the same run from an earlier invocation) and record it."""
-        self._count_stack(stack)
+        self._count_stack(stack, phase)
         facts = {
             "kind": stack.kind,
             "mode": stack.mode,
@@ -244,16 +244,18 @@ class ScriptBisect:
         for other in self.observations:
             other.state = self.state_of(other)
 
-    def _count_stack(self, stack: Stack) -> None:
+    def _count_stack(self, stack: Stack, phase: str) -> None:
         if stack.kind == "overlay":
             if stack.reused:
                 self.cost.overlays_reused += 1
             elif stack.python is not None:
                 self.cost.overlays_built += 1
-        elif stack.reused:
-            self.cost.environments_reused += 1
-        elif stack.python is not None:
-            self.cost.environments_built += 1
+        # The environments are the scanned stacks' (a move's is its older stack's, counted there).
+        if phase == "scan" and stack.environment_reused is not None:
+            if stack.environment_reused:
+                self.cost.environments_reused += 1
+            else:
+                self.cost.environments_built += 1
 
     def timed(self, phase: str, started: float) -> None:
         self.cost.phase_seconds[phase] = round(self.cost.phase_seconds.get(phase, 0.0) + time.monotonic() - started, 1)
@@ -456,10 +458,16 @@ def _bisect_releases(
             hi -= 1
     flip.first_release = usable[hi]
     flip.last_release_before = usable[lo] if lo >= 0 else str(Version(old))
+    if not bisect.options.offline:
+        gone = [
+            str(v) for v in releases.yanked(package) if _between(str(v), flip.last_release_before, flip.first_release)
+        ]
+        if gone:
+            flip.note = f"{', '.join(gone)} (yanked from the index) lies between and was not tried. "
     skipped = [s for s in flip.stepped_over if _between(s["version"], flip.last_release_before, flip.first_release)]
     if skipped:
         how = "fail differently" if any(s["state"] == "other" for s in skipped) else "could not run"
-        flip.note = (
+        flip.note += (
             f"{', '.join(s['version'] for s in skipped)} (between {flip.last_release_before} and "
             f"{flip.first_release}) {how}: the change may be in one of them, masked"
         )

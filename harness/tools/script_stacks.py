@@ -50,6 +50,8 @@ class Stack:
     #: An overlay's dependency policy: "older-dependencies" (all else held) or "newer-dependencies".
     mode: str | None = None
     overlaid: dict[str, str] = field(default_factory=dict)
+    #: Whether the environment under it (a dated or pinned one) was reused or built; None when none was.
+    environment_reused: bool | None = None
 
     def packages(self) -> dict[str, str]:
         return {k: v for k, v in self.versions.items() if k not in NOT_PACKAGES}
@@ -64,7 +66,10 @@ def dated_stack(history: Profile, day: str, extras: list[str], options: InstallO
     missing = [line for line in extras if not _satisfied(line, base.versions)]
     if base.failure or not missing:
         return base
-    return overlay(base, missing, older_day=day, newer_day=None, moving=(), options=options, label=day)
+    # The packages the script names move to what it asks for, as the index had them that day; a pin the day
+    # cannot meet (a release from later) makes the day unusable for this script, with uv's reason.
+    moving = tuple(str(canonicalize_name(Requirement(line).name)) for line in missing)
+    return overlay(base, missing, older_day=day, newer_day=day, moving=moving, options=options, label=day)
 
 
 def pinned_stack(
@@ -192,8 +197,9 @@ def _day_cell(history: Profile, day: str) -> Cell:
 
 def _from_env(label: str, built: envs.EnvResult, kind: str) -> Stack:
     return Stack(
-        label, built.python, built.versions, kind, built.pythonpath, built.failure, built.reused, built.seconds
-    )
+        label, built.python, built.versions, kind, built.pythonpath, built.failure, built.reused, built.seconds,
+        environment_reused=built.reused if built.python else None,
+    )  # fmt: skip
 
 
 def _satisfied(line: str, versions: dict[str, str]) -> bool:

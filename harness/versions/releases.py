@@ -55,6 +55,16 @@ def releases(package: str, python: str | None = None, wheelhouse: Path | None = 
     return sorted(usable)
 
 
+def yanked(package: str) -> list[Version]:
+    """Final releases every file of which is yanked: not installable by a range, so a bisect cannot try them."""
+    files: dict[Version, list[bool]] = {}
+    for item in index_files(package):
+        version = _version_of(item.get("filename", ""))
+        if version is not None and not version.is_prerelease and not version.is_devrelease:
+            files.setdefault(version, []).append(bool(item.get("yanked")))
+    return sorted(v for v, flags in files.items() if all(flags))
+
+
 def between(versions: list[Version], low: str, high: str) -> list[Version]:
     """The releases from `low` to `high`, both included."""
     lo, hi = Version(low), Version(high)
