@@ -15,13 +15,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 torch.manual_seed(0)
 config = LlamaConfig(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    max_position_embeddings=64,
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=4, max_position_embeddings=64,
 )
 model = prepare_model_for_int8_training(LlamaForCausalLM(config))
 model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))

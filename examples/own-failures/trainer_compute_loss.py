@@ -32,25 +32,14 @@ class WeightedTrainer(Trainer):
 
 torch.manual_seed(0)
 config = LlamaConfig(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    max_position_embeddings=64,
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=4, max_position_embeddings=64,
 )
 model = get_peft_model(
     LlamaForCausalLM(config), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
 )
 args = TrainingArguments(
-    output_dir="out",
-    max_steps=2,
-    per_device_train_batch_size=2,
-    use_cpu=True,
-    report_to=[],
-    save_strategy="no",
-    ddp_backend="gloo",
-    logging_steps=1,
+    output_dir="out", max_steps=2, per_device_train_batch_size=2, use_cpu=True, report_to=[], save_strategy="no",
+    ddp_backend="gloo", logging_steps=1,
 )
 WeightedTrainer(model=model, args=args, train_dataset=Rows()).train()
