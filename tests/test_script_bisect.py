@@ -197,3 +197,24 @@ def test_flips_skip_unusable_and_different_days_and_moves_follow_the_traceback()
     )  # fmt: skip
     # The traceback's package first, then what the error names, then the atlas packages.
     assert move_order(flip.changed, failing) == ["tokenizers", "accelerate", "peft"]
+
+
+def test_committed_verdicts_hold_what_ran() -> None:
+    """Each committed verdict names a package and release, keeps every run it counts, and its script is the
+    byte-exact file it ran (and the example of the same text under examples/own-failures/)."""
+    import hashlib
+
+    folders = sorted((REPO / "results" / "script-bisect").glob("*/verdict.json"))
+    assert len(folders) >= 3
+    examples = {p.read_bytes() for p in (REPO / "examples" / "own-failures").glob("*.py")}
+    for path in folders:
+        verdict = json.loads(path.read_text())
+        script = (path.parent / "script.py").read_bytes()
+        assert hashlib.sha256(script).hexdigest() == verdict["script_sha256"], path
+        assert script in examples, f"{path.parent.name}: its script is not among examples/own-failures"
+        named = [f for f in verdict["flips"] if f["package"] and f["first_release"]]
+        assert named, f"{path.parent.name}: no release named"
+        runs = [json.loads(line) for line in (path.parent / "runs.jsonl").read_text().splitlines()]
+        made = [r for r in runs if r["outcome"] != "install-failed"]
+        assert len(made) == verdict["cost"]["runs"], path
+        assert all(r["script_sha256"] == verdict["script_sha256"] for r in runs)
