@@ -256,9 +256,9 @@ def test_site_json_and_markdown_show_the_facts_of_the_records(ci_run: Path) -> N
     records = read_records(only_run(ci_run) / "records.jsonl")
     document = json.loads((ci_run / "matrix.json").read_text())
     assert document["schema"] == "compat-matrix/matrix/v1" and len(document["records"]) == len(records)
-    page = (ci_run / "site" / "index.html").read_text()
-    embedded = json.loads(page.split('type="application/json">', 1)[1].split("</script>", 1)[0])
-    assert embedded["entries"] == document["entries"]
+    script = (ci_run / "site" / "data" / "matrix.js").read_text()
+    embedded = json.loads(script.removeprefix("window.COMPAT_DATA = ").removesuffix(";\n"))
+    assert embedded["entries"] == document["entries"] and embedded["glance"] == document["glance"]
     markdown = (ci_run / "COMPATIBILITY.md").read_text().split("## Summary", 1)[1].split("###", 1)[0]
     scenarios = next(line for line in markdown.splitlines() if line.startswith("| cell |")).split("|")[2:-1]
     rows = {

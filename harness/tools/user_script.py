@@ -29,7 +29,7 @@ from harness.processes.proctree import ORCHESTRATOR_VAR
 from harness.recording.signatures import exception_signature
 
 #: Changes whenever how a run is judged changes: runs recorded under another one are not reused.
-CLASSIFIER_VERSION = 2
+CLASSIFIER_VERSION = 3
 #: The exit code a script uses to say "this stack cannot run me" (automake's SKIP).
 SKIP_EXIT = 77
 #: How long the ranks get to write their stacks after SIGABRT before they are killed.
@@ -182,8 +182,11 @@ def _classify(code: int | None, timed_out: bool, seconds: float, stderr: str, ra
         )  # fmt: skip
     if code == 0:
         return ScriptRun("pass", code, seconds, stderr_tail=tail)
-    if code == SKIP_EXIT:
-        return ScriptRun("skip", code, seconds, error=_last_line(stderr), stderr_tail=tail)
+    # torchrun exits 1 whatever its ranks' codes; its failure summary lists each failed rank's exit code.
+    rank_codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", stderr)) if ranks else set()
+    if code == SKIP_EXIT or (rank_codes and rank_codes == {str(SKIP_EXIT)}):
+        said = [_last_line(_RANK_PREFIX.sub("", t)) for t in ranks.values()] if ranks else [_last_line(stderr)]
+        return ScriptRun("skip", code, seconds, error=next((s for s in said if s), None), stderr_tail=tail)
     # The first rank with a traceback (torchrun's own ChildFailedError comes last, in its stderr); torch >= 2.2
     # prefixes every line a rank writes with '[rank<N>]: '.
     for text in [_RANK_PREFIX.sub("", t) for t in [*ranks.values(), stderr]]:
