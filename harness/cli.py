@@ -292,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bs.add_argument("script", type=Path, help="the script to run")
     bs.add_argument("--nproc", type=int, default=1, help="ranks: >1 starts it under torchrun (default 1)")
+    bs.add_argument("--torchrun", action="store_true", help="start it under torchrun even with one rank")
     bs.add_argument("--from", dest="from_day", metavar="YYYY-MM-DD", help="first day of the scan")
     bs.add_argument("--to", dest="to_day", metavar="YYYY-MM-DD", help="last day of the scan")
     bs.add_argument(
@@ -306,6 +307,22 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     bs.add_argument("--offline", action="store_true", help="install only from --wheelhouse (air-gapped nodes)")
     bs.add_argument("--wheelhouse", type=Path, metavar="DIR")
+
+    rs = sub.add_parser(
+        "run-script",
+        help="run a script once, here, the way bisect-script does, and write what happened as JSON",
+        description="Runs SCRIPT once with this python (or --python), under torchrun for --nproc > 1 or "
+        "--torchrun, with a timeout after which every rank's Python stacks are taken. Prints the outcome and "
+        "signature; --json FILE writes the run (outcome, signature, error, traceback, rank stacks, versions). "
+        "How a GPU node runs a user's script at several world sizes in one call: scripts/gpu-script-run.sh.",
+    )
+    rs.add_argument("script", type=Path)
+    rs.add_argument("--nproc", type=int, default=1)
+    rs.add_argument("--torchrun", action="store_true", help="start it under torchrun even with one rank")
+    rs.add_argument("--timeout", type=float, default=600.0)
+    rs.add_argument("--python", type=Path, default=Path(sys.executable), help="the interpreter (default: this one)")
+    rs.add_argument("--pythonpath", help="an overlay directory to put first on PYTHONPATH")
+    rs.add_argument("--json", type=Path, metavar="FILE", help="write the run here")
 
     fl = sub.add_parser(
         "flips",
@@ -448,6 +465,10 @@ def main(argv: list[str] | None = None) -> int:
             return _flips(args)
         if args.command == "bisect":
             return _bisect(args)
+        if args.command == "run-script":
+            from harness.tools.user_script import command as run_script_command
+
+            return run_script_command(args)
         if args.command == "bisect-script":
             from harness.tools.script_bisect import command
 

@@ -219,3 +219,17 @@ def test_committed_verdicts_hold_what_ran() -> None:
         made = [r for r in runs if r["outcome"] != "install-failed"]
         assert len(made) == verdict["cost"]["runs"], path
         assert all(r["script_sha256"] == verdict["script_sha256"] for r in runs)
+
+
+def test_run_script_command_writes_what_ran(tmp_path: Path) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text("raise ValueError('bad rank setup 3')\n")
+    out = tmp_path / "run.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "run-script", str(script), "--json", str(out)],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "fail" in proc.stdout
+    data = json.loads(out.read_text())
+    assert (data["outcome"], data["error"]) == ("fail", "ValueError: bad rank setup 3")
+    assert data["signature"].startswith("unclassified-ValueError-") and "python" in data["versions"]

@@ -124,7 +124,8 @@ def script_issue_body(verdict: dict[str, Any], script: str, flip: dict[str, Any]
     bad = next((s for s in verdict["scan"] if s["label"] == flip["newer"]), {})
     failing = flip["newer"] if flip["newer_state"] == "target" else flip["older"]
     versions = next((s["versions"] for s in verdict["scan"] if s["label"] == failing), {})
-    launch = f"torchrun --nproc-per-node {verdict['nproc']} " if verdict["nproc"] > 1 else "python "
+    distributed = verdict.get("torchrun", verdict["nproc"] > 1)
+    launch = f"torchrun --nproc-per-node {verdict['nproc']} " if distributed else "python "
     started = flip["newer_state"] == "target"
     held = ", ".join(f"{p}=={v}" for p, v in flip["held"].items() if p in PINNED_PACKAGES)
     project = PROJECTS.get(package)

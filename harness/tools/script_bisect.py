@@ -152,6 +152,7 @@ class ScriptBisect:
         options: InstallOptions,
         *,
         nproc: int = 1,
+        torchrun: bool = False,
         timeout_s: float = 600.0,
         match: str | None = None,
         fresh: bool = False,
@@ -165,6 +166,7 @@ class ScriptBisect:
             raise UsageError(f"{script}: its PEP 723 block does not parse: {exc}") from None
         self.script, self.out_dir, self.history, self.options = script, out_dir, history, options
         self.nproc, self.timeout_s, self.say = nproc, timeout_s, say
+        self.torchrun = torchrun or nproc > 1
         try:
             self.match = re.compile(match) if match else None
         except re.error as exc:
@@ -196,7 +198,13 @@ class ScriptBisect:
         }
         key = hashlib.sha256(
             json.dumps(
-                [CLASSIFIER_VERSION, self.script_sha, self.nproc, stack.failure or sorted(stack.versions.items())]
+                [
+                    CLASSIFIER_VERSION,
+                    self.script_sha,
+                    self.nproc,
+                    self.torchrun,
+                    stack.failure or sorted(stack.versions.items()),
+                ]
             ).encode()
         ).hexdigest()[:16]
         if key in self.earlier:
@@ -208,7 +216,12 @@ class ScriptBisect:
             )
         else:
             run = run_script(
-                stack.python, self.script, nproc=self.nproc, timeout_s=self.timeout_s, pythonpath=stack.pythonpath
+                stack.python,
+                self.script,
+                nproc=self.nproc,
+                torchrun=self.torchrun,
+                timeout_s=self.timeout_s,
+                pythonpath=stack.pythonpath,
             )
             self.cost.runs += 1
             found = _from_run(phase, stack.label, run, facts, key)
@@ -498,6 +511,7 @@ def _verdict(
         "script": bisect.script.name,
         "script_sha256": bisect.script_sha,
         "nproc": bisect.nproc,
+        "torchrun": bisect.torchrun,
         "timeout_s": bisect.timeout_s,
         "match": bisect.match.pattern if bisect.match else None,
         "made_at": now_iso(),
@@ -629,7 +643,8 @@ def command(args: Any) -> int:
     )
     out_dir = args.results_dir / "script-bisect" / (args.name or args.script.stem)
     bisect = ScriptBisect(
-        args.script, out_dir, history, options, nproc=args.nproc, timeout_s=args.timeout, match=args.match,
+        args.script, out_dir, history, options, nproc=args.nproc, torchrun=args.torchrun, timeout_s=args.timeout,
+        match=args.match,
         fresh=args.fresh,
     )  # fmt: skip
     days: list[str] | None = None

@@ -1,8 +1,9 @@
 """Run a user's own script once in a built environment, the way the user launches it, and say what happened.
 
 A script fails by a non-zero exit or an exception; exit 77 (the automake convention) means "not applicable to
-this stack" and is a skip. With `nproc > 1` it starts under torchrun with that many ranks (gloo or NCCL is the
-script's own choice), each rank's output in its own file. A run that outlives its timeout gets SIGABRT first:
+this stack" and is a skip. With `nproc > 1` (or `torchrun=True`: a distributed script at one rank) it starts
+under torchrun with that many ranks (gloo or NCCL is the script's own choice), each rank's output in its own
+file. A run that outlives its timeout gets SIGABRT first:
 with PYTHONFAULTHANDLER set, every rank writes its threads' Python stacks to its stderr before it dies, so a
 hang is a record with each rank's stack, not a silence.
 
@@ -22,6 +23,7 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harness.execution.launcher import waiting_in
 from harness.processes import guard
@@ -78,6 +80,7 @@ def run_script(
     script: Path,
     *,
     nproc: int = 1,
+    torchrun: bool | None = None,
     timeout_s: float = 600.0,
     pythonpath: str | None = None,
     extra_env: dict[str, str] | None = None,
@@ -87,7 +90,8 @@ def run_script(
         work = Path(scratch)
         logs = work / "torchrun-logs"
         command = [str(python), str(script.resolve())]
-        if nproc > 1:
+        distributed = nproc > 1 if torchrun is None else torchrun
+        if distributed:
             command = [
                 str(python), "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                 f"--log-dir={logs}", "--redirects=3", str(script.resolve()),
@@ -112,7 +116,7 @@ def run_script(
                 _stop_with_stacks(proc)
         seconds = time.monotonic() - start
         stderr = err_path.read_text(errors="replace")
-        ranks = _rank_logs(logs) if nproc > 1 else {}
+        ranks = _rank_logs(logs) if distributed else {}
         return _classify(proc.returncode, timed_out, seconds, stderr, ranks)
 
 
@@ -233,3 +237,31 @@ def _signal_name(code: int | None) -> str:
         return signal.Signals(-(code or 0)).name
     except ValueError:
         return f"signal-{code}"
+
+
+def command(args: Any) -> int:
+    """`compat-matrix run-script`: one run, printed, and written as JSON with the versions it imported."""
+    import json
+    from dataclasses import asdict
+
+    from harness.environments.envs import installed_versions
+    from harness.errors import UsageError
+
+    if not args.script.is_file():
+        raise UsageError(f"{args.script}: no such file")
+    if args.nproc < 1 or args.timeout <= 0:
+        raise UsageError("--nproc must be at least 1 and --timeout positive")
+    found = run_script(
+        args.python, args.script, nproc=args.nproc, torchrun=args.torchrun or None, timeout_s=args.timeout,
+        pythonpath=args.pythonpath,
+    )  # fmt: skip
+    print(f"{args.script.name} ({args.nproc} rank(s)): {found.outcome} {found.signature or ''} {found.error or ''}")
+    if args.json:
+        data = asdict(found) | {
+            "script": args.script.name,
+            "nproc": args.nproc,
+            "versions": installed_versions(args.python, args.pythonpath),
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
+    return 0
