@@ -63,22 +63,11 @@ def test_exception_text_is_escaped_everywhere(tmp_path: Path) -> None:
 
 
 def test_site_in_headless_chromium(tmp_path: Path) -> None:
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not chromium or not driver:
-        missing_component(
-            "chromium", "Chromium is not installed (Debian: apt-get install chromium chromium-driver; .ci/run does)"
-        )
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     site = write_site(build_matrix(selection()), tmp_path / "site")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(flag)
-    browser = webdriver.Chrome(service=Service(driver), options=options)
+    browser = headless_chromium()
     try:
         browser.get(site.as_uri())  # file://, no server, no external resources
         WebDriverWait(browser, 120).until(lambda b: b.execute_script("return window.__recordsRenderedAt !== undefined"))

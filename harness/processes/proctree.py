@@ -50,7 +50,7 @@ def kill_started_by(pid: int) -> int:
     """SIGKILL every living process launched by the orchestrator `pid`; returns how many were still alive."""
     living = _alive(processes_started_by(pid))
     for child in living:
-        _signal(child, signal.SIGKILL)
+        send_signal(child, signal.SIGKILL)
     return len(living)
 
 
@@ -58,7 +58,7 @@ def kill_token(token: str, grace_s: float = 3.0) -> int:
     """SIGTERM, then SIGKILL after a grace period, everything carrying the token. Returns how many."""
     pids = processes_with_token(token)
     for pid in pids:
-        _signal(pid, signal.SIGTERM)
+        send_signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and _alive(processes_with_token(token)):
         time.sleep(0.1)
@@ -67,7 +67,7 @@ def kill_token(token: str, grace_s: float = 3.0) -> int:
         if not left:
             break
         for pid in left:
-            _signal(pid, signal.SIGKILL)
+            send_signal(pid, signal.SIGKILL)
         time.sleep(0.1)
     return len(pids)
 
@@ -85,7 +85,8 @@ def _alive(pids: list[int]) -> list[int]:
     return living
 
 
-def _signal(pid: int, sig: int) -> None:
+def send_signal(pid: int, sig: int) -> None:
+    """os.kill, quiet when the process is already gone (or not ours)."""
     try:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):

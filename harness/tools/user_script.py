@@ -27,7 +27,7 @@ from typing import Any
 
 from harness.execution.launcher import waiting_in
 from harness.processes import guard
-from harness.processes.proctree import ORCHESTRATOR_VAR
+from harness.processes.proctree import ORCHESTRATOR_VAR, send_signal
 from harness.recording.signatures import exception_signature
 
 #: Changes whenever how a run is judged changes: runs recorded under another one are not reused.
@@ -124,13 +124,13 @@ def _stop_with_stacks(proc: subprocess.Popen) -> None:
     """SIGABRT every process of the launch (ranks dump their stacks through faulthandler), then kill them."""
     members = [proc.pid, *_descendants(proc.pid)]
     for pid in reversed(members):  # the ranks first: torchrun would otherwise tear them down with SIGTERM
-        _signal(pid, signal.SIGABRT)
+        send_signal(pid, signal.SIGABRT)
     try:
         proc.wait(timeout=STACK_GRACE_S)
     except subprocess.TimeoutExpired:
         pass
     for pid in [proc.pid, *_descendants(proc.pid), *members]:
-        _signal(pid, signal.SIGKILL)
+        send_signal(pid, signal.SIGKILL)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -156,13 +156,6 @@ def _descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _rank_logs(logs: Path) -> dict[str, str]:
