@@ -32,6 +32,8 @@ def test_rows_are_versions_entries_are_short_and_the_fix_is_the_first_listed(tmp
     # Newest first, named by the versions that ran, never by cell ids.
     assert rows == ["| torch 2.13.0 peft 0.21.0 | ✓ 0/1 |", "| torch 2.4.0 peft 0.12.0 | ✗ 1/1 · try z_fix |"]
     assert "old_cell" not in glance and "### CPU, up to 2 ranks" in glance
+    # A column's name is one click from its scenario's section.
+    assert "| versions | [S1](#scenario-S1-x) |" in glance and '<a id="scenario-S1-x"></a>' in text
     summary = text.split("## Summary", 1)[1]
     assert "fixed by: z_fix, a_workaround (workaround)" in summary  # the fix the glance shows is listed first
     assert all(len(cell.strip()) <= ENTRY_LIMIT for row in rows for cell in row.strip("|").split("|"))

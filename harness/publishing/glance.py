@@ -11,7 +11,7 @@ from packaging.version import InvalidVersion, Version
 
 from harness.define.packages import AXIS_PACKAGES, public_version, short_name
 from harness.recording.verdicts import first_change, verdict
-from harness.textsafe import md
+from harness.textsafe import md, slug
 
 #: Longest entry of the glance table (the details are one anchor below).
 ENTRY_LIMIT = 120
@@ -24,10 +24,15 @@ SYMBOLS = {
     "env-broken": "env",
     "install-failed": "inst",
 }
-LEGEND = (
+#: What the symbols mean (the site shows this under its grid).
+SYMBOLS_LEGEND = (
     "✗ k/n: the failure shows on k of n configs, then the first change to try (fix, or workaround: w/a); "
     "✓: not reproduced; (!): other failures there; n/a: not applicable on this machine; env/inst: the stack "
-    "could not run or install; -: not run. Details: the summary below and each scenario's section."
+    "could not run or install; -: not run."
+)
+LEGEND = (
+    SYMBOLS_LEGEND + " A column's name links to its scenario's section (variants, reproducers, upstream links); "
+    "every entry's detail is in the summary below."
 )
 
 
@@ -60,6 +65,11 @@ def column_labels(scenarios: list[str]) -> list[str]:
         own = [w for w in scenario.split("-")[1:] if siblings and all(w not in other for other in siblings)]
         labels.append(" ".join([mode, *own]) if words else mode)
     return labels
+
+
+def scenario_anchor(scenario: str) -> str:
+    """The anchor of a scenario's detailed section (its variant table, reproducers, upstream links)."""
+    return "scenario-" + slug(scenario)
 
 
 def version_label(versions: dict[str, Any]) -> str:
@@ -115,7 +125,8 @@ def glance_markdown(records: list[dict[str, Any]], specs: dict[str, dict[str, An
     lines = ["## The answer at a glance", "", LEGEND, ""]
     for table in glance_tables(records, specs):
         lines += [f"### {table['title']}", ""]
-        lines.append("| versions | " + " | ".join(md(c["label"]) for c in table["columns"]) + " |")
+        links = [f"[{md(c['label'])}](#{scenario_anchor(c['scenario'])})" for c in table["columns"]]
+        lines.append("| versions | " + " | ".join(links) + " |")
         lines.append("|---|" + "---|" * len(table["columns"]))
         for row in table["rows"]:
             lines.append(f"| {md(row['label'])} | " + " | ".join(md(e["text"]) for e in row["entries"]) + " |")

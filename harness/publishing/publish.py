@@ -18,7 +18,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from harness.define.packages import AXIS_PACKAGES
-from harness.publishing.glance import LEGEND, glance_tables
+from harness.publishing.glance import SYMBOLS_LEGEND, glance_tables
 from harness.publishing.report import Selection, same_code
 from harness.recording import runs
 from harness.recording.outcomes import BAD
@@ -251,7 +251,7 @@ def write_site(document: dict[str, Any], out_dir: Path) -> Path:
         "packages": document.get("packages", []),
         "tables": document.get("glance", []),
         "pick_options": pick_options(document.get("glance", []), document.get("packages", [])),
-        "legend": LEGEND,
+        "legend": SYMBOLS_LEGEND + " Click an entry for its records.",
         "generated_at": document.get("generated_at"),
     }
     (data_dir / "glance.js").write_text(f"window.COMPAT_GLANCE = {_script_json(glance)};\n")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES
-from harness.publishing.glance import glance_markdown
+from harness.publishing.glance import glance_markdown, scenario_anchor
 from harness.recording import runs
 from harness.recording.outcomes import UNSIGNED
 from harness.recording.records import read_records, record_key
@@ -424,6 +424,8 @@ def _scenario_section(
     variants = sorted({r["variant"] for r in records}, key=lambda v: (v != "baseline", v.count("+"), v))
     heading = f"## {md(scenario)}" + (f": {md(title)}" if title else "")
     lines = [
+        f'<a id="{scenario_anchor(scenario)}"></a>',
+        "",
         heading,
         "",
         f"Per variant, over the configs tried. Metrics shown: {', '.join(metrics) or 'none'}.",
