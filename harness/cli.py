@@ -293,8 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("script", type=Path, help="the script to run")
     bs.add_argument("--nproc", type=int, default=1, help="ranks: >1 starts it under torchrun (default 1)")
     bs.add_argument("--torchrun", action="store_true", help="start it under torchrun even with one rank")
-    bs.add_argument("--from", dest="from_day", metavar="YYYY-MM-DD", help="first day of the scan")
-    bs.add_argument("--to", dest="to_day", metavar="YYYY-MM-DD", help="last day of the scan")
+    bs.add_argument("--from", dest="from_day", metavar="YYYY-MM-DD", help="scan only atlas days from this one")
+    bs.add_argument("--to", dest="to_day", metavar="YYYY-MM-DD", help="scan only atlas days up to this one")
     bs.add_argument(
         "--good", metavar="SPEC", help="an end where it passes: a day, or exact pins 'peft==0.13.2,torch==2.4.1'"
     )

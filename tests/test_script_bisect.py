@@ -163,6 +163,8 @@ def test_ends_and_bad_input(tmp_path: Path) -> None:
         (["--good", "2024-01-01", "--bad", "peft==0.13.2"], "both be days or both be pins"),
         (["--nproc", "0"], "at least 1"),
         (["--match", "("], "--match"),
+        (["--from", "2030-01-01"], "no atlas day"),
+        (["--from", "2026-01-01", "--to", "2025-01-01"], "is after --to"),
     ):
         proc = subprocess.run(
             [sys.executable, "-m", "harness", "bisect-script", str(script), *extra],

@@ -654,9 +654,12 @@ def command(args: Any) -> int:
         if first and last and first > last:
             raise UsageError(f"--from {first} is after --to {last}")
         atlas = atlas_days(args.results_dir, history)
-        days = sorted(
-            {d for d in atlas if (not first or d >= first) and (not last or d <= last)} | {first, last} - {None}
-        )  # type: ignore[operator]
+        # --from/--to clip the atlas's days (each of which has an environment already); the user's own --good and
+        # --bad days are stacks of their own (a new dated environment where the atlas has none).
+        ends = {good.day, bad.day} if good and bad else set()
+        days = sorted({d for d in atlas if (not first or d >= first) and (not last or d <= last)} | ends)  # type: ignore[arg-type]
+        if not days:
+            raise UsageError(f"no atlas day between {first or 'the first'} and {last or 'the last'}")
     verdict = run(bisect, days, good, bad, all_moves=args.all_moves)
     named = [f for f in verdict["flips"] if f["package"] and f["first_release"]]
     if named:
