@@ -235,3 +235,11 @@ def test_run_script_command_writes_what_ran(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert (data["outcome"], data["error"]) == ("fail", "ValueError: bad rank setup 3")
     assert data["signature"].startswith("unclassified-ValueError-") and "python" in data["versions"]
+
+
+def test_a_match_that_no_run_shows_names_nothing(tmp_path: Path) -> None:
+    verdict, out = bisect_script(tmp_path, BREAKS_AT_22, "--match", "CheckpointError")
+    assert verdict["flips"] == [] and "no run matches --match 'CheckpointError': nothing to bisect" in out
+    # The InvalidVersion failure is there, and is reported as a different one, not taken for the one asked about.
+    assert [s["state"] for s in verdict["scan"]] == ["pass", "other"]
+    assert not (tmp_path / "results" / "script-bisect" / "user_script" / "issue.md").exists()

@@ -538,12 +538,19 @@ def summary_lines(verdict: dict[str, Any]) -> list[str]:
     """The verdict in a few lines for the terminal (and the README's example)."""
     target = verdict["target"]
     lines = ["", f"verdict for {verdict['script']} ({verdict['nproc']} process(es)):"]
-    if not target["signature"] and not verdict["match"]:
-        lines.append("  no stack fails: nothing to bisect")
+    asked = target["error"] or target["signature"]
+    if asked:
+        lines.append(f"  failure asked about: {asked}")
+    elif verdict["match"]:
+        lines.append(f"  no run matches --match {verdict['match']!r}: nothing to bisect")
     else:
-        lines.append(f"  failure asked about: {target['error'] or target['signature']}")
+        lines.append("  no stack fails: nothing to bisect")
     states = " ".join(f"{s['label']}:{s['state'] or s['outcome']}" for s in verdict["scan"])
     lines.append(f"  scan: {states}")
+    known = {s["state"] for s in verdict["scan"] if s["state"] in KNOWN}
+    if asked and not verdict["flips"]:
+        why = "every stack that could run shows it" if known == {"target"} else "no two usable stacks differ"
+        lines.append(f"  no flip: {why}")
     for flip in verdict["flips"]:
         where = f"between {flip['older']} ({flip['older_state']}) and {flip['newer']} ({flip['newer_state']})"
         if flip["package"] and flip["first_release"]:
