@@ -134,6 +134,16 @@ def glance_markdown(records: list[dict[str, Any]], specs: dict[str, dict[str, An
     return lines
 
 
+def pick_options(tables: list[dict[str, Any]], packages: list[str]) -> dict[str, list[str]]:
+    """package -> the major.minor releases the grid's rows hold, newest first (what the version picker offers)."""
+    seen: dict[str, set[str]] = defaultdict(set)
+    for table in tables:
+        for row in table["rows"]:
+            for package, version in row["versions"].items():
+                seen[package].add(".".join(version.split(".")[:2]))
+    return {p: sorted(seen[p], key=_as_version, reverse=True) for p in packages if seen.get(p)}
+
+
 def _as_version(value: str | None) -> Version:
     try:
         return Version(value or "0")

@@ -15,10 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
 from harness.define.packages import AXIS_PACKAGES
-from harness.publishing.glance import SYMBOLS_LEGEND, glance_tables
+from harness.publishing.glance import SYMBOLS_LEGEND, glance_tables, pick_options
 from harness.publishing.report import Selection, same_code
 from harness.recording import runs
 from harness.recording.outcomes import BAD
@@ -259,23 +257,6 @@ def write_site(document: dict[str, Any], out_dir: Path) -> Path:
     path = out_dir / "index.html"
     path.write_text(SITE_TEMPLATE.read_text())
     return path
-
-
-def pick_options(tables: list[dict[str, Any]], packages: list[str]) -> dict[str, list[str]]:
-    """package -> the major.minor releases the grid's rows hold, newest first (what the version picker offers)."""
-    seen: dict[str, set[str]] = defaultdict(set)
-    for table in tables:
-        for row in table["rows"]:
-            for package, version in row["versions"].items():
-                seen[package].add(".".join(version.split(".")[:2]))
-    return {p: sorted(seen[p], key=_version_or_zero, reverse=True) for p in packages if seen.get(p)}
-
-
-def _version_or_zero(text: str) -> Version:
-    try:
-        return Version(text)
-    except InvalidVersion:
-        return Version("0")
 
 
 def _script_json(value: Any) -> str:

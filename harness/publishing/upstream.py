@@ -121,7 +121,6 @@ PROJECTS = {
 def script_issue_body(verdict: dict[str, Any], script: str, flip: dict[str, Any]) -> str:
     """The issue body (Markdown) for a user script's failure that a bisect pinned on one release."""
     package, first, last = flip["package"], flip["first_release"], flip["last_release_before"]
-    bad = next((s for s in verdict["scan"] if s["label"] == flip["newer"]), {})
     failing = flip["newer"] if flip["newer_state"] == "target" else flip["older"]
     versions = next((s["versions"] for s in verdict["scan"] if s["label"] == failing), {})
     distributed = verdict.get("torchrun", verdict["nproc"] > 1)
@@ -165,8 +164,6 @@ def script_issue_body(verdict: dict[str, Any], script: str, flip: dict[str, Any]
     ]
     if flip.get("note"):
         lines += ["", f"Note: {flip['note']}"]
-    if bad.get("error") and bad.get("state") == "other":
-        lines += ["", f"The newer stack also showed a different failure: `{bad['error']}`"]
     return "\n".join(lines) + "\n"
 
 

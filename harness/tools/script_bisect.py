@@ -162,7 +162,7 @@ class ScriptBisect:
             raise UsageError(f"{script}: no such file")
         try:
             self.extras = script_dependencies(script)
-        except (ValueError, Exception) as exc:  # tomllib errors, two blocks
+        except ValueError as exc:  # tomllib.TOMLDecodeError is one, as is "two blocks"
             raise UsageError(f"{script}: its PEP 723 block does not parse: {exc}") from None
         self.script, self.out_dir, self.history, self.options = script, out_dir, history, options
         self.nproc, self.timeout_s, self.say = nproc, timeout_s, say
@@ -226,7 +226,7 @@ class ScriptBisect:
             self.cost.runs += 1
             found = _from_run(phase, stack.label, run, facts, key)
         found.stack = facts
-        if found.reused is False:
+        if not found.reused:
             with open(self.runs_path, "a") as handle:
                 handle.write(
                     json.dumps({**asdict(found), "script_sha256": self.script_sha, "nproc": self.nproc}) + "\n"
@@ -291,21 +291,11 @@ class ScriptBisect:
         )
 
 
-def run(
-    bisect: ScriptBisect,
-    days: list[str] | None,
-    good: End | None,
-    bad: End | None,
-    *,
-    all_moves: bool = False,
-) -> dict[str, Any]:
-    """The whole search; returns the verdict (also written to `<out>/verdict.json`)."""
+def run(bisect: ScriptBisect, ends: list[End], bad: End | None, *, all_moves: bool = False) -> dict[str, Any]:
+    """The whole search over `ends` (atlas days in order, or the user's two pinned ends); returns the verdict
+    (also written to `<out>/verdict.json`)."""
     say = bisect.say
     started = time.monotonic()
-    if good and bad and not good.day:
-        ends = [good, bad]
-    else:
-        ends = [End(day=d) for d in days or []]
     say(f"bisect-script: {bisect.script.name}, {bisect.nproc} process(es), {len(ends)} stacks to scan")
     stacks: dict[str, Stack] = {}
     scan: list[Observation] = []
@@ -316,19 +306,15 @@ def run(
         scan.append(bisect.observe("scan", stack))
     bisect.timed("scan", started)
 
-    target_at = _choose_target(bisect, scan, ends, bad)
+    target_at = _choose_target(bisect, scan, bad)
     flips: list[FlipVerdict] = []
     if target_at is not None:
         bisect.set_target(target_at)
-        if good and bad and not good.day:
-            flips = _end_flips(scan)
-        else:
-            flips = _neighbour_flips(scan)
+        flips = _neighbour_flips(scan) if ends[0].day else _end_flips(scan)
+        by_label = {e.label: e for e in ends}
         for flip in flips:
-            older = next(e for e in ends if e.label == flip.older)
-            newer = next(e for e in ends if e.label == flip.newer)
-            _name_flip(bisect, flip, stacks[flip.older], stacks[flip.newer], older, newer, all_moves)
-    verdict = _verdict(bisect, scan, flips, ends)
+            _name_flip(bisect, flip, stacks[flip.older], by_label[flip.older], by_label[flip.newer], all_moves)
+    verdict = _verdict(bisect, scan, flips)
     (bisect.out_dir / "verdict.json").write_text(json.dumps(verdict, indent=1) + "\n")
     (bisect.out_dir / "script.py").write_bytes(bisect.script.read_bytes())
     for line in summary_lines(verdict):
@@ -336,9 +322,7 @@ def run(
     return verdict
 
 
-def _choose_target(
-    bisect: ScriptBisect, scan: list[Observation], ends: list[End], bad: End | None
-) -> Observation | None:
+def _choose_target(bisect: ScriptBisect, scan: list[Observation], bad: End | None) -> Observation | None:
     """The failure asked about: the user's --match, else the bad end's failure, else the newest failing stack's."""
     failing = [o for o in scan if o.outcome in ("fail", "timeout")]
     if bisect.match is not None:
@@ -402,9 +386,8 @@ def _named_in(module: str, error: str) -> bool:
 
 
 def _name_flip(
-    bisect: ScriptBisect, flip: FlipVerdict, older_stack: Stack, newer_stack: Stack, older: End, newer: End,
-    all_moves: bool,
-) -> None:  # fmt: skip
+    bisect: ScriptBisect, flip: FlipVerdict, older_stack: Stack, older: End, newer: End, all_moves: bool
+) -> None:
     if flip.note:
         return
     say = bisect.say
@@ -445,14 +428,14 @@ def _bisect_releases(
     new: str,
 ) -> None:  # fmt: skip
     """Binary search over the releases after `old` up to `new`, both ends' states known already."""
-    python = bisect.history.python
-    available = releases.releases(package, python, bisect.options.wheelhouse if bisect.options.offline else None)
     if old is None:
         flip.first_release, flip.note = new, f"{package} is absent from the older stack"
         return
+    wheelhouse = bisect.options.wheelhouse if bisect.options.offline else None
+    available = releases.releases(package, bisect.history.python, wheelhouse)
     after = [str(v) for v in releases.between(available, old, new) if str(v) != str(Version(old))]
     if not after or after[-1] != str(Version(new)):
-        after = [*after, new] if new not in after else after
+        after.append(new)  # the newer stack's own release, where the index no longer lists it (yanked)
     flip.candidates = after
     usable = list(after)
     lo, hi = -1, len(usable) - 1  # lo: last with the older state (-1 = old itself); hi: first with the newer one
@@ -501,9 +484,7 @@ def _brief(found: Observation) -> dict[str, Any]:
     }
 
 
-def _verdict(
-    bisect: ScriptBisect, scan: list[Observation], flips: list[FlipVerdict], ends: list[End]
-) -> dict[str, Any]:
+def _verdict(bisect: ScriptBisect, scan: list[Observation], flips: list[FlipVerdict]) -> dict[str, Any]:
     others = sorted(
         {(o.signature or "", o.error or "") for o in bisect.observations if o.state == "other"}, key=lambda x: x[0]
     )
@@ -654,8 +635,9 @@ def command(args: Any) -> int:
         match=args.match,
         fresh=args.fresh,
     )  # fmt: skip
-    days: list[str] | None = None
-    if not (good and not good.day):
+    if good and bad and not good.day:
+        ends = [good, bad]
+    else:
         first = args.from_day or (min(good.day, bad.day) if good and bad else None)  # type: ignore[type-var]
         last = args.to_day or (max(good.day, bad.day) if good and bad else None)  # type: ignore[type-var]
         if first and last and first > last:
@@ -663,11 +645,12 @@ def command(args: Any) -> int:
         atlas = atlas_days(args.results_dir, history)
         # --from/--to clip the atlas's days (each of which has an environment already); the user's own --good and
         # --bad days are stacks of their own (a new dated environment where the atlas has none).
-        ends = {good.day, bad.day} if good and bad else set()
-        days = sorted({d for d in atlas if (not first or d >= first) and (not last or d <= last)} | ends)  # type: ignore[arg-type]
+        own = {good.day, bad.day} if good and bad else set()
+        days = sorted({d for d in atlas if (not first or d >= first) and (not last or d <= last)} | own)  # type: ignore[arg-type]
         if not days:
             raise UsageError(f"no atlas day between {first or 'the first'} and {last or 'the last'}")
-    verdict = run(bisect, days, good, bad, all_moves=args.all_moves)
+        ends = [End(day=d) for d in days]
+    verdict = run(bisect, ends, bad, all_moves=args.all_moves)
     named = [f for f in verdict["flips"] if f["package"] and f["first_release"]]
     if named:
         (out_dir / "issue.md").write_text(script_issue_body(verdict, args.script.read_text(), named[0]))

@@ -11,11 +11,11 @@ Overlays are cached by what they contain, so a second invocation reuses every pr
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -134,7 +134,7 @@ def _resolve(
         if day:
             flags += ["--exclude-newer", f"{day}T00:00:00Z"]
             for name in moving:
-                flags += ["--exclude-newer-package", f"{name}={newer_day or _tomorrow()}T00:00:00Z"]
+                flags += ["--exclude-newer-package", f"{name}={newer_day or day}T00:00:00Z"]
         proc = subprocess.run(
             [
                 envs.uv_binary(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python",
@@ -165,7 +165,7 @@ def _install_overlay(base: Stack, wanted: dict[str, str], mode: str, label: str,
             base, label=label, kind="overlay", pythonpath=path, versions=data["versions"], reused=True, seconds=0.0,
             mode=mode, overlaid=wanted,
         )  # fmt: skip
-    started = dt.datetime.now()
+    started = time.monotonic()
     envs._discard(target)
     if wanted:
         proc = subprocess.run(
@@ -183,7 +183,7 @@ def _install_overlay(base: Stack, wanted: dict[str, str], mode: str, label: str,
         (target / "site").mkdir(parents=True)
     versions = envs.installed_versions(base.python, pythonpath=path)
     marker.write_text(json.dumps({"versions": versions, "wanted": wanted, "mode": mode}, indent=1))
-    seconds = (dt.datetime.now() - started).total_seconds()
+    seconds = time.monotonic() - started
     return replace(
         base, label=label, kind="overlay", pythonpath=path, versions=versions, reused=False, seconds=seconds,
         mode=mode, overlaid=wanted,
@@ -206,7 +206,3 @@ def _satisfied(line: str, versions: dict[str, str]) -> bool:
     requirement = Requirement(line)
     have = versions.get(str(canonicalize_name(requirement.name)))
     return have is not None and requirement.specifier.contains(have, prereleases=True)
-
-
-def _tomorrow() -> str:
-    return (dt.date.today() + dt.timedelta(days=1)).isoformat()

@@ -21,13 +21,14 @@ import subprocess
 import tempfile
 import time
 import tomllib
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.execution.launcher import waiting_in
 from harness.processes import guard
-from harness.processes.proctree import ORCHESTRATOR_VAR, send_signal
+from harness.processes.proctree import ORCHESTRATOR_VAR, TOKEN_VAR, kill_token, processes_with_token, send_signal
 from harness.recording.signatures import exception_signature
 
 #: Changes whenever how a run is judged changes: runs recorded under another one are not reused.
@@ -100,7 +101,13 @@ def run_script(
         env.pop("PYTHONPATH", None)
         if pythonpath:
             env["PYTHONPATH"] = pythonpath
-        env |= {"PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1", ORCHESTRATOR_VAR: str(os.getpid())}
+        token = uuid.uuid4().hex
+        env |= {
+            "PYTHONFAULTHANDLER": "1",
+            "PYTHONUNBUFFERED": "1",
+            ORCHESTRATOR_VAR: str(os.getpid()),
+            TOKEN_VAR: token,
+        }
         guard.ensure_started()
         start = time.monotonic()
         out_path, err_path = work / "stdout.log", work / "stderr.log"
@@ -113,49 +120,25 @@ def run_script(
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                _stop_with_stacks(proc)
+                _stop_with_stacks(proc, token)
         seconds = time.monotonic() - start
         stderr = err_path.read_text(errors="replace")
         ranks = _rank_logs(logs) if distributed else {}
         return _classify(proc.returncode, timed_out, seconds, stderr, ranks)
 
 
-def _stop_with_stacks(proc: subprocess.Popen) -> None:
-    """SIGABRT every process of the launch (ranks dump their stacks through faulthandler), then kill them."""
-    members = [proc.pid, *_descendants(proc.pid)]
-    for pid in reversed(members):  # the ranks first: torchrun would otherwise tear them down with SIGTERM
+def _stop_with_stacks(proc: subprocess.Popen, token: str) -> None:
+    """SIGABRT every process of the launch (ranks dump their stacks through faulthandler), then kill them all:
+    they carry the launch's token, so ranks torchrun started in sessions of their own are found too."""
+    members = processes_with_token(token)
+    for pid in [p for p in members if p != proc.pid] + [proc.pid]:  # the ranks first: torchrun would SIGTERM them
         send_signal(pid, signal.SIGABRT)
     try:
         proc.wait(timeout=STACK_GRACE_S)
     except subprocess.TimeoutExpired:
         pass
-    for pid in [proc.pid, *_descendants(proc.pid), *members]:
-        send_signal(pid, signal.SIGKILL)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    kill_token(token, grace_s=0)
     proc.wait()
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (Linux /proc), parents before children."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(0), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def _rank_logs(logs: Path) -> dict[str, str]:
