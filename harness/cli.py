@@ -436,10 +436,17 @@ def main(argv: list[str] | None = None) -> int:
     import signal
 
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in DELEGATED:
-        return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]))
-    args = build_parser().parse_args(argv)
+    # Ctrl-C and SIGINT stop every command cleanly, whatever disposition it inherited: a shell without job control
+    # starts background jobs (`nohup ... &`, job scripts) with SIGINT ignored, and Python then installs no handler.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if argv and argv[0] in DELEGATED:
+        try:
+            return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]))
+        except KeyboardInterrupt as exc:
+            print("interrupted", file=sys.stderr)
+            return 143 if isinstance(exc, Terminated) else 130
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "matrix":
             return _matrix(args)

@@ -33,6 +33,8 @@ _FSDP2_NEEDS_CUDA = (
     "Torch not compiled with CUDA enabled",
 )
 _BF16_NEEDS_GPU = "Your setup doesn't support bf16/gpu"
+#: accelerate's FSDP plugin on a machine without an accelerator (CUDA, XPU, ...).
+_NO_ACCELERATOR = "There are currently no available devices found"
 #: bitsandbytes gained a CPU backend for 4-bit (quantize, dequantize, matmul) in 0.46.0.
 BNB_CPU_4BIT = (0, 46)
 _QUANTIZED_BASES = ("4bit", "manual-4bit")
@@ -61,6 +63,8 @@ def machine_limit(record: Mapping[str, Any]) -> str | None:
         where = "FSDP2" if "fsdp" in traceback.lower() or "fsdp" in message.lower() else "this code path"
         torch = versions.get("torch", "?")
         return f"{where} in torch {torch} needs CUDA, and this machine has no GPU ({_first(message)})"
+    if _NO_ACCELERATOR in message:
+        return f"accelerate {versions.get('accelerate', '?')} applies FSDP only on an accelerator ({_first(message)})"
     if _BF16_NEEDS_GPU in message:
         return f"the Trainer of transformers {versions.get('transformers', '?')} refuses bf16 without a GPU"
     if "Blockwise 4bit dequantization on CPU only supports uint8 storage" in message:

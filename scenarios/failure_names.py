@@ -32,6 +32,10 @@ KNOWN_ISSUES: dict[str, list[str]] = {
         "huggingface/transformers#42489",
     ],
     "input-weight-not-parameter": ["huggingface/peft#1737", "huggingface/peft#1806"],
+    # The Trainer's token count (a CPU tensor) gathered over a group with NCCL only (S8).
+    "gather-cpu-tensor-over-nccl": ["huggingface/transformers#39896", "huggingface/transformers#38035"],
+    # A job past its time limit (the launcher's name); S8's target where the first step's gather hangs.
+    "timeout": ["huggingface/transformers#28791"],
     "dora-output-dtype-upcast": ["huggingface/peft#1692"],
     "dora_layer_output_dtype": ["huggingface/peft#1692"],  # S5's check: fp32 leaves a DoRA layer
     # Found by this harness: peft >= 0.14 DoRA under FSDP1 with fp32 adapters gives bf16 grads to fp32 params.
@@ -62,6 +66,12 @@ UPSTREAM_CHANGES: dict[str, tuple[str, str, str, str]] = {
         "deepspeed",
         "0.19.3",
         "DeepSpeed PR #8148 (Z3 activation checkpointing with frozen params), first released in 0.19.3",
+        "ends",
+    ),
+    "gather-cpu-tensor-over-nccl": (
+        "transformers",
+        "4.57.0",
+        "transformers PR #40773 (fixes #39896) moves num_items_in_batch to the device before gathering, in 4.57.0",
         "ends",
     ),
     "no-grad-element-0": (
@@ -115,6 +125,11 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         return "bnb-needs-triton-ops"  # bitsandbytes 0.43 imports triton.ops, which triton 3.2 (torch 2.6) removed
     if "different metadata than during the forward pass" in message or short == "CheckpointError":
         return _checkpoint_signature(message)
+    cpu_over_nccl = (
+        "Tensors must be CUDA and dense" in message or "No backend type associated with device type cpu" in message
+    )
+    if cpu_over_nccl and ("_get_num_items_in_batch" in traceback or "gather" in traceback):
+        return "gather-cpu-tensor-over-nccl"  # transformers#39896: the Trainer's token count, over NCCL alone
     if "element 0 of tensors does not require grad" in message:
         return "no-grad-element-0"
     if "Input weight should be of type nn.Parameter" in message or "should be of type nn.Parameter" in message:

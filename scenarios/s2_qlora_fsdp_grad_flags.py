@@ -9,6 +9,9 @@ the scenario drives FSDP itself):
   ``bnb_4bit_quant_storage`` = model dtype, ``use_orig_params=False``). On CPU ``device_id=torch.device("cpu")``
   and the process group is gloo.
 * ``fsdp="fsdp2"``: ``fully_shard`` on every decoder layer and on the root, over a 1-D device mesh.
+* ``path="trainer"``: the same model and fixes handed to ``Trainer(fsdp="full_shard auto_wrap",
+  gradient_checkpointing=True)``, FSDP version declared in ``fsdp_config`` and measured (GPU only: the Trainer
+  refuses FSDP without an accelerator).
 
 Rank 0 writes the tiny model with ``save_pretrained`` (transformers 5.x writes only on rank 0 when a
 process group is up) and broadcasts the directory to the other ranks.
@@ -18,7 +21,8 @@ from __future__ import annotations
 
 from scenarios import compat
 from scenarios.kit import checks, distributed, fsdp, measured, qlora
-from scenarios.kit.models import device_of, save_pretrained_tiny
+from scenarios.kit import trainer as trainer_path
+from scenarios.kit.models import device_of, save_pretrained_tiny, token_rows
 
 SPEC = {
     "id": "S2-qlora-fsdp-grad-flags",
@@ -49,6 +53,9 @@ EXAMPLES: list[dict] = [
     dict(_BASE, base="4bit", order="peft_then_ckpt", fsdp="fsdp1"),
     dict(_BASE, base="manual-4bit", order="ckpt_then_peft", fsdp="fsdp1"),
     dict(_BASE, base="4bit", order="ckpt_then_peft", fsdp="fsdp2"),
+    # The same user path through HF Trainer(fsdp="full_shard auto_wrap"), as most users run it on GPUs (the
+    # Trainer refuses FSDP without an accelerator: not applicable on CPU).
+    dict(_BASE, base="4bit", order="peft_then_ckpt", fsdp="fsdp1", path="trainer"),
 ]
 
 
@@ -77,6 +84,8 @@ def strategy():
 
 def run(config: dict, variant: str, ctx: dict) -> dict:
     measured.start(ctx)  # what really ran goes into the record's setup
+    if config.get("path", "manual") == "trainer":
+        return _run_trainer(config, variant, ctx)
     import shutil
 
     import torch
@@ -110,3 +119,61 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
     metrics.update(qlora.train(wrapped, config, device, trainable, config["seed"] + 1000 * ctx.get("rank", 0)))
     checks.adapters_got_grads(metrics, len(trainable))
     return {"metrics": metrics, "path": path}
+
+
+def _run_trainer(config: dict, variant: str, ctx: dict) -> dict:
+    """The QLoRA user path through HF Trainer + accelerate FSDP: the model and fixes as above, then the Trainer
+    with checkpointing on (the fix's `use_reentrant` passed on), over the runtime's process group."""
+    import os
+    import shutil
+
+    import torch.distributed as dist
+    from transformers import Trainer
+
+    if ctx.get("device") != "cuda":
+        raise compat.NotApplicable("HF Trainer refuses FSDP without an accelerator")
+    fixes = compat.parse_variant(variant, qlora.FIXES)
+    environ_before = dict(os.environ)
+    kind = config.get("fsdp", "fsdp1")
+    directory = distributed.shared_directory(ctx, "s2fsdp-", lambda path: save_pretrained_tiny(config, path))
+    try:
+        model, _, metrics = qlora.load_base(config, directory, "cuda", config.get("base", "4bit"))
+    finally:
+        dist.barrier()
+        if dist.get_rank() == 0:
+            shutil.rmtree(directory, ignore_errors=True)
+    peft_model, prep = qlora.prepare(config, fixes, model)
+    metrics.update(prep)
+    args = trainer_path.training_arguments(
+        ctx["workdir"],
+        per_device_train_batch_size=config["batch"],
+        max_steps=config["steps"],
+        learning_rate=1e-3,
+        bf16=config["dtype"] == "bfloat16",
+        gradient_checkpointing=True,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if "use_reentrant_false" in fixes else None,
+        fsdp="full_shard auto_wrap",
+        fsdp_config={
+            "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
+            "use_orig_params": False,
+            "version": 2 if kind == "fsdp2" else 1,
+        },
+    )
+    try:
+        data = token_rows(config["vocab"], config["seq"], config["batch"] * config["steps"] * 2, seed=config["seed"])
+        trainer = Trainer(model=peft_model, args=args, train_dataset=data)
+        try:
+            result = trainer.train()
+        finally:
+            measured.trainer(trainer)
+            ran = fsdp.fsdp_that_ran(trainer.model_wrapped)
+            measured.note(fsdp_declared=kind, fsdp=ran if ran != "not-wrapped" else None)
+        measured.require(ran == kind, f"fsdp_config declared {kind}, but {ran} wrapped the model")
+        losses = trainer_path.logged_losses(trainer)
+        metrics |= {"losses": [round(x, 5) for x in losses], "global_step": trainer.state.global_step,
+                    "train_loss": result.training_loss}  # fmt: skip
+        checks.finite_loss(losses, metrics)
+        checks.all_steps_ran(trainer.state.global_step, config["steps"], metrics)
+        return {"metrics": metrics, "path": f"trainer-{ran}"}
+    finally:
+        trainer_path.reset(environ_before)

@@ -56,6 +56,7 @@ INSTALL_KEYS = {
     "outside_era",
     "era_packages",
     "node_image",
+    "optional",
 }
 #: The axis of install dates: each value is a day, and a cell gets every package as the index had it then.
 DATE_AXIS = "date"
@@ -151,6 +152,10 @@ class Profile:
     era_packages: tuple[str, ...] = ()
     #: The node image the era lock plans against: matrix/nodes/<node_image>.json (its python, torch, pip list).
     node_image: str | None = None
+    #: System mode: packages a cell leaves out of its overlay when they cannot be imported over the node's stack
+    #: (a bitsandbytes with no library for the node's CUDA), so the scenarios that need none of them still run;
+    #: each record's `install.left_out` says what was left out and why.
+    optional: tuple[str, ...] = ()
     scenario_settings: dict[str, ScenarioSettings] = field(default_factory=dict)
     retry: RetryPolicy = RetryPolicy()
     #: Address-space limit per worker process (CPU only): a runaway allocation becomes a recorded OOM crash.
@@ -273,6 +278,7 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
         outside_era=_outside_era(shown, install.get("outside_era", []), axes),
         era_packages=_era_packages(shown, install, axes, install_mode),
         node_image=_node_image(shown, install, install_mode),
+        optional=_optional(shown, install, install_mode),
         scenario_settings=_parse_scenarios(shown, data.get("scenario", {})),
         retry=_parse_retry(shown, data.get("retry", {})),
         reduce=_one_of(shown, "profile.reduce", head.get("reduce", "none"), ("none", "pairwise")),
@@ -403,6 +409,13 @@ def _era_packages(shown: str, install: dict[str, Any], axes: dict[str, tuple[str
         raise ProfileError(shown, "install.era_packages", 'needs a date axis and [install] mode = "system"')
     if names and "node_image" not in install:
         raise ProfileError(shown, "install.era_packages", "needs install.node_image (the image the lock plans for)")
+    return tuple(names)
+
+
+def _optional(shown: str, install: dict[str, Any], mode: str) -> tuple[str, ...]:
+    names = _str_list(shown, "install.optional", install.get("optional", []))
+    if names and mode != "system":
+        raise ProfileError(shown, "install.optional", 'applies to overlays over a node: [install] mode = "system"')
     return tuple(names)
 
 

@@ -70,6 +70,8 @@ class EnvResult:
     pythonpath: str | None = None  # the overlay, in system mode
     mode: str = "uv"
     overlaid: list[str] = field(default_factory=list)
+    #: Optional packages left out of the overlay because they cannot be imported here: name -> why.
+    left_out: dict[str, str] = field(default_factory=dict)
 
 
 class InstallFailed(Exception):
@@ -170,6 +172,7 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
             pythonpath=data.get("pythonpath"),
             mode=data.get("mode", "uv"),
             overlaid=data.get("overlaid", []),
+            left_out=data.get("left_out", {}),
         )
     _discard(target)  # half-built (no marker: its builder died) or --rebuild-envs
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -194,6 +197,7 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
                 "pythonpath": result.pythonpath,
                 "mode": result.mode,
                 "overlaid": result.overlaid,
+                **({"left_out": result.left_out} if result.left_out else {}),
             },
             indent=1,
         ),
@@ -206,6 +210,7 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
         pythonpath=result.pythonpath,
         mode=result.mode,
         overlaid=result.overlaid,
+        left_out=result.left_out,
     )
 
 
@@ -331,12 +336,23 @@ def _build_overlay(cell: Cell, profile: Profile, options: InstallOptions, target
     for package in cell.system_packages():
         if package not in system:
             raise InstallFailed(f"{package} is pinned 'system' but {python} has no {package}")
+    left_out: dict[str, str] = {}
+    if options.wheelhouse is not None and profile.optional:
+        for line in list(wanted):
+            requirement = Requirement(line)
+            pinned = [s.version for s in requirement.specifier if s.operator == "=="]
+            name = requirement.name.lower()
+            if name in profile.optional and pinned and not _has_wheel(options.wheelhouse, name, pinned[0]):
+                wanted.remove(line)
+                left_out[name] = f"no wheel of {name}=={pinned[0]} in the wheelhouse {options.wheelhouse.name}"
     if wanted:
         wanted += [s for s in profile.overlay_support if Requirement(s).name.lower() not in system]
         overlay = target / "site"
         links = ["--find-links", str(options.wheelhouse)] if options.wheelhouse else []
         index = ["--no-index"] if options.offline or options.wheelhouse else []
         _run([*_pip_install(python), "--quiet", "--no-deps", "--target", str(overlay), *index, *links, *wanted], build)
+        left_out |= _leave_out_unimportable(python, overlay, profile.optional)
+        wanted = [w for w in wanted if Requirement(w).name.lower() not in left_out]
         _check_overlay_closure(python, str(overlay), [Requirement(w).name for w in wanted])
         versions = installed_versions(python, pythonpath=str(overlay))
         return EnvResult(
@@ -347,9 +363,58 @@ def _build_overlay(cell: Cell, profile: Profile, options: InstallOptions, target
             pythonpath=str(overlay),
             mode="system-overlay",
             overlaid=sorted(Requirement(w).name.lower() for w in wanted),
+            left_out=left_out,
         )
     target.mkdir(parents=True, exist_ok=True)
-    return EnvResult(python, system, False, 0.0, mode="system")
+    return EnvResult(python, system, False, 0.0, mode="system", left_out=left_out)
+
+
+def _has_wheel(wheelhouse: Path, name: str, version: str) -> bool:
+    """Whether the wheelhouse holds a wheel of name==version (any tags)."""
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    for path in wheelhouse.glob("*.whl"):
+        try:
+            found, found_version, _, _ = parse_wheel_filename(path.name)
+        except ValueError:
+            continue
+        if found == canonicalize_name(name) and str(found_version) == version:
+            return True
+    return False
+
+
+def _leave_out_unimportable(python: Path, overlay: Path, optional: tuple[str, ...]) -> dict[str, str]:
+    """Remove from the overlay each optional package that cannot be imported over the node's stack (measured
+    here, not assumed: a bitsandbytes with no library for this CUDA), so that what needs none of them still runs.
+    Returns name -> the import's last error line."""
+    from harness.define.packages import import_name
+
+    left: dict[str, str] = {}
+    for name in optional:
+        dists = list(overlay.glob(f"{name.replace('-', '_')}-*.dist-info"))
+        if not dists:
+            continue
+        module = import_name(name)
+        env = dict(os.environ, PYTHONPATH=str(overlay))
+        proc = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True, text=True, env=env)
+        if proc.returncode == 0:
+            continue
+        lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+        left[name.lower()] = f"import {module} fails here: " + (lines[-1][:300] if lines else f"exit {proc.returncode}")
+        for dist in dists:
+            for line in (dist / "RECORD").read_text().splitlines() if (dist / "RECORD").is_file() else []:
+                top = line.split(",", 1)[0].split("/", 1)[0]
+                if top and not top.endswith(".dist-info") and (overlay / top).exists():
+                    _remove(overlay / top)
+            _remove(dist)
+    return left
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 CHECK_REQUIRES = """

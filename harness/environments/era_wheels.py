@@ -31,6 +31,15 @@ def day_pins(lock: dict, days: list[str]) -> dict[str, list[str]]:
     return {d: [f"{n}=={v}" for n, v in lock["days"][d].get("overlay", {}).items()] for d in days}
 
 
+def without(lock: dict, names: set[str]) -> dict:
+    """The lock with these packages taken out of every day's overlay (optional packages a call leaves out)."""
+    days = {
+        day: entry | {"overlay": {n: v for n, v in entry.get("overlay", {}).items() if n.lower() not in names}}
+        for day, entry in lock["days"].items()
+    }
+    return lock | {"days": days}
+
+
 def cached_wheel(pin: str, cache: Path, python: str, platforms: list[str]) -> Path:
     """The wheel of an exact pin, downloaded once into `cache` and kept there between wheelhouses."""
     name, _, version = pin.partition("==")
@@ -145,7 +154,9 @@ def build(lock: dict, days: list[str], python: str, platforms: list[str], cache:
     trimmed_dir = cache / f"cuda-{cuda or 'none'}"
     trimmed_dir.mkdir(parents=True, exist_ok=True)
     result: dict[str, dict[str, Path]] = {}
-    for day, pins in day_pins(lock, days).items():
+    per_day = day_pins(lock, days)
+    _build_sdist_only(sorted({p for pins in per_day.values() for p in pins}), cache)
+    for day, pins in per_day.items():
         result[day] = {}
         for pin in pins:
             wheel = cached_wheel(pin, cache, python, platforms)
@@ -158,6 +169,25 @@ def build(lock: dict, days: list[str], python: str, platforms: list[str], cache:
                     print(f"  {wheel.name}: left out {len(dropped)} libraries for CUDA other than {cuda}", flush=True)
             result[day][wheel.name] = target
     return result
+
+
+#: The torch sdist-only packages are built over (they import it at build time; the wheels are pure Python).
+BUILD_TORCH = "torch==2.13.0"
+
+
+def _build_sdist_only(pins: list[str], cache: Path) -> None:
+    """Pins of packages the index serves only as sdists (deepspeed), built once into pure-Python wheels in
+    `cache` (wheelhouse.build_sdists: the package table's build variables, DS_BUILD_OPS=0)."""
+    from harness.define.packages import BY_NAME
+    from harness.environments.wheelhouse import build_sdists
+
+    missing = []
+    for pin in pins:
+        name, _, version = pin.partition("==")
+        package = BY_NAME.get(canonicalize_name(name))
+        if package is not None and package.no_build_isolation and _find(cache, name, version) is None:
+            missing.append(pin)
+    build_sdists(missing, cache, BUILD_TORCH)
 
 
 def print_plan(calls: list[CallPlan], budget: int, travelling: int) -> None:

@@ -120,7 +120,36 @@ def main(argv: list[str] | None = None) -> int:
         "--plan", action="store_true", help="era-locked profiles: print which days fit one device call, fetch no more"
     )
     parser.add_argument("--budget-mib", type=float, help="wheels per call (default: 64 MiB less the travelling tree)")
+    parser.add_argument(
+        "--pack",
+        type=Path,
+        metavar="FILE.tar.xz",
+        help="era-locked profiles: write the chosen days' wheels as one solid xz pack (releases of a package compress "
+        "against each other: many days fit one device call) instead of a folder",
+    )
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="era-locked profiles: leave this optional package ([install] optional) out of the wheels; its cells "
+        "install without it and their records say so (repeatable)",
+    )
+    parser.add_argument(
+        "--unpack",
+        type=Path,
+        metavar="FILE.tar.xz",
+        help="on the node: write a pack's wheels into --dest, byte for byte the files that were packed",
+    )
     args = parser.parse_args(argv)
+    if args.unpack is not None:
+        if args.dest is None:
+            parser.error("--unpack needs --dest DIR")
+        from harness.environments.wheel_pack import unpack
+
+        written = unpack(args.unpack, args.dest)
+        print(f"unpacked {len(written)} wheels into {args.dest}")
+        return 0
     profile = load_profile(args.profile, REPO_ROOT / "matrix")
     if profile.era_packages:
         return _era_main(profile, args)
@@ -156,12 +185,29 @@ def _era_main(profile, args: argparse.Namespace) -> int:
     cache = Path(os.environ.get("COMPAT_MATRIX_WHEEL_CACHE", Path.home() / ".cache" / "compat-matrix" / "wheels"))
     cache.mkdir(parents=True, exist_ok=True)
     platforms = list(dict.fromkeys([*args.platform, *DEFAULT_PLATFORMS]))
+    not_optional = sorted({n.lower() for n in args.without} - set(profile.optional))
+    if not_optional:
+        raise SystemExit(f"--without {', '.join(not_optional)}: not in {profile.name}'s [install] optional")
+    if args.without:
+        lock = era_wheels.without(lock, {n.lower() for n in args.without})
     wheels = era_wheels.build(lock, days, args.python, platforms, cache)
     travelling = era_wheels.travelling_bytes(REPO_ROOT, leave_out=args.dest)
     free = era_wheels.CALL_LIMIT_BYTES - travelling - era_wheels.MARGIN_BYTES
     budget = int(args.budget_mib * 2**20) if args.budget_mib else free
     sizes = {day: {name: path.stat().st_size for name, path in found.items()} for day, found in wheels.items()}
     calls = era_wheels.plan_calls(sizes, budget)
+    if args.pack is not None:
+        from harness.environments.wheel_pack import pack
+
+        chosen = sorted({path for found in wheels.values() for path in found.values()})
+        raw = sum(p.stat().st_size for p in chosen)
+        pack(chosen, args.pack)
+        size = args.pack.stat().st_size
+        print(f"packed {len(chosen)} wheels of {len(wheels)} day(s), {raw / 2**20:.1f} MiB, into {args.pack}: "
+              f"{size / 2**20:.1f} MiB ({free / 2**20:.1f} MiB may travel beside the tree)")  # fmt: skip
+        if size > free:
+            raise SystemExit(f"{args.pack} does not fit one device call: pass fewer --day")
+        return 0
     era_wheels.print_plan(calls, budget, travelling)
     if args.plan:
         return 0

@@ -218,6 +218,8 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
     with CLOCK.measure("environments"):
         env = ctx.prefetch.get(cell) if ctx.prefetch else envs.ensure_env(cell, ctx.plan.profile, ctx.options.install)
     install_info |= {"mode": env.mode, "overlaid": env.overlaid}
+    if env.left_out:
+        install_info["left_out"] = env.left_out
     if env.failure:
         progress.message(f"{cell.cell_id}: install-failed: {env.failure.splitlines()[0][:200]}")
         for scenario, variant, planned in missing:
@@ -234,7 +236,7 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
         per_node = _world_size(scenario, cell, ctx.machine)
         world_size = per_node * (ctx.options.nnodes if scenario.distributed else 1)  # what records report
         single_rank = ctx.plan.profile.settings_for(scenario.id).single_rank
-        skip = _skip_reason(scenario, env.versions, device, world_size, single_rank) or _gpu_shortfall(
+        skip = _skip_reason(scenario, env.versions, device, world_size, single_rank, env.left_out) or _gpu_shortfall(
             scenario, device, per_node, ctx.machine
         )
         if skip:
@@ -376,9 +378,17 @@ def _gpu_shortfall(scenario: Scenario, device: str, ranks: int, machine: dict[st
 
 
 def _skip_reason(
-    scenario: Scenario, versions: dict[str, str], device: str, world_size: int, single_rank: bool = False
+    scenario: Scenario,
+    versions: dict[str, str],
+    device: str,
+    world_size: int,
+    single_rank: bool = False,
+    left_out: dict[str, str] | None = None,
 ) -> str | None:
     missing = [p for p in scenario.requires if p.lower() not in versions]
+    dropped = [f"{p} ({(left_out or {})[p.lower()]})" for p in missing if p.lower() in (left_out or {})]
+    if dropped:
+        return f"needs {', '.join(dropped)}: the cell left it out"
     if missing:
         return f"needs {', '.join(missing)}, which this cell does not install"
     wanted = scenario.spec.get("device", "any")

@@ -449,7 +449,13 @@ def _watch(spec: LaunchSpec, launch: Launch) -> Iterator[JobResult]:
         if current in started and now - started[current] > spec.job_timeout_s:
             stacks = hang_stacks(pids, out_dir)
             where = waiting_in(stacks)
-            said = "; ".join(f"rank {r} in {w or 'no collective'}" for r, w in sorted(where.items()))
+            # A rank that writes no stack on SIGUSR1 is no longer running Python (interpreter shutdown, a native
+            # wait with signals blocked): a finding of its own, said beside the others' collectives.
+            silent = sorted(set(pids) - set(stacks))
+            said = "; ".join(
+                [f"rank {r} in {w or 'no collective'}" for r, w in sorted(where.items())]
+                + [f"rank {r} wrote no Python stack" for r in silent]
+            )
             yield JobResult(
                 current,
                 "timeout",
@@ -459,6 +465,7 @@ def _watch(spec: LaunchSpec, launch: Launch) -> Iterator[JobResult]:
                     "stderr_tail": _stderr_tail(out_dir, sorted(readers)),
                     "rank_stacks": {str(r): text for r, text in sorted(stacks.items())},
                     "waiting_in": {str(r): w for r, w in sorted(where.items())},
+                    **({"ranks_without_stack": silent} if silent else {}),
                 },
                 now - started[current],
             )

@@ -365,7 +365,7 @@ def main() -> int:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1:
+    if world_size > 1 and SPEC.get("process_group") != "scenario":  # a scenario may start its own group
         init_distributed(device, local_rank)
     # The worker's own job runner: the same ctx, the same description of an exception.
     result = run_job(run, REPRO_CONFIG, args.variant, device, rank, local_rank, world_size)

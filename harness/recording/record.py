@@ -23,6 +23,7 @@ OPTIONAL_DETAIL = (
     "check",
     "rank_stacks",
     "waiting_in",
+    "ranks_without_stack",
     "setup",
 )
 
@@ -47,6 +48,8 @@ class Outcome(TypedDict, total=False):
     check: str
     rank_stacks: dict[str, str]
     waiting_in: str
+    #: Timeouts: ranks that wrote no Python stack when asked (no longer running Python).
+    ranks_without_stack: list[int]
     attempts: list[dict[str, Any]]
     shrink: dict[str, Any]
     minimal_config: dict[str, Any]

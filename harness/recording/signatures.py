@@ -132,7 +132,9 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
         named = failure_names.name(detail.get("exc_type", ""), detail.get("message", ""), detail.get("traceback", ""))
         if named in failure_names.CANNOT_RUN_OVER_TORCH:
             return Classified("env-broken", named)
-        return Classified("env-broken", "env-broken-" + _short_type(detail.get("exc_type", "")))
+        missing = re.search(r"No module named '([\w.]+)'", detail.get("message", ""))
+        module = f"[{missing.group(1)}]" if missing else ""  # which module: the user can install just that one
+        return Classified("env-broken", "env-broken-" + _short_type(detail.get("exc_type", "")) + module)
     if status != "exception":
         return Classified("error", f"harness-unknown-status-{status}", classified=False)
     if detail.get("exc_type", "").endswith(".NotApplicable"):
@@ -140,8 +142,11 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
     if detail.get("check"):
         name = f"check-{detail['check']}"
         return Classified("fail", name, failure_names.upstream(detail["check"]))
-    if "No backend type associated with device type" in detail.get("message", ""):
-        # The worker's process group lacked a backend for that device: our setup, not the stack's failure.
+    if "No backend type associated with device type" in detail.get("message", "") and not failure_names.name(
+        detail.get("exc_type", ""), detail.get("message", ""), detail.get("traceback", "")
+    ):
+        # The worker's process group lacked a backend for that device: our setup, not the stack's failure (a
+        # scenario that starts its own group, as a user's script does, names the stack's failure instead).
         return Classified("error", "harness-process-group-backend", classified=False)
     if _is_oom(detail):
         # Out of memory is a resource fault of this machine, not a verdict on the stack.

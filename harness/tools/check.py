@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -67,7 +68,7 @@ def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sy
             else:
                 runnable.append(scenario)
         # Each scenario's worker starts while the one before it runs (it imports the stack meanwhile).
-        sessions = [WorkerSession(_launch_spec(s, device, Path(workdir))) for s in runnable]
+        sessions = [WorkerSession(_launch_spec(s, device, Path(workdir), gpus)) for s in runnable]
         try:
             for position, scenario in enumerate(runnable):
                 for session in sessions[position : position + 2]:
@@ -103,15 +104,26 @@ def _jit_cache_dir() -> Path:
     return Path.home() / ".cache" / "compat-matrix" / "torch_extensions" / f"check-{prefix}"
 
 
-def _launch_spec(scenario: Scenario, device: str, workdir: Path) -> LaunchSpec:
-    """A worker in this interpreter: two ranks for a distributed scenario, one otherwise."""
+def ranks_for(scenario: Scenario, device: str, gpus: int) -> int:
+    """A distributed scenario's ranks here: one per GPU on a node of two or more, two on CPU; one otherwise."""
+    if not scenario.distributed:
+        return 1
+    return max(2, gpus) if device == "cuda" else 2
+
+
+def _launch_spec(scenario: Scenario, device: str, workdir: Path, gpus: int) -> LaunchSpec:
+    """A worker in this interpreter and this environment (the user's PYTHONPATH included: a package installed
+    with `pip --target` is seen by the workers as by the check itself), one rank per GPU for a distributed scenario."""
+    env = stack_env(device, _jit_cache_dir())
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return LaunchSpec(
         python=Path(sys.executable),
         module=scenario.module_name,
         preload=scenario.preload,
         device=device,
-        world_size=2 if scenario.distributed else 1,
-        env=stack_env(device, _jit_cache_dir()),
+        world_size=ranks_for(scenario, device, gpus),
+        env=env,
         workdir=workdir / scenario.id,
         job_timeout_s=JOB_TIMEOUT_S,
         start_timeout_s=JOB_TIMEOUT_S,

@@ -227,16 +227,18 @@ def command(args: Any) -> int:
         raise UsageError(f"{args.script}: no such file")
     if args.nproc < 1 or args.timeout <= 0:
         raise UsageError("--nproc must be at least 1 and --timeout positive")
+    # Here, in the environment it was started in: --pythonpath first, then the user's own PYTHONPATH.
+    pythonpath = os.pathsep.join(filter(None, [args.pythonpath, os.environ.get("PYTHONPATH")])) or None
     found = run_script(
         args.python, args.script, nproc=args.nproc, torchrun=args.torchrun or None, timeout_s=args.timeout,
-        pythonpath=args.pythonpath,
+        pythonpath=pythonpath,
     )  # fmt: skip
     print(f"{args.script.name} ({args.nproc} rank(s)): {found.outcome} {found.signature or ''} {found.error or ''}")
     if args.json:
         data = asdict(found) | {
             "script": args.script.name,
             "nproc": args.nproc,
-            "versions": installed_versions(args.python, args.pythonpath),
+            "versions": installed_versions(args.python, pythonpath),
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(data, indent=1) + "\n")

@@ -176,6 +176,35 @@ def index_requires(index: str) -> Metadata:
     return requires
 
 
+def _sdist_requires(name: str, version: str, files: list[dict[str, Any]]) -> list[str]:
+    """A release served only as an sdist (deepspeed): its requirements from the egg-info's requires.txt (its
+    PKG-INFO declares them dynamic); the lines before the first [extra] section."""
+    import tarfile
+
+    sdists = [
+        item
+        for item in files
+        if item.get("filename", "").endswith(".tar.gz") and f"-{version}.tar.gz" in item.get("filename", "")
+    ]
+    if not sdists:
+        raise UsageError(f"{name}=={version}: the index has no wheel or sdist of it")
+    with urllib.request.urlopen(sdists[0]["url"], timeout=300) as response, tempfile.TemporaryFile() as tmp:
+        shutil.copyfileobj(response, tmp)
+        tmp.seek(0)
+        with tarfile.open(fileobj=tmp, mode="r:gz") as archive:
+            member = next((m for m in archive.getmembers() if m.name.endswith(".egg-info/requires.txt")), None)
+            if member is None:
+                return []
+            text = (archive.extractfile(member) or tempfile.TemporaryFile()).read().decode("utf-8", "replace")
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("["):
+            break
+        if line.strip():
+            lines.append(line.strip())
+    return lines
+
+
 def _fetch_requires(index: str, name: str, version: str) -> list[str]:
     """From the wheel's metadata file where the index serves one (PEP 658), else from the smallest wheel."""
     from harness.versions.releases import ACCEPT
@@ -189,7 +218,7 @@ def _fetch_requires(index: str, name: str, version: str) -> list[str]:
         if item.get("filename", "").endswith(".whl") and parse_wheel_filename(item["filename"])[1] == Version(version)
     ]
     if not wheels:
-        raise UsageError(f"{name}=={version}: the index has no wheel of it")
+        return _sdist_requires(name, version, files)
     served = [item for item in wheels if item.get("core-metadata") or item.get("data-dist-info-metadata")]
     if served:
         with urllib.request.urlopen(served[0]["url"] + ".metadata", timeout=60) as response:
