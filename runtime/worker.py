@@ -34,6 +34,9 @@ def main(jobs_file: str, out_dir: str) -> int:
     # it kills a timed-out job, so the record says where each rank was stuck. faulthandler dumps from the C
     # signal handler, so it answers even while this process holds the GIL in C code.
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    # And on a fatal signal (SIGABRT is the launcher's second ask, for a rank that did not answer SIGUSR1; a crash
+    # in native code): the stacks are written as the process dies.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     # "w": a launch directory is never reused, and this file must hold this process's events only.
     events = open(Path(out_dir) / f"events.rank{rank}.jsonl", "w", buffering=1)
 

@@ -447,13 +447,16 @@ def _watch(spec: LaunchSpec, launch: Launch) -> Iterator[JobResult]:
             yield result
             return
         if current in started and now - started[current] > spec.job_timeout_s:
-            stacks = hang_stacks(pids, out_dir)
+            unanswered: list[int] = []
+            stacks = hang_stacks(pids, out_dir, unanswered)
             where = waiting_in(stacks)
-            # A rank that writes no stack on SIGUSR1 is no longer running Python (interpreter shutdown, a native
-            # wait with signals blocked): a finding of its own, said beside the others' collectives.
+            # A rank that writes no stack when asked (SIGUSR1) is not running Python's signal handling any more
+            # (interpreter shutdown, native code with the signal masked): a finding of its own; SIGABRT may still
+            # have made it write one as it died.
             silent = sorted(set(pids) - set(stacks))
             said = "; ".join(
                 [f"rank {r} in {w or 'no collective'}" for r, w in sorted(where.items())]
+                + [f"rank {r} answered only SIGABRT" for r in unanswered if r in stacks]
                 + [f"rank {r} wrote no Python stack" for r in silent]
             )
             yield JobResult(
@@ -466,6 +469,7 @@ def _watch(spec: LaunchSpec, launch: Launch) -> Iterator[JobResult]:
                     "rank_stacks": {str(r): text for r, text in sorted(stacks.items())},
                     "waiting_in": {str(r): w for r, w in sorted(where.items())},
                     **({"ranks_without_stack": silent} if silent else {}),
+                    **({"ranks_deaf_to_sigusr1": unanswered} if unanswered else {}),
                 },
                 now - started[current],
             )
@@ -534,29 +538,38 @@ COLLECTIVES = (
 )
 
 
-def hang_stacks(pids: dict[int, int], out_dir: Path) -> dict[int, str]:
+def hang_stacks(pids: dict[int, int], out_dir: Path, unanswered: list[int] | None = None) -> dict[int, str]:
     """Each rank's Python stacks at this moment: SIGUSR1 makes the worker's faulthandler write them to the
     rank's stderr file (a maintained tool, no stack walker of ours), and we read back what it appended."""
     import signal
 
     sizes = {rank: _size(out_dir / f"stderr.rank{rank}.log") for rank in pids}
-    for pid in pids.values():
-        try:
-            os.kill(pid, signal.SIGUSR1)
-        except (ProcessLookupError, PermissionError):
-            pass
     stacks: dict[int, str] = {}
-    deadline = time.monotonic() + STACK_WAIT_S
-    while time.monotonic() < deadline and len(stacks) < len(pids):
-        time.sleep(0.1)
-        for rank in pids:
-            path = out_dir / f"stderr.rank{rank}.log"
-            with open(path, "rb") as handle:
-                handle.seek(sizes[rank])
-                text = handle.read().decode("utf-8", "replace")
-            found = list(_DUMP_START.finditer(text))
-            if found:
-                stacks[rank] = text[found[0].start() :][-6000:]
+    # SIGUSR1 first (the rank lives on); a rank that writes nothing to it (a handler replaced by native code, a
+    # signal mask) gets SIGABRT, which the worker's faulthandler answers as the process dies: it is killed anyway.
+    for ask in (signal.SIGUSR1, signal.SIGABRT):
+        for rank, pid in pids.items():
+            if rank not in stacks:
+                try:
+                    os.kill(pid, ask)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = time.monotonic() + STACK_WAIT_S
+        while time.monotonic() < deadline and len(stacks) < len(pids):
+            time.sleep(0.1)
+            for rank in pids:
+                if rank in stacks:
+                    continue
+                with open(out_dir / f"stderr.rank{rank}.log", "rb") as handle:
+                    handle.seek(sizes[rank])
+                    text = handle.read().decode("utf-8", "replace")
+                found = list(_DUMP_START.finditer(text))
+                if found:
+                    stacks[rank] = text[found[0].start() :][-6000:]
+        if len(stacks) == len(pids):
+            break
+        if ask == signal.SIGUSR1 and unanswered is not None:
+            unanswered.extend(sorted(set(pids) - set(stacks)))
     return stacks
 
 

@@ -24,6 +24,7 @@ OPTIONAL_DETAIL = (
     "rank_stacks",
     "waiting_in",
     "ranks_without_stack",
+    "ranks_deaf_to_sigusr1",
     "setup",
 )
 
@@ -50,6 +51,8 @@ class Outcome(TypedDict, total=False):
     waiting_in: str
     #: Timeouts: ranks that wrote no Python stack when asked (no longer running Python).
     ranks_without_stack: list[int]
+    #: Timeouts: ranks that wrote nothing on SIGUSR1 (their stack, if any, came with SIGABRT).
+    ranks_deaf_to_sigusr1: list[int]
     attempts: list[dict[str, Any]]
     shrink: dict[str, Any]
     minimal_config: dict[str, Any]
