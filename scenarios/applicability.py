@@ -87,7 +87,9 @@ def setup_mismatch(record: Mapping[str, Any]) -> str | None:
     declared_base = config.get("base")
     if declared_base in _QUANTIZED_BASES:
         ran = record.get("path") or metrics.get("path")
-        if ran and ran != declared_base and ran not in _QUANTIZED_BASES:
+        # A Trainer path names the FSDP that wrapped the model ('trainer-fsdp1'), not a base: the measured
+        # quantized weights below say which base ran.
+        if ran and ran != declared_base and ran not in _QUANTIZED_BASES and not str(ran).startswith("trainer-"):
             why = metrics.get("fallback_reason") or "the loader returned an unquantized model"
             return f"declared a {declared_base} base, but a {ran} base ran ({why})"
         quantized = setup.get("quantized_weights")
@@ -126,7 +128,8 @@ def from_siblings(records: list[Mapping[str, Any]]) -> dict[int, str]:
     for record in records:
         config = record.get("config") or {}
         path = record.get("path")
-        if config.get("base") in _QUANTIZED_BASES and path and path not in _QUANTIZED_BASES:
+        trainer_path = str(path or "").startswith("trainer-")
+        if config.get("base") in _QUANTIZED_BASES and path and path not in _QUANTIZED_BASES and not trainer_path:
             key = config_in_cell(record)
             why = (record.get("metrics") or {}).get("fallback_reason") or "the loader returned an unquantized model"
             ran_as.setdefault(key, (path, why))

@@ -34,6 +34,9 @@ KNOWN_ISSUES: dict[str, list[str]] = {
     "input-weight-not-parameter": ["huggingface/peft#1737", "huggingface/peft#1806"],
     # The Trainer's token count (a CPU tensor) gathered over a group with NCCL only (S8).
     "gather-cpu-tensor-over-nccl": ["huggingface/transformers#39896", "huggingface/transformers#38035"],
+    # accelerate's refusal when a rank's 4-bit weights sit on another GPU than the one it trains on (a script that
+    # loads before setting the device: every rank quantizes onto cuda:0); the peer waits in its first collective.
+    "qlora-weights-on-another-device": ["huggingface/accelerate#1515", "artidoro/qlora#186"],
     # A job past its time limit (the launcher's name); S8's target where the first step's gather hangs.
     "timeout": ["huggingface/transformers#28791"],
     "dora-output-dtype-upcast": ["huggingface/peft#1692"],
@@ -130,6 +133,8 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
     )
     if cpu_over_nccl and ("_get_num_items_in_batch" in traceback or "gather" in traceback):
         return "gather-cpu-tensor-over-nccl"  # transformers#39896: the Trainer's token count, over NCCL alone
+    if "loaded in 8-bit or 4-bit precision on a different device than the one you're training on" in message:
+        return "qlora-weights-on-another-device"
     if "element 0 of tensors does not require grad" in message:
         return "no-grad-element-0"
     if "Input weight should be of type nn.Parameter" in message or "should be of type nn.Parameter" in message:

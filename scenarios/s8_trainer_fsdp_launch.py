@@ -11,8 +11,13 @@ moved the count to the device first (4.57.0). The harness's own worker starts a 
 hides exactly this, so this scenario starts no group through the runtime (`"process_group": "scenario"`): each job
 starts it as its config says and ends it.
 
-The target is either way the first step dies of that gather: a hang (the job's timeout, with every rank's Python
-stack and the collective each waits in) or the NCCL refusal. The config space is what users vary on this path
+The target is the run not getting past its first step because of how it was started, in the three ways measured:
+a hang (the job's timeout, with every rank's Python stack and the collective each waits in); the NCCL refusal of
+the gather; and, found on two H100s with the 2025-11-14 stack, `qlora-weights-on-another-device`: a script that
+loads the 4-bit model before any device is set quantizes every rank's weights onto cuda:0, accelerate refuses on
+rank 1 ("loaded in 8-bit or 4-bit precision on a different device", accelerate#1515) while rank 0, whose weights
+are on its own GPU, goes on and waits for rank 1 until the job's time limit: a hang from one rank's error (the
+reporter's rank 0 waited in the first step's token-count gather). The config space is what users vary on this path
 (`scenarios/kit/trainer_launch.py`): who starts the group, model before or after the TrainingArguments, QLoRA or a
 bf16 LoRA base, LoRA or DoRA, targets as a list or `all-linear`, `task_type`, batch size, a list of dicts or a
 torch Dataset, gradient checkpointing (off, the release's default, reentrant, non-reentrant), peft's wrap of the
@@ -42,13 +47,14 @@ SPEC = {
     "requires": ["torch", "transformers", "peft", "accelerate"],
     # The runtime starts no process group: the job starts it as the config's script does.
     "process_group": "scenario",
-    "target": ["gather-cpu-tensor-over-nccl", "timeout"],
+    "target": ["qlora-weights-on-another-device", "gather-cpu-tensor-over-nccl", "timeout"],
     "controls": [{"launch": "trainer"}],
     "variants": {
         "baseline": ("baseline", "the config as drawn: what a user of this stack writes by default"),
         "trainer_starts_group": ("fix", "no init_process_group of the script's own: the Trainer starts the group"),
         "gloo_beside_nccl": ("fix", "init_process_group('cpu:gloo,cuda:nccl'): a CPU backend beside NCCL"),
         "set_device_first": ("fix", "torch.cuda.set_device(local_rank) and device_id= before init_process_group"),
+        "device_map_local": ("fix", "from_pretrained(device_map={'': local_rank}): each rank loads onto its own GPU"),
         "no_token_averaging": ("fix", "TrainingArguments(average_tokens_across_devices=False): no token-count gather"),
         "use_orig_params": ("workaround", "fsdp_config use_orig_params=True"),
     },
@@ -126,6 +132,8 @@ def _apply_variant(cfg: dict, variant: str) -> tuple[dict, dict]:
         elif fix == "set_device_first":
             measured.require(cfg["launch"] == "script_nccl", "the script starts no device-less group here")
             cfg["launch"] = "script_device"
+        elif fix == "device_map_local":
+            cfg["device_map_local"] = True
         elif fix == "no_token_averaging":
             from dataclasses import fields
 

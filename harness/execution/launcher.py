@@ -430,6 +430,13 @@ def _watch(spec: LaunchSpec, launch: Launch) -> Iterator[JobResult]:
             result = _combine(current, partial)
             missing = sorted(set(readers) - set(partial))
             result.detail["ranks_without_result"] = missing
+            if missing and not exited:
+                # The peers still run: they wait for the failed rank (in the collective their stacks name). That
+                # wait is what a user sees as a hang, so the record keeps where each of them waited.
+                stacks = hang_stacks({r: pids[r] for r in missing if r in pids}, out_dir)
+                if stacks:
+                    result.detail["rank_stacks"] = {str(r): text for r, text in sorted(stacks.items())}
+                    result.detail["waiting_in"] = {str(r): w for r, w in sorted(waiting_in(stacks).items())}
             result.detail["stderr_tail"] = _stderr_tail(out_dir, missing or sorted(partial))
             if exited and missing:
                 survivors = result.detail.get("message", "")
@@ -596,13 +603,17 @@ def _size(path: Path) -> int:
 
 
 def _combine(index: int, by_rank: dict[int, dict[str, Any]]) -> JobResult:
-    """A distributed job fails if any rank failed; report the first failing rank's exception."""
-    failing = [(rank, e) for rank, e in sorted(by_rank.items()) if e["status"] != "pass"]
+    """A distributed job fails if any rank failed; report the failure that came first (the shortest job: a peer
+    that failed later in a collective, 'Connection closed by peer', failed because of it), the lowest rank of ties."""
+    failing = sorted(
+        ((rank, e) for rank, e in by_rank.items() if e["status"] != "pass"),
+        key=lambda item: (round(float(item[1].get("duration_s") or 0.0), 1), item[0]),
+    )
     rank, event = failing[0] if failing else min(by_rank.items())
     detail = {k: v for k, v in event.items() if k not in ("event", "index", "uid", "status")}
     detail["rank"] = rank
     if len(by_rank) > 1:
-        detail["ranks_failed"] = [r for r, _ in failing]
+        detail["ranks_failed"] = sorted(r for r, _ in failing)
     return JobResult(index, event["status"], detail, max(e.get("duration_s", 0.0) for e in by_rank.values()))
 
 

@@ -25,6 +25,7 @@ OPTIONAL_DETAIL = (
     "waiting_in",
     "ranks_without_stack",
     "ranks_deaf_to_sigusr1",
+    "ranks_without_result",
     "setup",
 )
 
@@ -53,6 +54,8 @@ class Outcome(TypedDict, total=False):
     ranks_without_stack: list[int]
     #: Timeouts: ranks that wrote nothing on SIGUSR1 (their stack, if any, came with SIGABRT).
     ranks_deaf_to_sigusr1: list[int]
+    #: Distributed jobs: ranks that gave no result while another rank failed (they hung, or died).
+    ranks_without_result: list[int]
     attempts: list[dict[str, Any]]
     shrink: dict[str, Any]
     minimal_config: dict[str, Any]

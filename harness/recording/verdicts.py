@@ -26,6 +26,14 @@ def matches(signature: str | None, patterns: list[str]) -> bool:
     return any(signature.startswith(p[:-1]) if p.endswith("*") else signature == p for p in patterns)
 
 
+def control_label(config: dict[str, Any] | None, controls: list[dict[str, Any]]) -> str:
+    """The control a config is, as its spec entry reads ('use_dora=False')."""
+    for control in controls:
+        if all((config or {}).get(k) == v for k, v in control.items()):
+            return ", ".join(f"{k}={v}" for k, v in control.items())
+    return "?"
+
+
 def is_control(config: dict[str, Any] | None, controls: list[dict[str, Any]]) -> bool:
     """A control config has every key/value of one of the scenario's control tables."""
     return any(all((config or {}).get(k) == v for k, v in control.items()) for control in controls)
@@ -48,7 +56,8 @@ class Verdict:
     #: Other failures of the baseline: signature -> configs.
     others: dict[str, int] = field(default_factory=dict)
     controls_total: int = 0
-    controls_failed: dict[str, int] = field(default_factory=dict)
+    #: (signature, which control) -> how many.
+    controls_failed: dict[tuple[str, str], int] = field(default_factory=dict)
     ran: dict[str, Any] = field(default_factory=dict)
     first_signature: str | None = None
     #: Baseline configs that are not evidence here (not applicable: the machine could not run the declared
@@ -105,8 +114,15 @@ def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdi
         target_records=hits,
         candidates=len(candidates),
         others=dict(Counter(r.get("signature") or r["outcome"] for r in [*failing, *unusable] if r not in hits)),
-        controls_total=len([r for r in controls if r["outcome"] != "skip"]),
-        controls_failed=dict(Counter(r.get("signature") or r["outcome"] for r in controls if r["outcome"] in BAD)),
+        # A control whose environment could not run it (env-broken, install-failed) is no evidence either way.
+        controls_total=len([r for r in controls if r["outcome"] != "skip" and r["outcome"] not in UNUSABLE]),
+        controls_failed=dict(
+            Counter(
+                (str(r.get("signature") or r["outcome"]), control_label(r.get("config"), controls_spec))
+                for r in controls
+                if r["outcome"] in BAD and r["outcome"] not in UNUSABLE
+            )
+        ),
         ran=_how_it_ran(base),
         inapplicable=inapplicable,
         inapplicable_ids=inapplicable_ids,
@@ -161,7 +177,14 @@ def headline(v: Verdict, spec: dict[str, Any] | None, code: Format = str, text: 
         lines.append("other failures: " + ", ".join(f"{code(s)} ({n})" for s, n in _by_count(v.others)))
     lines += _inapplicable_line(v, text)
     if v.controls_total and v.controls_failed:
-        failed = ", ".join(f"{code(s)} ({n})" for s, n in _by_count(v.controls_failed))
+        target = list((spec or {}).get("target") or [])
+
+        def said(key: tuple[str, str], count: int) -> str:
+            signature, label = key
+            mode = "the target" if target and matches(signature, target) else "not the target"
+            return f"{code(signature)} on {text(label)} ({count}, {mode})"
+
+        failed = ", ".join(said(key, n) for key, n in _by_count(v.controls_failed))
         lines.append(f"controls: FAIL {sum(v.controls_failed.values())}/{v.controls_total} {failed}")
     elif v.controls_total:
         lines.append(f"controls: pass {v.controls_total}/{v.controls_total}")
@@ -190,7 +213,7 @@ def _word(records: list[dict[str, Any]], signature: str) -> str:
     return next(r["outcome"] for r in records if r["signature"] == signature).upper()
 
 
-def _by_count(counts: dict[str, int]) -> list[tuple[str, int]]:
+def _by_count(counts: dict[Any, int]) -> list[tuple[Any, int]]:
     return sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0])))
 
 

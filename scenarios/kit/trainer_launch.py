@@ -170,6 +170,8 @@ def load_model(cfg: dict[str, Any], ctx: dict[str, Any]) -> Any:
     del model
     dtype = torch.bfloat16
     kwargs: dict[str, Any] = dict(dtype_kwarg(dtype))
+    if cfg.get("device_map_local") and ctx.get("device") == "cuda":
+        kwargs["device_map"] = {"": int(ctx.get("local_rank", 0))}  # the fix: each rank loads onto its own GPU
     if cfg["quant"] == "4bit":
         measured.require(compat.version_of("bitsandbytes") is not None, "bitsandbytes is not installed in this cell")
         from transformers import BitsAndBytesConfig

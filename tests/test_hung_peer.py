@@ -1,0 +1,70 @@
+"""A distributed job where one rank raises and the other waits for it in a collective: the record keeps the error,
+which ranks gave no result, and where each of them waited (the hang a user sees), with real torchrun and gloo."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.execution.launcher import Job, LaunchSpec, run_jobs
+
+PEER = textwrap.dedent(
+    """
+    import torch, torch.distributed as dist
+    def run(config, variant, ctx):
+        if ctx["rank"] == 1:
+            raise ValueError("You can't train a model that has been loaded in 8-bit or 4-bit precision on a "
+                             "different device than the one you're training on.")
+        dist.recv(torch.zeros(1), src=1)  # rank 0 goes on into its first collective and waits for rank 1 for ever
+        return {"metrics": {}}
+    """
+)
+
+
+def _spec(tmp_path: Path, stop_after_failure: bool) -> LaunchSpec:
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions, default_envs_dir
+    from harness.paths import MATRIX_DIR
+    from harness.tools.script_stacks import pinned_stack
+
+    ci = load_profile("ci", MATRIX_DIR)
+    stack = pinned_stack(ci, "torch", {"torch": ci.axes["torch"][0]}, [], InstallOptions(envs_dir=default_envs_dir()))
+    assert stack.python is not None, stack.failure
+    (tmp_path / "peer_scenario.py").write_text(PEER)
+    return LaunchSpec(
+        python=stack.python,
+        module="peer_scenario",
+        preload=(),
+        device="cpu",
+        world_size=2,
+        env={"PYTHONPATH": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""},
+        workdir=tmp_path / "work",
+        job_timeout_s=15,
+        start_timeout_s=120,
+        stop_after_failure=stop_after_failure,
+        distributed=True,
+    )
+
+
+@pytest.mark.matrix
+def test_a_rank_that_waits_for_a_failed_peer_leaves_its_stack(tmp_path: Path) -> None:
+    """The failed rank stays up (a worker that re-synchronises, as NCCL ranks stay in their teardown): its peer
+    waits until the job's time limit, and the record says where."""
+    [result] = list(run_jobs(_spec(tmp_path, stop_after_failure=False), [Job(0, {}, "baseline")]))
+    assert result.status == "exception"
+    assert "different device" in result.detail["message"]
+    assert result.detail["ranks_without_result"] == [0]
+    assert result.detail["waiting_in"] == {"0": "recv"}
+    assert "peer_scenario.py" in result.detail["rank_stacks"]["0"]
+
+
+@pytest.mark.matrix
+def test_the_first_rank_to_fail_names_the_failure(tmp_path: Path) -> None:
+    """The failed rank exits (gloo then breaks its peer's wait with 'Connection closed by peer'): the record names
+    the failure that came first, not its consequence on the other rank."""
+    [result] = list(run_jobs(_spec(tmp_path, stop_after_failure=True), [Job(0, {}, "baseline")]))
+    assert result.status == "exception"
+    assert "different device" in result.detail["message"], result.detail["message"]
+    assert result.detail["rank"] == 1
