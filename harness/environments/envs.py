@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -399,8 +400,10 @@ def _leave_out_unimportable(python: Path, overlay: Path, optional: tuple[str, ..
         proc = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True, text=True, env=env)
         if proc.returncode == 0:
             continue
-        lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
-        left[name.lower()] = f"import {module} fails here: " + (lines[-1][:300] if lines else f"exit {proc.returncode}")
+        lines = [line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+        raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception)\b", line)]  # the exception line
+        said = (raised or lines or [f"exit {proc.returncode}"])[-1][:300]
+        left[name.lower()] = f"import {module} fails here: {said}"
         for dist in dists:
             for line in (dist / "RECORD").read_text().splitlines() if (dist / "RECORD").is_file() else []:
                 top = line.split(",", 1)[0].split("/", 1)[0]

@@ -45,13 +45,32 @@ def dated_verdicts(
 
 
 def dated_by_device(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The dated records of each device ("cpu", "cuda"): a CPU atlas and a GPU atlas are two atlases, never
-    one (their stacks differ: the era's torch on CPU, the node's fixed torch on a GPU)."""
+    """The dated records of each atlas: "cpu", "cuda" (one GPU) and "cuda-ws<N>" (N GPUs of one node). A CPU atlas
+    and a GPU atlas are two atlases, never one (their stacks differ: the era's torch on CPU, the node's fixed torch
+    on a GPU), and so are one GPU and several: a profile whose distributed scenarios ran at N ranks on N GPUs."""
     found: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         if (record.get("pins") or {}).get(DATE_AXIS):
-            found[str((record.get("hardware") or {}).get("device") or "cpu")].append(record)
+            found[atlas_of(record)].append(record)
     return dict(sorted(found.items()))
+
+
+def atlas_of(record: dict[str, Any]) -> str:
+    """Which atlas a dated record belongs to (see `dated_by_device`)."""
+    hardware = record.get("hardware") or {}
+    device = str(hardware.get("device") or "cpu")
+    gpus = int(hardware.get("gpu_count") or 0)
+    return f"{device}-ws{gpus}" if device == "cuda" and gpus > 1 else device
+
+
+def atlas_words(atlas: str) -> str:
+    """'on CPU', 'on one GPU', 'on 2 GPUs (world size 2)'."""
+    if atlas == "cpu":
+        return "on CPU"
+    if atlas == "cuda":
+        return "on one GPU"
+    count = atlas.rsplit("ws", 1)[-1]
+    return f"on {count} GPUs (world size {count})"
 
 
 def held_torch(records: list[dict[str, Any]]) -> str | None:
@@ -116,7 +135,7 @@ def plot_timeline(
     ax.set_xticks([i + 0.48 for i in range(len(dates))], stack_labels, fontsize=6.5)
     ax.xaxis.tick_top()
     fixed = held_torch(records)
-    where = "on one GPU, torch fixed at " + fixed if fixed else ("on one GPU" if device == "cuda" else "on CPU")
+    where = atlas_words(device) + (f", torch fixed at {fixed}" if fixed else "")
     ax.set_title(
         f"Target outcome per install date, {where} (the stack installed that day above each column).\n"
         "Red: the target failure on k/n seed configs (F: a fix removes it, W: only a workaround). "

@@ -82,7 +82,10 @@ def _shown(found: Any, state: str) -> str:
 
 
 def disagreements_markdown(
-    cpu_records: list[dict[str, Any]], gpu_records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]
+    cpu_records: list[dict[str, Any]],
+    gpu_records: list[dict[str, Any]],
+    specs: dict[str, dict[str, Any]],
+    gpu_words: str = "on one GPU",
 ) -> str:
     """The side-by-side section, or nothing when either atlas is missing."""
     if not cpu_records or not gpu_records:
@@ -93,9 +96,9 @@ def disagreements_markdown(
     gpu_days = {(r.get("pins") or {}).get("date") for r in gpu_records}
     lines = [
         "",
-        "## Where the CPU and GPU atlases disagree",
+        "## Where the CPU and GPU atlases disagree" + ("" if gpu_words == "on one GPU" else f" ({gpu_words})"),
         "",
-        f"Same install days, two machines: on CPU every package is the era's (torch included); on one GPU torch is "
+        f"Same install days, two machines: on CPU every package is the era's (torch included); {gpu_words} torch is "
         f"fixed at {md(fixed)} and the day's other packages are layered over it. Each row is a scenario and day "
         "whose target outcome differs, with the reason. Days only one side ran: "
         + (", ".join(md(d) for d in sorted((cpu_days ^ gpu_days) - {None})) or "none")

@@ -34,7 +34,7 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
     from harness.publishing.publish import changes_markdown, changes_since_previous
 
     text += changes_markdown(changes_since_previous(results_dir, selection))
-    from harness.publishing.atlas import dated_by_device, flips_markdown, held_torch, newest_flips
+    from harness.publishing.atlas import atlas_words, dated_by_device, flips_markdown, held_torch, newest_flips
     from harness.publishing.device_compare import disagreements_markdown
 
     flips = newest_flips(results_dir, selection.run_ids)
@@ -42,9 +42,14 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
     flips_of = {device: [f for f in flips if f["run_id"] in {r["run_id"] for r in rs}] for device, rs in dated.items()}
     for device, records in dated.items():
         fixed = held_torch(records)
-        where = "the history run" if device == "cpu" else f"the GPU history run (torch fixed at {fixed or '?'})"
+        where = (
+            "the history run"
+            if device == "cpu"
+            else f"the GPU history run {atlas_words(device)} (torch fixed at {fixed or '?'})"
+        )
         text += flips_markdown(flips_of[device], records, specs, where)
-    text += disagreements_markdown(dated.get("cpu", []), dated.get("cuda", []), specs)
+    for device in [d for d in dated if d.startswith("cuda")]:
+        text += disagreements_markdown(dated.get("cpu", []), dated[device], specs, atlas_words(device))
     output = output or results_dir / "COMPATIBILITY.md"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
@@ -62,9 +67,9 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
         from harness.publishing.atlas import plot_s5_history, plot_timeline
 
         for device, records in dated.items():
-            name = (
-                "history-timeline.png" if device == "cpu" else f"{device.replace('cuda', 'gpu')}-history-timeline.png"
-            )
+            # cpu: history-timeline.png; cuda: gpu-history-timeline.png; cuda-ws2: gpu-ws2-history-timeline.png
+            prefix = "" if device == "cpu" else device.replace("cuda", "gpu") + "-"
+            name = f"{prefix}history-timeline.png"
             plot_timeline(records, specs, flips_of[device], results_dir / name, device)
         plot_s5_history(dated.get("cpu", []), results_dir / "history-s5-ratio.png")
     return output
