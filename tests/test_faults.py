@@ -130,10 +130,24 @@ def test_broken_wheelhouse_is_install_failed(tmp_path: Path) -> None:
     assert observed == {"install-failed"}
 
 
+def _as_a_background_job() -> None:
+    """What a shell without job control gives a background command (`nohup ... &`, a job script): SIGINT ignored.
+    The harness must stop on SIGINT all the same, so the test does not depend on what its own runner inherited."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def test_sigint_stops_cleanly_with_a_partial_table(tmp_path: Path) -> None:
     results = tmp_path / "results"
     command = matrix_command("ci", str(results))
-    proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=_as_a_background_job,
+    )
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         found = list(results.glob("runs/*/records.jsonl"))
@@ -228,3 +242,40 @@ def test_truncated_last_line_is_repaired_on_resume(tmp_path: Path) -> None:
     observed = f"{len(records)} records, valid" if all(isinstance(r, dict) for r in records) else "damaged"
     record_fault("truncated last JSONL line", "2 records, valid", observed)
     assert [r["config_id"] for r in records] == ["1", "2"]
+
+
+def test_sigint_stops_run_script_started_as_a_background_job(tmp_path: Path) -> None:
+    """run-script (and so bisect-script's runs) with SIGINT ignored, as `nohup ... &` starts it: SIGINT still
+    stops it with exit 130, and the script it started does not outlive it."""
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run-script", str(script), "--timeout", "300"],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=_as_a_background_job,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(
+        "sleeps.py" in " ".join(_cmdline(p)) for p in processes_started_by(proc.pid)
+    ):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    time.sleep(1)
+    orphans = processes_started_by(proc.pid)
+    record_fault(
+        "SIGINT to run-script started with SIGINT ignored", "exit 130", f"exit {proc.returncode}", orphans=len(orphans)
+    )
+    assert proc.returncode == 130, out + err
+    assert orphans == []
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+    except OSError:
+        return []

@@ -157,3 +157,28 @@ def test_a_cell_shared_by_two_profiles_keeps_its_flaky_mark(tmp_path: Path) -> N
     records, flaky = select_runs(tmp_path).latest()
     assert sorted(r["cell"] for r in records) == ["c@gpu", "c@history"]
     assert flaky == {("c@gpu", "S1-x", "baseline", "c1")}
+
+
+def test_not_applicable_counts_come_from_the_not_applicable_records() -> None:
+    """Only records set aside as not applicable count: one renamed from fail to env-broken at report time is a
+    changed outcome, but not a not-applicable one (the count once mixed the two)."""
+    from harness.publishing.report import changed_at_run_line
+
+    records = [
+        {"signature": "not-applicable", "outcome": "skip", "outcome_at_run": "fail"},
+        {"signature": "not-applicable", "outcome": "skip"},  # set aside when it was written
+        {"signature": "env-broken-ImportError", "outcome": "env-broken", "outcome_at_run": "fail"},
+        {"signature": None, "outcome": "pass"},
+    ]
+    assert changed_at_run_line(records).startswith("2 records are not applicable; 1 of them had another outcome")
+
+
+def test_the_published_not_applicable_line_matches_the_committed_records(repo_root: Path) -> None:
+    from harness.publishing.report import changed_at_run_line, select_runs
+
+    records = select_runs(repo_root / "results").latest()[0]
+    aside = [r for r in records if r.get("signature") == "not-applicable"]
+    changed = [r for r in aside if r.get("outcome_at_run") not in (None, "skip")]
+    line = changed_at_run_line(records)
+    assert line.startswith(f"{len(aside)} records are not applicable; {len(changed)} of them")
+    assert line in (repo_root / "results" / "COMPATIBILITY.md").read_text()

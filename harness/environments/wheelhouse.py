@@ -106,7 +106,8 @@ def build_sdists(lines: list[str], dest: Path, torch: str) -> None:
             )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's options (also read by the test that runs every documented command as written)."""
     parser = argparse.ArgumentParser(prog="compat-matrix wheelhouse", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="gpu")
     parser.add_argument("--python", default="3.12", help="target python version of the node")
@@ -141,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE.tar.xz",
         help="on the node: write a pack's wheels into --dest, byte for byte the files that were packed",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.unpack is not None:
         if args.dest is None:

@@ -237,6 +237,17 @@ def _provenance(selection: Selection) -> list[str]:
     return [*lines, ""]
 
 
+def changed_at_run_line(records: list[dict[str, Any]]) -> str:
+    """How many of the not-applicable records were something else when they were written (today's applicability
+    rules set them aside since): counted among the not-applicable records only."""
+    aside = [r for r in records if r.get("signature") == "not-applicable"]
+    changed = sum(1 for r in aside if r.get("outcome_at_run") not in (None, "skip"))
+    return (
+        f"{len(aside)} records are not applicable; {changed} of them had another outcome at run time "
+        "(judged again with today's rules), the others were set aside when they were written."
+    )
+
+
 def _inapplicable_section(records: list[dict[str, Any]]) -> list[str]:
     """Records that are no evidence about the stack, by scenario and reason: what the job reported and why it is
     not counted (`scenarios/applicability.py`, applied when the record was written and again today)."""
@@ -257,9 +268,7 @@ def _inapplicable_section(records: list[dict[str, Any]]) -> list[str]:
     ]
     if not rows:
         return [*lines, "None.", ""]
-    changed = sum(1 for r in records if r.get("outcome_at_run"))
-    if changed:
-        lines += [f"{changed} of these records had another outcome at run time (judged again with today's rules).", ""]
+    lines += [changed_at_run_line(records), ""]
     lines += ["| scenario | the job reported | why not applicable | records |", "|---|---|---|---|"]
     lines += [f"| {md(sid)} | {md(reported)} | {md(why)} | {n} |" for (sid, reported, why), n in rows.items()]
     return [*lines, ""]

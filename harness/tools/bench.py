@@ -267,7 +267,8 @@ def bench_history_cell(workdir: Path, run_id: str, day: str) -> dict[str, object
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's options (also read by the test that runs every documented command as written)."""
     parser = argparse.ArgumentParser(prog="compat-matrix bench", description=__doc__.splitlines()[0])
     parser.add_argument("--configs", type=int, default=8, help="S3 configs for the worker benchmark (>= 2)")
     parser.add_argument("--skip-env", action="store_true", help="skip the environment-build benchmark")
@@ -295,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="only: the site's first render in headless Chromium, today's split layout vs one inline page (5 loads)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.first_run or args.history_cell or args.site:
         return _only(args)

@@ -121,6 +121,11 @@ def run_script(
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _stop_with_stacks(proc, token)
+            except BaseException:
+                # Ctrl-C, SIGTERM: nothing the run started outlives it (torchrun's ranks run in sessions of their own).
+                kill_token(token, grace_s=2)
+                proc.wait()
+                raise
         seconds = time.monotonic() - start
         stderr = err_path.read_text(errors="replace")
         ranks = _rank_logs(logs) if distributed else {}
