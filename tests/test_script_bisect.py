@@ -243,3 +243,28 @@ def test_a_match_that_no_run_shows_names_nothing(tmp_path: Path) -> None:
     # The InvalidVersion failure is there, and is reported as a different one, not taken for the one asked about.
     assert [s["state"] for s in verdict["scan"]] == ["pass", "other"]
     assert not (tmp_path / "results" / "script-bisect" / "user_script" / "issue.md").exists()
+
+
+def test_committed_issue_bodies_name_a_stack_that_ran(repo_root: Path) -> None:
+    """Every committed verdict's issue body regenerates byte for byte, and its System Info lists the versions of a
+    run in runs.jsonl that failed (and, beside them, of one that passed): never a day's stack with the package's
+    release swapped in by hand."""
+    import json
+
+    from harness.publishing.upstream import ran_pair, script_report
+
+    folders = [d for d in sorted((repo_root / "results" / "script-bisect").iterdir()) if (d / "issue.md").is_file()]
+    assert folders
+    for folder in folders:
+        body = script_report(folder)
+        assert body == (folder / "issue.md").read_text(), f"{folder.name}: issue.md is stale"
+        verdict = json.loads((folder / "verdict.json").read_text())
+        flip = next(f for f in verdict["flips"] if f["package"] and f["first_release"])
+        runs = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
+        failing, passing = ran_pair(flip, runs)
+        assert failing is not None and failing["outcome"] in ("fail", "timeout"), folder.name
+        assert failing["key"] in {r["key"] for r in runs}
+        versions = failing["stack"]["versions"]
+        good = (passing or {}).get("stack", {}).get("versions", {})
+        for name in ("torch", "transformers", "peft", "accelerate"):
+            assert f"| `{name}` | {versions[name]} | {good.get(name, '-')} |" in body, (folder.name, name)

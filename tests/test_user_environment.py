@@ -51,3 +51,22 @@ def test_check_workers_import_a_package_from_the_users_pythonpath(tmp_path: Path
     assert done.returncode == 0, out
     assert "F2-pythonpath" in out and "not reproduced (1)" in out, out
     assert "ModuleNotFoundError" not in out and "other failures" not in out, out
+
+
+def test_run_script_sees_the_users_pythonpath(tmp_path: Path) -> None:
+    """run-script runs the script here, as the user would: their PYTHONPATH after any --pythonpath overlay."""
+    target = tmp_path / "site"
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--target", str(target),
+         str(_wheel(tmp_path))],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    script = tmp_path / "uses_it.py"
+    script.write_text("import compat_matrix_target_probe\nassert compat_matrix_target_probe.VALUE == 42\n")
+    env = dict(os.environ, PYTHONPATH=str(target))
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "run-script", str(script), "--timeout", "120"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and "uses_it.py (1 rank(s)): pass" in done.stdout, done.stdout + done.stderr

@@ -118,27 +118,26 @@ PROJECTS = {
 }
 
 
-def script_issue_body(verdict: dict[str, Any], script: str, flip: dict[str, Any]) -> str:
-    """The issue body (Markdown) for a user script's failure that a bisect pinned on one release."""
+def script_issue_body(verdict: dict[str, Any], script: str, flip: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+    """The issue body (Markdown) for a user script's failure that a bisect pinned on one release. System Info is
+    what really ran: the first failing run's versions beside the last passing run's (the packages that matter first,
+    every package of the failing run folded away), never a day's stack with one version swapped in by hand."""
     package, first, last = flip["package"], flip["first_release"], flip["last_release_before"]
-    failing = flip["newer"] if flip["newer_state"] == "target" else flip["older"]
-    versions = next((s["versions"] for s in verdict["scan"] if s["label"] == failing), {})
     distributed = verdict.get("torchrun", verdict["nproc"] > 1)
     launch = f"torchrun --nproc-per-node {verdict['nproc']} " if distributed else "python "
     started = flip["newer_state"] == "target"
     held = ", ".join(f"{p}=={v}" for p, v in flip["held"].items() if p in PINNED_PACKAGES)
     project = PROJECTS.get(package)
     where = f"https://github.com/{project}/issues/new" if project else f"the {package} project's issue tracker"
-    shown = {**versions, **{p: v for p, v in flip["held"].items() if p not in versions}}
-    shown[package] = first if started else last
+    failing, passing = ran_pair(flip, runs)
     lines = [
         f"<!-- for {where} -->",
         f"**{verdict['target']['error'] or verdict['target']['signature']}** "
         + (f"since {package} {first} (last good: {last})" if started else f"until {package} {first} fixed it"),
         "",
         "### System Info\n",
-        *[f"- `{name}`: {value}" for name, value in shown.items()],
-        f"- launched as `{launch}{verdict['script']}` on CPU",
+        *system_info(failing, passing, script),
+        f"- launched as `{launch}{verdict['script']}` on CPU (world size {verdict['nproc']})",
         "",
         "### Reproduction\n",
         f"`{launch}{verdict['script']}`:",
@@ -167,10 +166,82 @@ def script_issue_body(verdict: dict[str, Any], script: str, flip: dict[str, Any]
     return "\n".join(lines) + "\n"
 
 
+#: Outcomes of a script run that count as the failure side of a flip.
+_FAILED = ("fail", "timeout")
+
+
+def ran_pair(flip: dict[str, Any], runs: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the first failing run, the last passing run) of a flip: the runs with the package at the failing and the
+    passing release, the moved and bisected ones first, then the days' own stacks."""
+    package, first, last = flip["package"], flip["first_release"], flip["last_release_before"]
+    bad, good = (first, last) if flip["newer_state"] == "target" else (last, first)
+
+    def find(version: str, failed: bool) -> dict[str, Any] | None:
+        def versions(run: dict[str, Any]) -> dict[str, str]:
+            return (run.get("stack") or {}).get("versions") or {}
+
+        fits = [r for r in runs if versions(r).get(package) == version and (r.get("outcome") in _FAILED) == failed]
+        moved = [r for r in fits if r.get("phase") in ("move", "bisect") and r["label"].endswith(f"=={version}")]
+        ends = [r for r in fits if r.get("label") in (flip["older"], flip["newer"])]
+        return (moved or ends or fits or [None])[0]
+
+    return find(bad, True), find(good, False)
+
+
+def system_info(failing: dict[str, Any] | None, passing: dict[str, Any] | None, script: str) -> list[str]:
+    """The packages that matter (the matrix's packages, then the script's own imports) as a failing | passing table,
+    and every package of the failing run in a folded block."""
+    bad = ((failing or {}).get("stack") or {}).get("versions") or {}
+    good = ((passing or {}).get("stack") or {}).get("versions") or {}
+    names = [n for n in ("python", *PINNED_PACKAGES) if n in bad or n in good]
+    names += [n for n in _imported_distributions(script, bad) if n not in names]
+    said = f"First failing run (`{(failing or {}).get('label', '?')}`)"
+    said += f" and the last passing one (`{passing['label']}`):" if passing else " (no passing run of that release):"
+    lines = [said, "", "| package | failing | passing |", "|---|---|---|"]
+    lines += [f"| `{n}` | {bad.get(n, '-')} | {good.get(n, '-')} |" for n in names]
+    if bad:
+        lines += [
+            "",
+            f"<details><summary>Every package of the failing run ({len(bad)})</summary>",
+            "",
+            "```",
+            *[f"{n}=={v}" for n, v in sorted(bad.items()) if n != "python"],
+            "```",
+            "",
+            "</details>",
+            "",
+        ]
+    return lines
+
+
+def _imported_distributions(script: str, versions: dict[str, str]) -> list[str]:
+    """The distributions of the modules the script imports at top level, where the run had them."""
+    import ast
+
+    try:
+        tree = ast.parse(script)
+    except SyntaxError:
+        return []
+    modules: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules.append(node.module.split(".")[0])
+    found = []
+    for module in dict.fromkeys(modules):
+        for name in (module, module.replace("_", "-"), module.lower()):
+            if name in versions and name not in found:
+                found.append(name)
+                break
+    return found
+
+
 def script_report(folder: Path) -> str:
     """The issue body for a bisect-script verdict folder (its verdict.json and the script it ran)."""
     verdict = json.loads((folder / "verdict.json").read_text())
     named = [f for f in verdict["flips"] if f["package"] and f["first_release"]]
     if not named:
         raise UsageError(f"{folder}: the bisect named no release, so there is nothing to report upstream")
-    return script_issue_body(verdict, (folder / "script.py").read_text(), named[0])
+    runs = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
+    return script_issue_body(verdict, (folder / "script.py").read_text(), named[0], runs)

@@ -653,7 +653,8 @@ def command(args: Any) -> int:
     verdict = run(bisect, ends, bad, all_moves=args.all_moves)
     named = [f for f in verdict["flips"] if f["package"] and f["first_release"]]
     if named:
-        (out_dir / "issue.md").write_text(script_issue_body(verdict, args.script.read_text(), named[0]))
+        runs = [json.loads(line) for line in (out_dir / "runs.jsonl").read_text().splitlines() if line.strip()]
+        (out_dir / "issue.md").write_text(script_issue_body(verdict, args.script.read_text(), named[0], runs))
         bisect.say(f"  issue body for {named[0]['package']}: {out_dir / 'issue.md'}")
     bisect.say(f"  verdict: {out_dir / 'verdict.json'}; every run: {out_dir / 'runs.jsonl'}")
     return 0
