@@ -36,7 +36,8 @@ def main(jobs_file: str, out_dir: str) -> int:
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     # And on a fatal signal (SIGABRT is the launcher's second ask, for a rank that did not answer SIGUSR1; a crash
     # in native code): the stacks are written as the process dies.
-    faulthandler.enable(file=sys.stderr, all_threads=True)
+    # Only the thread that died: a crash's own last lines must stay in the record's stderr tail.
+    faulthandler.enable(file=sys.stderr, all_threads=False)
     # "w": a launch directory is never reused, and this file must hold this process's events only.
     events = open(Path(out_dir) / f"events.rank{rank}.jsonl", "w", buffering=1)
 

@@ -519,7 +519,7 @@ def _watch(spec: LaunchSpec, launch: Launch) -> Iterator[JobResult]:
 
 
 STACK_WAIT_S = 2.0
-_DUMP_START = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):", re.M)
+_DUMP_START = re.compile(r"^(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most recent call first\):", re.M)
 #: Collectives a stack can be waiting in (torch.distributed, its c10d internals, DeepSpeed's comm layer).
 COLLECTIVES = (
     "all_reduce",
