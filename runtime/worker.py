@@ -70,7 +70,12 @@ def main(jobs_file: str, out_dir: str) -> int:
         emit({"event": "end", "index": job["index"], "uid": job.get("uid"), **result})
         if number == 0:
             _freeze_heap()  # what the first job imported lazily (deepspeed's and transformers' submodules)
-        if result["status"] != "pass" and world_size > 1:
+        failed = result["status"] != "pass"
+        if world_size > 1 and not owns_group and spec.get("stop_after_failure", True):
+            # A job can fail on some ranks only (a check rank 0 makes alone): every rank learns it, so none goes on
+            # to the next job without its peers (that job would fail for want of them, and read as a crash).
+            failed = _any_rank_failed(failed)
+        if failed and world_size > 1:
             if owns_group and str(result.get("exc_type", "")).endswith(".NotApplicable"):
                 continue  # raised by every rank at the same point, after the scenario ended its own group
             if spec.get("stop_after_failure", True):
@@ -83,6 +88,21 @@ def main(jobs_file: str, out_dir: str) -> int:
             dist.barrier()
     finish_distributed(world_size)
     return 0
+
+
+def _any_rank_failed(failed: bool) -> bool:
+    """Whether this job failed on any rank (True too when the peers cannot be reached any more)."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return failed
+        flag = torch.tensor([1 if failed else 0], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+    except Exception:
+        return True
 
 
 def _freeze_heap() -> None:

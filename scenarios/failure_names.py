@@ -37,6 +37,13 @@ KNOWN_ISSUES: dict[str, list[str]] = {
     # accelerate's refusal when a rank's 4-bit weights sit on another GPU than the one it trains on (a script that
     # loads before setting the device: every rank quantizes onto cuda:0); the peer waits in its first collective.
     "qlora-weights-on-another-device": ["huggingface/accelerate#1515", "artidoro/qlora#186"],
+    # S7: what a user sees when the saved adapter is not the trained one (checks of scenarios/kit/saving.py).
+    "saved_adapter_empty": ["huggingface/peft#970", "tloen/alpaca-lora#446"],
+    "saved_adapter_zero_size": ["huggingface/peft#970"],
+    "saved_adapter_untrained": ["huggingface/accelerate#4206"],
+    "saved_adapter_values_differ": ["huggingface/accelerate#4206"],
+    "saved_adapter_outputs_differ": [],
+    "saved_adapter_load_error": [],
     # A job past its time limit (the launcher's name); S8's target where the first step's gather hangs.
     "timeout": ["huggingface/transformers#28791"],
     "dora-output-dtype-upcast": ["huggingface/peft#1692"],

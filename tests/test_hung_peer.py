@@ -68,3 +68,27 @@ def test_the_first_rank_to_fail_names_the_failure(tmp_path: Path) -> None:
     assert result.status == "exception"
     assert "different device" in result.detail["message"], result.detail["message"]
     assert result.detail["rank"] == 1
+
+
+ONE_RANK = textwrap.dedent(
+    """
+    import torch, torch.distributed as dist
+    def run(config, variant, ctx):
+        t = torch.ones(1)
+        dist.all_reduce(t)  # both ranks take part in the job
+        if variant == "rank0_check" and ctx["rank"] == 0:
+            raise AssertionError("check saved_adapter_empty violated: a check rank 0 makes alone")
+        return {"metrics": {"sum": float(t)}}
+    """
+)
+
+
+@pytest.mark.matrix
+def test_a_failure_on_one_rank_stops_every_rank_before_the_next_job(tmp_path: Path) -> None:
+    """Rank 0 fails a job that rank 1 passes: no rank goes on to the next job without its peer (rank 1 used to,
+    and the next job read as a crash of rank 0); the next job runs in a fresh launch and passes."""
+    spec = _spec(tmp_path, stop_after_failure=True)
+    (tmp_path / "peer_scenario.py").write_text(ONE_RANK)
+    results = list(run_jobs(spec, [Job(0, {}, "rank0_check"), Job(1, {}, "pass"), Job(2, {}, "pass")]))
+    assert [r.status for r in results] == ["exception", "pass", "pass"], [r.detail.get("message") for r in results]
+    assert "a check rank 0 makes alone" in results[0].detail["message"]
