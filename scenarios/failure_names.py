@@ -120,6 +120,9 @@ def upstream(signature: str | None) -> list[str]:
 #: Failures that say the stack's packages cannot run over the torch they were given at all (the era stack of an
 #: old day over a GPU node's fixed torch): the environment is broken, whatever the scenario was about to test.
 CANNOT_RUN_OVER_TORCH = frozenset({"bnb-no-library-for-this-cuda", "bnb-needs-triton-ops"})
+#: ... or on this machine at all (deepspeed before 0.14 has no CPU accelerator without intel_extension_for_pytorch):
+#: whatever a scenario would test there, the stack cannot start.
+CANNOT_RUN_HERE = CANNOT_RUN_OVER_TORCH | {"deepspeed-cpu-needs-ipex"}
 
 
 def name(exc_type: str, message: str, traceback: str = "") -> str | None:
@@ -131,6 +134,8 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         return "bnb-no-library-for-this-cuda"  # bitsandbytes 0.46-0.47: no libbitsandbytes_cuda130.so to call
     if re.search(r"libbitsandbytes_cpu\.\w+: undefined symbol: c\w*quantize", message):
         return "bnb-no-library-for-this-cuda"  # bitsandbytes 0.45 fell back to its CPU library for CUDA tensors
+    if "CPU_Accelerator requires intel_extension_for_pytorch" in message:
+        return "deepspeed-cpu-needs-ipex"  # deepspeed < 0.14 on a machine without CUDA: no accelerator to import
     if "No module named 'triton.ops'" in message:
         return "bnb-needs-triton-ops"  # bitsandbytes 0.43 imports triton.ops, which triton 3.2 (torch 2.6) removed
     if "different metadata than during the forward pass" in message or short == "CheckpointError":

@@ -83,6 +83,19 @@ def test_scenario_seed_does_not_depend_on_the_selection() -> None:
     assert how[s2.id]["seed"] != how[s3.id]["seed"]
 
 
+def test_seed_examples_keeps_the_first_of_a_scenarios_own_examples() -> None:
+    """The ci profile's S7 runs its first seed example only (`seed_examples = 1`, `examples = 0`); another
+    profile without the key runs all of them."""
+    ci = load_profile("ci", REPO_ROOT / "matrix")
+    history = load_profile("history", REPO_ROOT / "matrix")
+    s7 = next(s for s in discover() if s.id.startswith("S7"))
+    hypothesis = HYPOTHESIS_PROFILES["ci"]
+    in_ci, _ = plan_draw_configs(ci, [s7], hypothesis, None, None)
+    assert [p["config"] for p in in_ci[s7.id]] == s7.examples()[:1]
+    everywhere, _ = plan_draw_configs(history, [s7], hypothesis, 0, None)
+    assert [p["config"] for p in everywhere[s7.id]] == s7.examples() and len(s7.examples()) > 1
+
+
 def test_examples_run_first_and_a_drawn_duplicate_is_noted() -> None:
     example = {"r": 16, "dtype": "float32", "layers": 1, "dora": False}
     plan = DrawPlan(seed=1, max_examples=12, count=3)

@@ -245,3 +245,29 @@ def test_kill9_while_a_job_holds_the_gil_leaves_nothing_running(tmp_path: Path) 
         orphans=len(left),
     )
     assert left == []
+
+
+def test_a_resumed_run_keeps_the_slice_it_ran(tmp_path: Path) -> None:
+    """A run started with `--scenario S3` and resumed with `--resume` alone continues S3: it must not add
+    every other scenario of the profile (S2 here) to a run its user sliced on purpose."""
+    results = tmp_path / "results"
+    first = subprocess.run(
+        [*matrix_command(str(PROFILE), str(results)), "--no-report", "--scenario", "S3-*", "--examples", "1"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert first.returncode == 0, first.stdout + first.stderr
+    (run_dir,) = (p for p in (results / "runs").iterdir() if p.is_dir())
+    before = (run_dir / "records.jsonl").read_bytes()
+    resumed = subprocess.run(
+        [*matrix_command(str(PROFILE), str(results)), "--no-report", "--resume", run_dir.name],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "with the slice it ran: 1 scenario (S3-lora-sgd-scaling), 1 cell" in resumed.stdout, resumed.stdout
+    assert ": 0 new records" in resumed.stdout, resumed.stdout
+    assert (run_dir / "records.jsonl").read_bytes() == before
+    assert {r["scenario"] for r in read_records(run_dir / "records.jsonl")} == {"S3-lora-sgd-scaling"}

@@ -64,7 +64,7 @@ _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 #: A probe day of an era-locked profile: the day's stack with one axis package moved ('2025-11-14+transformers-5.0.0'),
 #: its overlay in the profile's era lock (harness/tools/node_flips.py names GPU flips with these).
 PROBE_DAY = re.compile(r"^(?P<day>\d{4}-\d{2}-\d{2})\+(?P<package>[a-z]+)-(?P<version>\d[\w.]*)$")
-SCENARIO_KEYS = {"examples", "job_timeout_s", "variants", "configs", "cells", "single_rank"}
+SCENARIO_KEYS = {"examples", "seed_examples", "job_timeout_s", "variants", "configs", "cells", "single_rank"}
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,8 @@ class ScenarioSettings:
     """Per-scenario overrides from `[scenario."<id>"]`."""
 
     examples: int | None = None
+    #: Only the first N of the scenario's own seed examples (a mini matrix that needs one of them, not all).
+    seed_examples: int | None = None
     job_timeout_s: float | None = None
     variants: tuple[str, ...] | None = None
     configs: tuple[dict[str, Any], ...] = ()
@@ -566,6 +568,9 @@ def _parse_scenarios(shown: str, raw: Any) -> dict[str, ScenarioSettings]:
         variants = body.get("variants")
         parsed[scenario_id] = ScenarioSettings(
             examples=_non_negative_int(shown, f"{key}.examples", body["examples"]) if "examples" in body else None,
+            seed_examples=_non_negative_int(shown, f"{key}.seed_examples", body["seed_examples"])
+            if "seed_examples" in body
+            else None,
             job_timeout_s=_positive_number(shown, f"{key}.job_timeout_s", body["job_timeout_s"])
             if "job_timeout_s" in body
             else None,

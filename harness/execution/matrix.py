@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -39,6 +40,9 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
             lock = runs.RunLock.acquire(run_dir) if run_dir is not None else None
             previous = runs.read_meta(run_dir) if run_dir is not None else {}
             _check_resume_options(previous, options, run_dir)
+            options, kept = _resumed_slice(previous, options)
+            if kept:
+                scenario_plan = plan_scenarios(profile, options.scenario_patterns, options.hypothesis_profile)
             if run_dir is not None:
                 read_records(run_dir / "records.jsonl", warn=False)  # a line that is not a record: exit 2 here
             plan = build_plan(
@@ -69,6 +73,8 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
                 # We hold its lock now, so a `running` run's writer is gone: it was interrupted.
                 status = "interrupted" if previous.get("status") == "running" else previous.get("status")
                 _say(stream, f"resuming run {run_dir.name}, status {status} ({why})")
+                if kept:
+                    _say(stream, f"  with the slice it ran: {kept} (pass --scenario or --cell to choose another)")
                 meta = _meta_for_attempt(previous, run_dir.name, plan, options, machine)
                 runs.write_meta(run_dir, meta)
         return execute(plan, options, meta, previous.get("status"), run_dir, machine, stream)
@@ -98,6 +104,32 @@ def _chosen_run(profile: Profile, options: MatrixOptions, digest: str, shard: li
     if options.fresh:
         return None
     return runs.find_resumable(options.results_dir, profile.name, digest, shard)
+
+
+def _resumed_slice(previous: dict[str, Any], options: MatrixOptions) -> tuple[MatrixOptions, str]:
+    """A resumed run continues what it ran: without --scenario it keeps the scenarios it drew, and without
+    --cell (and no --shard or --grow, which choose cells themselves) the cells its attempts ran. A run
+    started with `--scenario S7` must not grow every other scenario of the profile when resumed."""
+    if not previous:
+        return options, ""
+    kept: list[str] = []
+    scenarios, cells = options.scenario_patterns, options.cell_patterns
+    if scenarios is None:
+        from harness.define.registry import discover
+
+        known = {s.id for s in discover()}
+        drawn = tuple(s for s in previous.get("configs") or {} if s in known)
+        if drawn:
+            scenarios = drawn
+            kept.append(f"{len(drawn)} scenario{'s' if len(drawn) != 1 else ''} ({', '.join(drawn)})")
+    if cells is None and not options.shard and not options.grow:
+        ran = tuple(
+            dict.fromkeys(c for a in previous.get("attempts") or [] for c in (a.get("slice") or {}).get("cells") or [])
+        )
+        if ran:
+            cells = ran
+            kept.append(f"{len(ran)} cell{'s' if len(ran) != 1 else ''}")
+    return replace(options, scenario_patterns=scenarios, cell_patterns=cells), ", ".join(kept)
 
 
 def _resolved_axes(profile: Profile, previous: dict[str, Any], options: MatrixOptions) -> dict[str, list[str]] | None:

@@ -126,9 +126,10 @@ def draw_configs(
             count = (settings.examples if settings.examples is not None else profile.examples_per_scenario) * factor
         draw = draws.draw_plan(profile.hypothesis_seed, scenario.id, count)
         remembered = draws.remembered_configs(scenario.strategy(), draw, example_db, scenario.id)
-        planned[scenario.id] = draws.plan_configs(
-            scenario.examples(), list(settings.configs), scenario.strategy(), draw, remembered
-        )
+        own = scenario.examples()
+        if settings.seed_examples is not None:
+            own = own[: settings.seed_examples]
+        planned[scenario.id] = draws.plan_configs(own, list(settings.configs), scenario.strategy(), draw, remembered)
         how[scenario.id] = {"seed": draw.seed, "max_examples": draw.max_examples, "count": draw.count}
     return planned, how
 

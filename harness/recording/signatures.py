@@ -130,7 +130,7 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
         return Classified("crash", crash_signature(detail))
     if status == "env-broken":
         named = failure_names.name(detail.get("exc_type", ""), detail.get("message", ""), detail.get("traceback", ""))
-        if named in failure_names.CANNOT_RUN_OVER_TORCH:
+        if named in failure_names.CANNOT_RUN_HERE:
             return Classified("env-broken", named)
         missing = re.search(r"No module named '([\w.]+)'", detail.get("message", ""))
         module = f"[{missing.group(1)}]" if missing else ""  # which module: the user can install just that one
@@ -155,8 +155,9 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
         return Classified("error", "scenario-bug-" + _short_type(detail.get("exc_type", "")), classified=False)
     signature = exception_signature(detail.get("exc_type", ""), detail.get("message", ""), detail.get("traceback", ""))
     known = failure_names.upstream(signature)
-    if signature in failure_names.CANNOT_RUN_OVER_TORCH:
-        # The stack cannot load over this torch: the environment is broken, not the scenario's failure mode.
+    if signature in failure_names.CANNOT_RUN_HERE:
+        # The stack cannot load over this torch (or on this machine): the environment is broken, not the
+        # scenario's failure mode.
         return Classified("env-broken", signature, known)
     return Classified("fail", signature, known, classified=not signature.startswith("unclassified-"))
 
