@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.errors import UsageError
+from harness.errors import Terminated, UsageError
 from harness.execution import hardware
 from harness.paths import MATRIX_DIR, RESULTS_DIR
 from harness.publishing.stage import NothingToReport, write_report
@@ -409,12 +409,6 @@ def default_profile() -> str:
     if hardware.visible_gpus() and (MATRIX_DIR / "gpu.toml").is_file():
         return "gpu"
     return "cpu"
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C: records kept, meta says interrupted, the partial table written."""
-
-    signal_name = "SIGTERM"
 
 
 def _on_sigterm(signum: int, frame: object) -> None:

@@ -172,6 +172,37 @@ def test_sigint_stops_cleanly_with_a_partial_table(tmp_path: Path) -> None:
     assert final[: len(survived)] == survived and len({record_key(r) for r in final}) == len(final)
 
 
+def test_sigint_stops_a_bisect_between_or_inside_its_probes(tmp_path: Path) -> None:
+    """A bisect (or flips) runs each probe as a matrix run, which keeps its records on Ctrl-C and returns: the
+    search must stop there too (exit 130, no verdict from an unfinished probe), not go on to the next release
+    and end "no flip" with exit 0. Started with SIGINT ignored, as a background job is."""
+    resume_profile = REPO_ROOT / "tests" / "fault_profiles" / "resume.toml"
+    command = [
+        *(sys.executable, "-m", "harness", "bisect", "--profile", str(resume_profile), "--package", "peft"),
+        *("--scenario", "S3", "--good", "0.12.0", "--bad", "0.15.0", "--results-dir", str(tmp_path / "r")),
+    ]
+    log = tmp_path / "bisect.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=_as_a_background_job,
+        )  # fmt: skip
+    deadline = time.monotonic() + 900
+    while "bisect: peft==0.12.0" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, log.read_text()  # five more probes to go: it cannot have finished
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    time.sleep(2)
+    orphans = len(processes_started_by(proc.pid))
+    verdicts = list((tmp_path / "r").glob("bisect/*/verdict.json"))
+    shown = "no verdict" if not verdicts else f"{len(verdicts)} verdicts"
+    record_fault("SIGINT during a bisect", "exit 130, no verdict", f"exit {proc.returncode}, {shown}",
+                 orphans=orphans)  # fmt: skip
+    assert proc.returncode == 130, log.read_text()[-3000:]
+    assert verdicts == [] and orphans == 0
+
+
 def _installers_of(pid: int) -> list[str]:
     """Command lines of the package installers (uv, pip) that the harness `pid` is running."""
     lines = []

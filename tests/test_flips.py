@@ -80,6 +80,26 @@ def test_no_flip_where_the_target_state_is_unknown() -> None:
     assert flips.flips_in(states) == []
 
 
+def test_no_flip_where_the_configs_that_fail_could_not_run_the_day_before() -> None:
+    """The day before, the config that shows the target could not run (env-broken) while another config passed:
+    the cell reads pass then target, but no config went from pass to target, so there is nothing to bisect."""
+    target = {S4: {"target": ["checkpoint-recompute-shape[0]"]}}
+    rows = [
+        record("2026-04-15", "env-broken", "deepspeed-cpu-needs-ipex"),
+        record("2026-04-15", "pass", None) | {"config_id": "c1", "config": {"seed": 1}},
+        record("2026-07-29", "fail", "checkpoint-recompute-shape[0]"),
+        record("2026-07-29", "pass", None) | {"config_id": "c1", "config": {"seed": 1}},
+    ]
+    states = flips.dated_states(rows, target)
+    assert [r["state"] for r in states[S4]] == ["not-reproduced", "target"]
+    assert flips.flips_in(states) == []
+    # The same config passing the day before is a flip.
+    rows[0] = record("2026-04-15", "pass", None)
+    assert [(f.older, f.newer) for f in flips.flips_in(flips.dated_states(rows, target))] == [
+        ("2026-04-15", "2026-07-29")
+    ]
+
+
 def test_a_package_that_needs_newer_dependencies_is_probed_with_them(tmp_path: Path) -> None:
     """torch cannot move alone as of the older date (its CUDA libraries are newer): the probe then holds the
     other axis packages and resolves dependencies as of the newer date, and says so."""

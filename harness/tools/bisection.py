@@ -22,7 +22,7 @@ from harness.define.cells import Cell
 from harness.define.packages import AXIS_PACKAGES
 from harness.define.profile import Profile, ScenarioSettings
 from harness.define.registry import select
-from harness.errors import UsageError
+from harness.errors import UsageError, stopped_by
 from harness.execution.matrix import run_matrix
 from harness.execution.options import MatrixOptions
 from harness.recording import runs
@@ -182,6 +182,10 @@ def _probe(
         cell_patterns=None,
     )
     summary = run_matrix(single, probe_options)
+    if summary.interrupted:
+        # Ctrl-C or SIGTERM stopped the probe's run (which keeps its records): the search stops with it, and an
+        # unfinished probe is no evidence.
+        raise stopped_by(summary.signal)
     records = read_records(summary.run_dir / "records.jsonl")
     state, signatures = probe_state(records, signature)
     return Probe(version, state, signatures, summary.run_id, len(records))

@@ -62,6 +62,8 @@ def dated_states(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]
                 "state": found.state,
                 "signature": next((r["signature"] for r in found.target_records), None),
                 "versions": stacks.get(date, {}),
+                "target_ids": sorted({r["config_id"] for r in found.target_records}),
+                "no_evidence_ids": sorted({*found.inapplicable_ids, *found.unusable_ids}),
             }
             for date, found in sorted(by_date.items())
         ]
@@ -75,7 +77,7 @@ def flips_in(states: dict[str, list[dict[str, Any]]]) -> list[Flip]:
     for scenario, rows in sorted(states.items()):
         known = [r for r in rows if r["state"] in KNOWN_STATES]
         for older, newer in itertools.pairwise(known):
-            if older["state"] == newer["state"]:
+            if older["state"] == newer["state"] or _no_evidence_across(older, newer):
                 continue
             changed = {
                 p: [public_version(older["versions"].get(p)), public_version(newer["versions"].get(p))]
@@ -87,6 +89,15 @@ def flips_in(states: dict[str, list[dict[str, Any]]]) -> list[Flip]:
                 Flip(scenario, older["date"], newer["date"], older["state"], newer["state"], signature, changed)
             )
     return found
+
+
+def _no_evidence_across(older: dict[str, Any], newer: dict[str, Any]) -> bool:
+    """Every config that shows the target on one side could not run (or was not applicable) on the other: the
+    day changed whether the config can run, not whether the stack fails it (S7's ZeRO-3 config: deepspeed 0.14
+    runs on CPU from 2024-05-17, 0.13 did not). Probing such a pair would bisect the wrong change."""
+    side, other = (older, newer) if older["state"] == "target" else (newer, older)
+    shown = set(side.get("target_ids") or [])
+    return bool(shown) and shown <= set(other.get("no_evidence_ids") or [])
 
 
 Probe = Callable[[Profile, Cell, str, str, str, str, MatrixOptions, Path, str | None], bisection.Probe]
