@@ -26,6 +26,7 @@ from harness.errors import UsageError
 from harness.execution.options import MatrixOptions
 from harness.publishing.atlas import dated_verdicts, upstream_verdict
 from harness.recording.records import read_records
+from harness.recording.signatures import rename_all
 from harness.tools import bisection
 
 #: Target states that say something about the target (not a skip, not a broken environment).
@@ -157,7 +158,8 @@ def find_flips(
     run_dir: Path, history: Profile, options: MatrixOptions, out_root: Path, scenarios: list[str] | None = None
 ) -> list[Flip]:
     """Every flip of the run, named where a probe could name it; written to `out_root/<run-id>/flips.json`."""
-    records = read_records(run_dir / "records.jsonl")
+    # Judged by today's rules, as the table judges them: a flip the table does not show is not probed.
+    records = rename_all(read_records(run_dir / "records.jsonl"))
     if not records:
         raise UsageError(f"{run_dir}: no records")
     specs = {s.id: s.spec for s in discover()}
