@@ -302,7 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--match", metavar="REGEX", help="the failure asked about: runs whose error text matches")
     bs.add_argument("--timeout", type=float, default=600.0, help="seconds per run; then every rank's stack (600)")
     bs.add_argument("--name", help="the verdict's folder under results/script-bisect/ (default: the script's stem)")
-    bs.add_argument("--all-moves", action="store_true", help="move every changed package, not only until one flips")
+    bs.add_argument(
+        "--all-moves",
+        action="store_true",
+        help="move every changed package (not only until one flips, and past the bound of 10 moves)",
+    )
     bs.add_argument("--fresh", action="store_true", help="ignore the runs an earlier invocation recorded")
     bs.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     bs.add_argument("--offline", action="store_true", help="install only from --wheelhouse (air-gapped nodes)")

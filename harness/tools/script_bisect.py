@@ -27,7 +27,7 @@ import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,9 @@ from harness.tools.user_script import CLASSIFIER_VERSION, ScriptRun, run_script,
 from harness.versions import releases
 
 KNOWN = ("target", "pass")
+#: Moves per flip before the search gives up naming one package: the traceback's and the error's packages and the
+#: atlas packages come first, so the tail is packages that rarely explain a flip (the verdict lists them).
+MOVE_BOUND = 10
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
@@ -124,6 +127,8 @@ class FlipVerdict:
     #: The packages the named release's runs held at the older stack's versions.
     held: dict[str, str] = field(default_factory=dict)
     note: str = ""
+    #: Changed packages not moved because the moves' bound was reached (the least likely ones).
+    untried: list[str] = field(default_factory=list)
 
     @property
     def direction(self) -> str:
@@ -280,7 +285,8 @@ class ScriptBisect:
         return script_stacks.pinned_stack(self.history, end.label, end.pins, self.extras, self.options)
 
     def moved(self, base: Stack, package: str, version: str, older: End, newer: End) -> Stack:
-        return script_stacks.overlay(
+        """`base` with `package` moved to `version`; the label says what had to move with it."""
+        stack = script_stacks.overlay(
             base,
             [f"{package}=={version}"],
             older_day=older.day,
@@ -289,6 +295,12 @@ class ScriptBisect:
             options=self.options,
             label=f"{base.label} + {package}=={version}",
         )
+        dragged = sorted(
+            f"{n}=={v}" for n, v in stack.overlaid.items() if n != package and not script_stacks.is_torch_runtime(n)
+        )
+        runtime = any(script_stacks.is_torch_runtime(n) for n in stack.overlaid)
+        with_it = [*dragged, *(["its CUDA libraries"] if runtime else [])]
+        return replace(stack, label=f"{stack.label} (with {', '.join(with_it)})") if with_it else stack
 
 
 def run(bisect: ScriptBisect, ends: list[End], bad: End | None, *, all_moves: bool = False) -> dict[str, Any]:
@@ -366,8 +378,9 @@ def _changed(a: Observation, b: Observation) -> dict[str, list[str]]:
 
 def move_order(changed: dict[str, list[str]], failing: Observation | None) -> list[str]:
     """Packages to move, most suspect first: those whose files the failing traceback passes through (innermost
-    first), then those its error line names, then the atlas packages, then the rest."""
-    movable = [p for p, (_, new) in changed.items() if new is not None]
+    first), then those its error line names, then the atlas packages, then the rest. torch's CUDA libraries and
+    triton are no move of their own: they move with torch."""
+    movable = [p for p, (_, new) in changed.items() if new is not None and not script_stacks.is_torch_runtime(p)]
     text = f"{failing.traceback if failing else ''}"
     frames = re.findall(r'File "[^"]*/(?:site-packages|site)/([^/"]+)/', text)[::-1]
     error = (failing.error or "").lower() if failing else ""
@@ -398,7 +411,9 @@ def _name_flip(
     )
     started = time.monotonic()
     reproducing: list[str] = []
-    for package in move_order(flip.changed, failing):
+    order = move_order(flip.changed, failing)
+    bound = len(order) if all_moves else MOVE_BOUND
+    for package in order[:bound]:
         version = flip.changed[package][1]
         found = bisect.observe("move", bisect.moved(older_stack, package, version, older, newer))
         flip.moves.append({"package": package, "version": version, **_brief(found)})
@@ -409,18 +424,35 @@ def _name_flip(
     bisect.timed("moves", started)
     if len(reproducing) != 1:
         tried = ", ".join(f"{m['package']} {m['version']}: {m['state']}" for m in flip.moves)
+        flip.untried = order[len(flip.moves) :]
         flip.note = (
             f"each of {', '.join(reproducing)} alone reproduces it" if reproducing else f"no single package ({tried})"
         )
+        if flip.untried:
+            flip.note += (
+                f"; {len(flip.untried)} changed packages not moved (bound {bound} moves; --all-moves moves them): "
+                + ", ".join(flip.untried)
+            )
         return
     package = flip.package = reproducing[0]
     old, new = flip.changed[package]
-    flip.held = {
-        p: v for p, v in older_stack.packages().items() if p != package and p in (*AXIS_PACKAGES, *flip.changed)
-    }
     started = time.monotonic()
     _bisect_releases(bisect, flip, older_stack, older, newer, package, old, new)
     bisect.timed("bisect", started)
+    # Held: what every run of this package's moves kept at the older stack's release (what moved with it, as
+    # torch's CUDA libraries or a requirement it excludes, is not).
+    probes = [
+        o
+        for o in bisect.observations
+        if o.phase in ("move", "bisect") and o.label.startswith(f"{older_stack.label} + {package}==")
+    ]
+    flip.held = {
+        p: v
+        for p, v in older_stack.packages().items()
+        if p != package
+        and p in (*AXIS_PACKAGES, *flip.changed)
+        and all(o.stack["versions"].get(p) == v for o in probes if o.stack.get("versions"))
+    }
 
 
 def _bisect_releases(

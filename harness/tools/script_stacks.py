@@ -4,9 +4,13 @@ A dated stack is the history profile's cell for that day, built (or reused: the 
 ran in) by `envs.ensure_env`. A probe moves one package of a built stack to another release: instead of a new
 environment (5 GB with a CUDA torch), the moved package and whatever its move drags along are installed as a
 `--target` overlay that goes first on PYTHONPATH, everything else stays the base's own. The overlay is
-resolved by uv against the base's exact versions (dependencies as of the older day); where that cannot
-resolve, only the atlas packages stay held and the rest resolves as of the newer day, and the stack says which.
-Overlays are cached by what they contain, so a second invocation reuses every probe it has made.
+resolved by uv together with the base's exact versions (dependencies as of the older day): a held package's own
+requirements count, so a move never installs a release a held package excludes (tokenizers 0.21 under
+transformers 4.45 is refused with uv's reason, not built and run). Where that cannot resolve, only the atlas
+packages stay held and the rest resolves as of the newer day (what moved with it is listed in `overlaid`).
+A moved torch carries its CUDA libraries and triton into the overlay: its libraries find them next to it
+($ORIGIN/../../nvidia/...), not in the environment under it. Overlays are cached by what they contain, so a
+second invocation reuses every probe it has made.
 """
 
 from __future__ import annotations
@@ -97,9 +101,27 @@ def overlay(
     options: InstallOptions,
     label: str,
 ) -> Stack:
-    """`base` with `requirements` layered over it. First every other package held at the base's version and the
+    """`base` with `requirements` layered over it (see `plan_overlay`), installed or reused."""
+    mode, wanted, reason = plan_overlay(
+        base, requirements, older_day=older_day, newer_day=newer_day, moving=moving, options=options
+    )
+    if wanted is None:
+        return Stack(label, None, {}, "overlay", failure=reason, mode="unresolved")
+    return _install_overlay(base, wanted, mode, label, options)
+
+
+def plan_overlay(
+    base: Stack,
+    requirements: list[str],
+    *,
+    older_day: str | None,
+    newer_day: str | None,
+    moving: tuple[str, ...],
+    options: InstallOptions,
+) -> tuple[str, dict[str, str] | None, str]:
+    """(mode, what the overlay installs, why not): first every other package held at the base's version and the
     dependencies as of `older_day`; if that cannot resolve, only the atlas packages held and the rest as of
-    `newer_day`."""
+    `newer_day`, each other package kept where it can stay (uv's preferences): only what must move moves."""
     assert base.python is not None
     held_all = {n: v for n, v in base.packages().items() if n not in moving}
     held_axes = {n: v for n, v in held_all.items() if n in AXIS_PACKAGES}
@@ -107,12 +129,19 @@ def overlay(
     attempts = [("older-dependencies", held_all, older_day), ("newer-dependencies", held_axes, newer_day)]
     reason = ""
     for mode, held, day in attempts:
-        resolved, reason = _resolve(base.python, requirements, held, day, moving, newer_day, options)
+        resolved, reason = _resolve(base.python, requirements, held, day, moving, newer_day, options, held_all)
         if resolved is None:
             continue
         wanted = {n: v for n, v in resolved.items() if base.versions.get(n) != v}
-        return _install_overlay(base, wanted, mode, label, options)
-    return Stack(label, None, {}, "overlay", failure=reason, mode="unresolved")
+        if "torch" in wanted:
+            wanted |= {n: v for n, v in resolved.items() if is_torch_runtime(n)}
+        return mode, wanted, ""
+    return "unresolved", None, reason
+
+
+def is_torch_runtime(name: str) -> bool:
+    """torch's own native dependencies (CUDA libraries, triton): they move with torch, never alone."""
+    return name.startswith("nvidia-") or name in ("triton", "pytorch-triton", "cuda-bindings", "cuda-pathfinder")
 
 
 def _resolve(
@@ -123,13 +152,18 @@ def _resolve(
     moving: tuple[str, ...],
     newer_day: str | None,
     options: InstallOptions,
+    prefer: dict[str, str],
 ) -> tuple[dict[str, str] | None, str]:
-    """uv's resolution of `requirements` with `held` as exact constraints, as of `day` (the moving packages as
-    of `newer_day`)."""
+    """uv's resolution of `requirements` together with `held` (exact pins, required too: their own requirements on
+    a moving package must hold), as of `day` (the moving packages as of `newer_day`); `prefer`'s versions are
+    kept wherever the resolution allows (uv reads an existing output file as preferences)."""
     with tempfile.TemporaryDirectory(prefix="overlay-resolve-") as scratch:
         wanted, constraints = Path(scratch, "wanted.in"), Path(scratch, "held.txt")
-        wanted.write_text("\n".join(requirements) + "\n")
-        constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(held.items())))
+        output = Path(scratch, "resolved.txt")
+        pins = [f"{n}=={v}" for n, v in sorted(held.items())]
+        wanted.write_text("\n".join([*requirements, *pins]) + "\n")
+        constraints.write_text("".join(f"{line}\n" for line in pins))
+        output.write_text("".join(f"{n}=={v}\n" for n, v in sorted(prefer.items())))
         flags = envs.index_flags(options=options, dated=bool(day))
         if day:
             flags += ["--exclude-newer", f"{day}T00:00:00Z"]
@@ -138,14 +172,15 @@ def _resolve(
         proc = subprocess.run(
             [
                 envs.uv_binary(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python",
-                str(python), *flags, str(wanted), "--constraint", str(constraints),
+                str(python), *flags, str(wanted), "--constraint", str(constraints), "--output-file", str(output),
             ],
             capture_output=True, text=True,
         )  # fmt: skip
-    if proc.returncode != 0:
-        return None, envs.summarise_install_error(proc.stderr or proc.stdout)
+        if proc.returncode != 0:
+            return None, envs.summarise_install_error(proc.stderr or proc.stdout)
+        lines = output.read_text().splitlines()
     pins = {}
-    for line in proc.stdout.splitlines():
+    for line in lines:
         if "==" in line and not line.lstrip().startswith("#"):
             name, version = line.split(";")[0].strip().split("==", 1)
             pins[str(canonicalize_name(name))] = version.strip()
