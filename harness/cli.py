@@ -339,6 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--run", required=True, metavar="RUN_ID", help="a dated run under results/runs/")
     fl.add_argument("--profile", default="history", help="the run's profile (default history)")
     fl.add_argument("--scenario", action="append", metavar="ID", help="only these scenarios (repeatable)")
+    fl.add_argument(
+        "--again",
+        action="store_true",
+        help="probe flips an earlier invocation named too (default: those are kept from flips.json)",
+    )
     fl.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
 
     check = sub.add_parser(
@@ -679,7 +684,9 @@ def _flips(args: argparse.Namespace) -> int:
     if profile.era_packages:
         return _node_flips(args, profile, run_dir)
     options = MatrixOptions(results_dir=args.results_dir, install=InstallOptions(envs_dir=default_envs_dir()))
-    for flip in find_flips(run_dir, profile, options, args.results_dir / "flips", scenarios=args.scenario):
+    for flip in find_flips(
+        run_dir, profile, options, args.results_dir / "flips", scenarios=args.scenario, again=args.again
+    ):
         print(describe(flip), flush=True)
     return 0
 

@@ -167,3 +167,30 @@ def test_a_target_hidden_by_another_failure_is_shown_as_masked() -> None:
     cells = [c.strip() for c in line.split(" | ")]
     assert "masked by `not applicable: bitsandbytes 0.46.1" in line, line
     assert cells[4:6] == ["- (masking, not a cause)", "-"], "a masking names no package or release as the cause"
+
+
+def test_a_flip_named_before_is_kept_and_one_that_is_gone_is_dropped(tmp_path: Path, monkeypatch) -> None:
+    """A second `flips` over the same run does not probe again what the first named (--again does), and a flip
+    the run's records no longer show leaves flips.json (the table must not list a flip its own rows deny)."""
+    run_dir = tmp_path / "runs" / "history-x"
+    run_dir.mkdir(parents=True)
+    rows = [record("2026-04-15", "fail", "checkpoint-recompute-shape[0]"), record("2026-07-29", "pass", None)]
+    (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    probed: list[str] = []
+
+    def named_by_stand_in(flip, history, older, options, where, **_):
+        probed.append(flip.older)
+        flip.package, flip.release = "deepspeed", "0.19.3"
+        return flip
+
+    monkeypatch.setattr(flips, "name_flip", named_by_stand_in)
+    profile = load_profile("history", REPO_ROOT / "matrix")
+    options = MatrixOptions(results_dir=tmp_path, install=InstallOptions(envs_dir=tmp_path / "envs"))
+    saved = tmp_path / "flips" / "history-x" / "flips.json"
+    assert len(flips.find_flips(run_dir, profile, options, tmp_path / "flips")) == 1 and probed == ["2026-04-15"]
+    assert flips.find_flips(run_dir, profile, options, tmp_path / "flips") == [] and len(probed) == 1
+    assert [(e["package"], e["release"]) for e in json.loads(saved.read_text())] == [("deepspeed", "0.19.3")]
+    assert len(flips.find_flips(run_dir, profile, options, tmp_path / "flips", again=True)) == 1 and len(probed) == 2
+    rows[0] = record("2026-04-15", "pass", None)
+    (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert flips.find_flips(run_dir, profile, options, tmp_path / "flips") == [] and json.loads(saved.read_text()) == []

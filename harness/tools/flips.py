@@ -155,9 +155,16 @@ def name_flip(
 
 
 def find_flips(
-    run_dir: Path, history: Profile, options: MatrixOptions, out_root: Path, scenarios: list[str] | None = None
+    run_dir: Path,
+    history: Profile,
+    options: MatrixOptions,
+    out_root: Path,
+    scenarios: list[str] | None = None,
+    again: bool = False,
 ) -> list[Flip]:
-    """Every flip of the run, named where a probe could name it; written to `out_root/<run-id>/flips.json`."""
+    """Every flip of the run, named where a probe could name it; written to `out_root/<run-id>/flips.json`. A flip an
+    earlier invocation named (same dates, states and failure) is taken from flips.json unless `again`; an earlier
+    entry that is no flip of the run's records any more (the records or today's rules changed) is dropped."""
     # Judged by today's rules, as the table judges them: a flip the table does not show is not probed.
     records = rename_all(read_records(run_dir / "records.jsonl"))
     if not records:
@@ -171,8 +178,14 @@ def find_flips(
     # Flips named by an earlier invocation (e.g. of other scenarios) stay in flips.json unless named again.
     earlier = json.loads((out_dir / "flips.json").read_text()) if (out_dir / "flips.json").is_file() else []
     found = flips_in(states)
+    by_key = {(e["scenario"], e["older"], e["newer"]): e for e in earlier}
     for flip in found:
         if scenarios and not any(flip.scenario.startswith(s) for s in scenarios):
+            continue
+        previous = by_key.get((flip.scenario, flip.older, flip.newer))
+        same = ("older_state", "newer_state", "signature")
+        if previous and not again and all(previous.get(k) == getattr(flip, k) for k in same):
+            print(f"named by an earlier invocation (--again probes it again): {describe(Flip(**previous))}", flush=True)
             continue
         older = next(r["versions"] for r in states[flip.scenario] if r["date"] == flip.older)
         # The mode's number names the folder, or the full id where a mode has two scenarios (S2).
@@ -183,10 +196,17 @@ def find_flips(
         flip.upstream = upstream_verdict(asdict(flip))
         named.append(flip)
         out_dir.mkdir(parents=True, exist_ok=True)
-        fresh = {(f.scenario, f.older, f.newer) for f in named}
-        kept = [e for e in earlier if (e["scenario"], e["older"], e["newer"]) not in fresh]
-        (out_dir / "flips.json").write_text(json.dumps([*kept, *(asdict(f) for f in named)], indent=1) + "\n")
+        _write_flips(out_dir, earlier, named, found)
+    if earlier and not named:
+        _write_flips(out_dir, earlier, named, found)  # only to drop what is no flip any more
     return named
+
+
+def _write_flips(out_dir: Path, earlier: list[dict[str, Any]], named: list[Flip], found: list[Flip]) -> None:
+    fresh = {(f.scenario, f.older, f.newer) for f in named}
+    current = {(f.scenario, f.older, f.newer) for f in found}
+    kept = [e for e in earlier if (e["scenario"], e["older"], e["newer"]) in current - fresh]
+    (out_dir / "flips.json").write_text(json.dumps([*kept, *(asdict(f) for f in named)], indent=1) + "\n")
 
 
 def _held_profile(history: Profile, versions: dict[str, str], flip: Flip, day: str) -> Profile:
