@@ -17,7 +17,10 @@ trained tensor reloads with the value a fresh adapter starts with: not in the fi
 
 Baselines are what the engine's users write, on every rank with `is_main_process=(rank == 0)` as accelerate's recipe
 does: FSDP1 -- a FULL_STATE_DICT, then `peft_model.save_pretrained(dir, state_dict=...)` (or, `context="none"`,
-`save_pretrained` with no state-dict context at all); ZeRO-3 -- `engine.module.save_pretrained(dir)`.
+`save_pretrained` with no state-dict context at all); ZeRO-3 -- `engine.module.save_pretrained(dir)`, with every
+parameter partitioned (`stage3_param_persistence_threshold = 0`: a real model's adapter matrices exceed the
+thresholds users run with, while this tiny model's would all stay whole under DeepSpeed's default and hide the
+failure; the first history run, without it, passed from deepspeed 0.15.4 on).
 Found by hand on CPU before this file was written (torch 2.13,
 gloo): with peft 0.12.0 the FSDP1 recipe saves the 8 trained tensors (17 KB); with peft 0.21.2 it saves a 40-byte
 file with no tensor, inside `summon_full_params` as well: `get_peft_model_state_dict` of the wrapped PeftModel returns
@@ -212,8 +215,12 @@ class _Trained:
         deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
         optimizer = torch.optim.AdamW([p for p in self.peft_model.parameters() if p.requires_grad], lr=1e-2)
         config = zero.ds_config(3, "float32", 2, trainer=False)
+        # Every parameter partitioned, as a real model's adapters are: the Trainer's "auto" threshold is 10 x hidden
+        # (a rank-16 LoRA matrix has 16 x hidden elements), DeepSpeed's default 1e5 elements. Under the default, every
+        # parameter of this tiny model (at most 128 x 64) would stay whole on each rank and any save would pass.
+        config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
         self.engine, _, _, _ = deepspeed.initialize(model=self.peft_model, optimizer=optimizer, config=config)
-        measured.note(zero_stage=int(self.engine.zero_optimization_stage()))
+        measured.note(zero_stage=int(self.engine.zero_optimization_stage()), zero3_persistence_threshold=0)
         return self.engine
 
     def train(self) -> dict:
