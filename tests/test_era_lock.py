@@ -17,7 +17,8 @@ import pytest
 
 from harness.environments.era_wheels import CallPlan, day_pins, plan_calls, trim_cuda_libraries
 from harness.errors import UsageError
-from harness.versions.lock import LOCK_VERSION, ResolutionFailed, build_lock, overlay_for, read_lock, stub_wheel
+from harness.versions.lock import ResolutionFailed, build_lock, overlay_for, stub_wheel
+from harness.versions.lock_file import LOCK_VERSION, read_lock
 
 PYTHON = "3.12"
 IMAGE = {

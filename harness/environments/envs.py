@@ -314,7 +314,7 @@ def _overlay_requirements(cell: Cell, profile: Profile) -> list[str]:
     reason)."""
     if not (cell.date and profile.era_packages):
         return cell.requirements()
-    from harness.versions.lock import lock_path, read_lock
+    from harness.versions.lock_file import lock_path, read_lock
 
     entry = read_lock(lock_path(profile.path.parent, profile.name))["days"].get(cell.date)
     if entry is None:

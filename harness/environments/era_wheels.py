@@ -19,6 +19,8 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from harness.environments.wheel_fetch import build_sdists, download
+
 #: Packages whose wheels carry one native library per CUDA toolkit: the node needs only its own.
 PER_TOOLKIT_LIBRARIES = {"bitsandbytes": re.compile(r"libbitsandbytes_cuda(\d+)\w*\.(so|dll|dylib)$")}
 
@@ -45,8 +47,6 @@ def cached_wheel(pin: str, cache: Path, python: str, platforms: list[str]) -> Pa
     name, _, version = pin.partition("==")
     found = _find(cache, name, version)
     if found is None:
-        from harness.environments.wheelhouse import download
-
         download([pin], cache, python, platforms)
         found = _find(cache, name, version)
     if found is None:
@@ -177,9 +177,8 @@ BUILD_TORCH = "torch==2.13.0"
 
 def _build_sdist_only(pins: list[str], cache: Path) -> None:
     """Pins of packages the index serves only as sdists (deepspeed), built once into pure-Python wheels in
-    `cache` (wheelhouse.build_sdists: the package table's build variables, DS_BUILD_OPS=0)."""
+    `cache` (wheel_fetch.build_sdists: the package table's build variables, DS_BUILD_OPS=0)."""
     from harness.define.packages import BY_NAME
-    from harness.environments.wheelhouse import build_sdists
 
     missing = []
     for pin in pins:

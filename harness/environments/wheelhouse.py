@@ -13,18 +13,15 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from harness.define import packages
 from harness.define.cells import expand
 from harness.define.profile import load_profile
-from harness.environments import envs
+from harness.environments.wheel_fetch import build_sdists, download
 from harness.paths import REPO_ROOT
 
 #: pip matches manylinux tags exactly, so name the common ones besides the one asked for.
@@ -55,55 +52,6 @@ def _newest(torch_lines: list[str]) -> str:
     if not versions or len(versions) < len(torch_lines):
         return "torch"
     return f"torch=={max(versions, key=Version)}"
-
-
-def download(lines: list[str], dest: Path, python: str, platforms: list[str]) -> None:
-    tags = [flag for p in platforms for flag in ("--platform", p)]
-    for line in lines:
-        print(f"  download {line}", flush=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--python-version",
-                python,
-                "--implementation",
-                "cp",
-                *tags,
-                "-d",
-                str(dest),
-                line,
-            ],
-            check=True,
-        )
-
-
-def build_sdists(lines: list[str], dest: Path, torch: str) -> None:
-    if not lines:
-        return
-    names = [Requirement(line).name.lower() for line in lines]
-    tools = [torch, *packages.build_requirements(names), "numpy", "pip"]
-    build_env = packages.build_env(names)
-    shown = " ".join(f"{k}={v}" for k, v in build_env.items())
-    uv = envs.uv_binary()
-    with tempfile.TemporaryDirectory(prefix="wheelhouse-build-") as tmp:
-        venv = Path(tmp) / "venv"
-        subprocess.run([uv, "venv", "-q", "--python", "3.11", str(venv)], check=True)
-        python = str(venv / "bin" / "python")
-        subprocess.run([uv, "pip", "install", "-q", "--python", python, *envs.index_flags(), *tools], check=True)
-        env = dict(os.environ) | build_env
-        for line in lines:
-            print(f"  build {line} (pure-Python wheel, {shown or 'no build variables'}, over {torch})", flush=True)
-            subprocess.run(
-                [python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(dest), line],
-                check=True,
-                env=env,
-            )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 def _era_main(profile, args: argparse.Namespace) -> int:
     """Wheels of an era lock's days, trimmed for the node's CUDA, planned into device calls."""
     from harness.environments import era_wheels
-    from harness.versions.lock import lock_path, read_lock
+    from harness.versions.lock_file import lock_path, read_lock
 
     lock = read_lock(lock_path(REPO_ROOT / "matrix", profile.name))
     days = args.day or list(lock["days"])

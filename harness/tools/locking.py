@@ -11,6 +11,7 @@ from harness.define.profile import DATE_AXIS, RULE_PREFIX, Profile, load_profile
 from harness.environments.envs import uv_binary
 from harness.errors import UsageError
 from harness.versions import lock as era_lock
+from harness.versions import lock_file
 from harness.versions.releases import index_url, minor_release_days
 
 
@@ -46,7 +47,7 @@ def write_lock(profile_name: str, matrix_dir: Path, only_days: list[str] | None 
     image = node_image(matrix_dir, profile)
     python = ".".join(image["python"].split(".")[:2])
     uv = uv_binary()
-    target = era_lock.lock_path(matrix_dir, profile.name)
+    target = lock_file.lock_path(matrix_dir, profile.name)
     chosen = only_days or days
 
     def resolve(day: str) -> dict[str, str]:
@@ -57,7 +58,7 @@ def write_lock(profile_name: str, matrix_dir: Path, only_days: list[str] | None 
         chosen, requirements, list(profile.era_packages), image, resolve, era_lock.index_requires(index_url())
     )
     if only_days and target.is_file():
-        lock["days"] = era_lock.read_lock(target)["days"] | lock["days"]
+        lock["days"] = lock_file.read_lock(target)["days"] | lock["days"]
     lock["days"] = dict(sorted(lock["days"].items()))
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")

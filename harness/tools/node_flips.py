@@ -31,6 +31,7 @@ from harness.recording.signatures import rename_all
 from harness.tools.bisection import probe_state
 from harness.tools.flips import Flip, dated_states, flips_in
 from harness.versions import lock as era_lock
+from harness.versions import lock_file
 from harness.versions.releases import between, index_url, releases
 
 #: Releases probed per bisection round (one device call carries their wheels).
@@ -150,9 +151,9 @@ def write_probe_profile(profile: Profile, needed: list[str], scenarios: list[str
     from harness.tools.locking import node_image
 
     name = f"{profile.name}-probes"
-    main_lock = era_lock.read_lock(era_lock.lock_path(matrix_dir, profile.name))
-    target = era_lock.lock_path(matrix_dir, name)
-    lock = era_lock.read_lock(target) if target.is_file() else dict(main_lock, days={})
+    main_lock = lock_file.read_lock(lock_file.lock_path(matrix_dir, profile.name))
+    target = lock_file.lock_path(matrix_dir, name)
+    lock = lock_file.read_lock(target) if target.is_file() else dict(main_lock, days={})
     image = node_image(matrix_dir, profile)
     axis = [p for p in profile.era_packages if p in main_lock["requirements"]]
     uv, requires = uv_binary(), era_lock.index_requires(index_url())  # one metadata cache for every probe day

@@ -36,26 +36,12 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from harness.errors import UsageError
+from harness.versions.lock_file import LOCK_VERSION
 
-LOCK_VERSION = 1
 #: Platform of the nodes the locks are for (the device tool's GPU machines).
 NODE_PLATFORM = "x86_64-manylinux_2_28"
 
 Metadata = Callable[[str, str], list[str]]
-
-
-def lock_path(matrix_dir: Path, profile_name: str) -> Path:
-    return matrix_dir / "locks" / f"{profile_name}.json"
-
-
-def read_lock(path: Path) -> dict[str, Any]:
-    """A committed lock, or a clear error naming the command that makes it."""
-    if not path.is_file():
-        raise UsageError(f"{path}: no era lock; make it on a connected machine: python -m harness lock --profile NAME")
-    lock = json.loads(path.read_text())
-    if lock.get("lock_version") != LOCK_VERSION:
-        raise UsageError(f"{path}: lock_version {lock.get('lock_version')!r}, expected {LOCK_VERSION}")
-    return lock
 
 
 def stub_wheel(directory: Path, name: str, version: str) -> Path:

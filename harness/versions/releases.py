@@ -172,7 +172,7 @@ def resolve_axes(
 
 def locked_days(profile: Profile) -> dict[str, Any]:
     """The days of a profile's era lock (an air-gapped node reads its dates from there, not the index)."""
-    from harness.versions.lock import lock_path, read_lock
+    from harness.versions.lock_file import lock_path, read_lock
 
     return read_lock(lock_path(profile.path.parent, profile.name))["days"]
 
