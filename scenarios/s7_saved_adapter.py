@@ -20,7 +20,11 @@ does: FSDP1 -- a FULL_STATE_DICT, then `peft_model.save_pretrained(dir, state_di
 `save_pretrained` with no state-dict context at all); ZeRO-3 -- `engine.module.save_pretrained(dir)`, with every
 parameter partitioned (`stage3_param_persistence_threshold = 0`: a real model's adapter matrices exceed the
 thresholds users run with, while this tiny model's would all stay whole under DeepSpeed's default and hide the
-failure; the first history run, without it, passed from deepspeed 0.15.4 on).
+failure; the first history run, without it, passed from deepspeed 0.15.4 on). The Trainer path (`path = "trainer"`,
+ZeRO-3): `TrainingArguments(deepspeed=...)`, `trainer.train()`, `trainer.save_model(dir)` on every rank, as TRL's
+SFTTrainer users save (trl#4416, peft#2892: a 40-byte adapter); its fix variant sets
+`stage3_gather_16bit_weights_on_model_save`. A Trainer that did not really run ZeRO-3 is not evidence (not
+applicable). The Trainer's FSDP path needs GPUs and is not covered yet; drawn configs keep the hand loop.
 Found by hand on CPU before this file was written (torch 2.13,
 gloo): with peft 0.12.0 the FSDP1 recipe saves the 8 trained tensors (17 KB); with peft 0.21.2 it saves a 40-byte
 file with no tensor, inside `summon_full_params` as well: `get_peft_model_state_dict` of the wrapped PeftModel returns
@@ -69,6 +73,10 @@ SPEC = {
             "fix",
             "ZeRO-3: save_pretrained on rank 0 inside deepspeed.zero.GatheredParameters over every parameter",
         ),
+        "gather_16bit_on_save": (
+            "fix",
+            "ZeRO-3 through the Trainer: stage3_gather_16bit_weights_on_model_save = true in the DeepSpeed config",
+        ),
     },
 }
 
@@ -93,6 +101,8 @@ EXAMPLES: list[dict] = [
     dict(SEED, engine="zero3"),
     dict(SEED, modules_to_save=["lm_head"]),
     dict(SEED, adapter="dora"),
+    # The Trainer path (`trainer.save_model`), as TRL's SFTTrainer users save under ZeRO-3 (trl#4416, peft#2892).
+    dict(SEED, engine="zero3", path="trainer"),
 ]
 
 
@@ -123,7 +133,11 @@ _ENGINE_OF = {
     "summon_full_params": ("fsdp1",),
     "save_by_key": ("fsdp1",),
     "gathered_parameters": ("zero3",),
+    "gather_16bit_on_save": ("zero3",),
 }
+#: Saving paths of the hand loop and of the Trainer (a config's `path`; absent in the first configs: the loop).
+_PATH_OF = {"summon_full_params": "loop", "save_by_key": "loop", "gathered_parameters": "loop",
+            "gather_16bit_on_save": "trainer"}  # fmt: skip
 
 
 def run(config: dict, variant: str, ctx: dict) -> dict:
@@ -133,14 +147,19 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
     import torch.distributed as dist
 
     fixes = compat.parse_variant(variant, list(SPEC["variants"])[1:])
+    path = config.get("path", "loop")
     for fix in fixes:
         measured.require(config["engine"] in _ENGINE_OF[fix], f"{fix} is a saving path of {'/'.join(_ENGINE_OF[fix])}")
+        measured.require(_PATH_OF[fix] == path, f"{fix} is a saving path of the {_PATH_OF[fix]} path")
+    if path == "trainer":
+        measured.require(config["engine"] == "zero3", "the Trainer's FSDP saving path is not covered yet")
     # Rank 0 writes the base once; every rank loads it (and the reload check reads it again from disk).
     base_dir = distributed.shared_directory(ctx, "s7base-", lambda path: save_pretrained_tiny(config, path))
     out_dir = os.path.join(ctx["workdir"], "adapter")
     trained_model = None
+    environ_before = dict(os.environ)
     try:
-        trained_model = _Trained(config, ctx, base_dir)
+        trained_model = (_TrainerTrained if path == "trainer" else _Trained)(config, ctx, base_dir, fixes)
         metrics = trained_model.train()
         trained, logits = trained_model.gathered_reference()
         metrics |= checks.compare(trained_model.initial, trained)
@@ -154,21 +173,41 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
     finally:
         if trained_model is not None:
             trained_model.cleanup()
+        if path == "trainer":
+            from scenarios.kit import trainer as trainer_path
+            from scenarios.kit import zero
+
+            zero.cleanup()  # the Trainer's HfDeepSpeedConfig, also where it refused before training
+            trainer_path.reset(environ_before)
         dist.barrier()  # rank 1 waits here while rank 0 reloads; a failed check on rank 0 still meets it
         if dist.get_rank() == 0:
             shutil.rmtree(base_dir, ignore_errors=True)
-    return {"metrics": metrics, "path": f"{config['engine']}-{'+'.join(sorted(fixes)) or 'baseline'}"}
+    return {"metrics": metrics, "path": f"{path}-{config['engine']}-{'+'.join(sorted(fixes)) or 'baseline'}"}
+
+
+def _zero3_config(trainer: bool, gather_on_save: bool) -> dict:
+    """ZeRO-3 with every parameter partitioned, as a real model's adapters are: the Trainer's "auto" threshold is
+    10 x hidden (a rank-16 LoRA matrix has 16 x hidden elements), DeepSpeed's default 1e5 elements. Under the
+    default, every parameter of this tiny model (at most 128 x 64) would stay whole on each rank and any save would
+    pass."""
+    from scenarios.kit import zero
+
+    config = zero.ds_config(3, "float32", 2, trainer=trainer)
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    if gather_on_save:
+        config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+    return config
 
 
 class _Trained:
     """The model trained a few steps under the config's engine, with what saving and the check need."""
 
-    def __init__(self, config: dict, ctx: dict, base_dir: str) -> None:
+    def __init__(self, config: dict, ctx: dict, base_dir: str, fixes: set[str]) -> None:
         import torch
         from peft import LoraConfig, get_peft_model
         from transformers import LlamaForCausalLM
 
-        self.config, self.ctx = config, ctx
+        self.config, self.ctx, self.fixes, self.base_dir = config, ctx, fixes, base_dir
         self.device = torch.device("cuda", ctx["local_rank"]) if ctx.get("device") == "cuda" else torch.device("cpu")
         base = LlamaForCausalLM.from_pretrained(base_dir)
         base.train()
@@ -210,15 +249,9 @@ class _Trained:
         measured.require(compat.version_of("deepspeed") is not None, "deepspeed is not installed in this cell")
         import deepspeed
 
-        from scenarios.kit import zero
-
         deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
         optimizer = torch.optim.AdamW([p for p in self.peft_model.parameters() if p.requires_grad], lr=1e-2)
-        config = zero.ds_config(3, "float32", 2, trainer=False)
-        # Every parameter partitioned, as a real model's adapters are: the Trainer's "auto" threshold is 10 x hidden
-        # (a rank-16 LoRA matrix has 16 x hidden elements), DeepSpeed's default 1e5 elements. Under the default, every
-        # parameter of this tiny model (at most 128 x 64) would stay whole on each rank and any save would pass.
-        config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+        config = _zero3_config(trainer=False, gather_on_save=False)
         self.engine, _, _, _ = deepspeed.initialize(model=self.peft_model, optimizer=optimizer, config=config)
         measured.note(zero_stage=int(self.engine.zero_optimization_stage()), zero3_persistence_threshold=0)
         return self.engine
@@ -304,3 +337,55 @@ class _Trained:
             from scenarios.kit import zero
 
             zero.cleanup(self.engine)
+
+
+class _TrainerTrained(_Trained):
+    """ZeRO-3 through the HF Trainer (`TrainingArguments(deepspeed=...)`, `trainer.train()`), saved with
+    `trainer.save_model(dir)` on every rank, as TRL's SFTTrainer and the Trainer's own checkpoints save."""
+
+    def _wrap(self):
+        import os
+
+        from transformers import Trainer
+
+        from scenarios.kit import trainer as trainer_path
+        from scenarios.kit.models import token_rows
+
+        kwargs: dict = {
+            "per_device_train_batch_size": 2,
+            "max_steps": self.config["steps"],
+            "learning_rate": 1e-2,
+            "deepspeed": _zero3_config(trainer=True, gather_on_save="gather_16bit_on_save" in self.fixes),
+        }
+        if self.device.type == "cpu" and compat.version_tuple(compat.version_of("transformers")) >= (5,):
+            kwargs["use_cpu"] = True  # as S4: 5.x needs it on CPU and still runs DeepSpeed; 4.4x runs DeepSpeed without
+        args = trainer_path.training_arguments(os.path.join(self.ctx["workdir"], "trainer"), **kwargs)
+        data = token_rows(self.config["vocab"], 16, 2 * self.config["steps"] * 2, self.config["seed"])
+        self.trainer = Trainer(model=self.peft_model, args=args, train_dataset=data)
+        measured.trainer(self.trainer)
+        measured.require(
+            bool(getattr(self.trainer, "is_deepspeed_enabled", False)),
+            "the Trainer did not enable DeepSpeed here (it would train without ZeRO)",
+        )
+        return None
+
+    def train(self) -> dict:
+        import deepspeed
+
+        from scenarios.kit import trainer as trainer_path
+
+        self.trainer.train()
+        self.engine = self.trainer.model_wrapped
+        measured.require(
+            isinstance(self.engine, deepspeed.DeepSpeedEngine),
+            f"the Trainer trained with {type(self.engine).__name__}, not a DeepSpeedEngine: ZeRO never ran",
+        )
+        self.wrapped = self.engine
+        measured.note(zero_stage=int(self.engine.zero_optimization_stage()), zero3_persistence_threshold=0)
+        losses = trainer_path.logged_losses(self.trainer)
+        metrics = {"losses": [round(x, 5) for x in losses]}
+        checks.finite_loss(losses, metrics)
+        return metrics
+
+    def save(self, out_dir: str, fixes: set[str]) -> None:
+        self.trainer.save_model(out_dir)
