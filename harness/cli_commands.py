@@ -1,0 +1,376 @@
+"""What each command does once its arguments are parsed (`harness/cli_options.py` names the handler of each):
+checks on option combinations, worded as flags, then the floors below do the work."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UsageError
+from harness.execution import hardware
+from harness.paths import MATRIX_DIR
+from harness.publishing.stage import NothingToReport, write_report
+
+
+def matrix(args: argparse.Namespace) -> int:
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions, default_envs_dir
+    from harness.execution.matrix import run_matrix
+    from harness.execution.options import MatrixOptions
+
+    if args.examples is not None and args.examples < 0:
+        raise UsageError("--examples must be 0 or more")
+    shard = _shard(args.shard) if args.shard else None
+    if args.slots is not None and args.slots < 1:
+        raise UsageError("--slots must be 1 or more")
+    if args.nnodes < 1:
+        raise UsageError("--nnodes must be 1 or more")
+    if args.nnodes > 1:
+        from harness.execution import slurm
+
+        slurm.require("srun")
+        args.rdzv_endpoint = args.rdzv_endpoint or slurm.default_rdzv_endpoint()
+    if args.offline and args.wheelhouse is None:
+        raise UsageError("--offline needs --wheelhouse DIR")
+    if args.wheelhouse is not None and not args.wheelhouse.is_dir():
+        raise UsageError(f"--wheelhouse {args.wheelhouse}: no such directory")
+    if args.fresh and args.resume_run:
+        raise UsageError("--fresh and --resume exclude each other")
+    if (args.grow or args.add_dates) and not args.resume_run:
+        raise UsageError("--grow and --add-date add days to a dated run: pass --resume RUN_ID")
+    if args.add_dates and not args.grow:
+        raise UsageError("--add-date needs --grow")
+    if args.dates and args.resume_run:
+        raise UsageError("--date chooses the days of a new run; a resumed run keeps its days (--grow --add-date adds)")
+    for day in args.dates:
+        try:
+            dt.date.fromisoformat(day)
+        except ValueError:
+            raise UsageError(f"--date {day!r}: expected YYYY-MM-DD") from None
+    profile = load_profile(args.profile or default_profile(), MATRIX_DIR)
+    install = InstallOptions(
+        envs_dir=args.envs_dir or default_envs_dir(),
+        offline=args.offline,
+        wheelhouse=args.wheelhouse.resolve() if args.wheelhouse else None,
+        system_python=args.system_torch,
+        rebuild=args.rebuild_envs,
+    )
+    options = MatrixOptions(
+        results_dir=args.results_dir,
+        install=install,
+        fresh=args.fresh,
+        resume_run=args.resume_run,
+        scenario_patterns=tuple(args.scenarios) if args.scenarios else None,
+        cell_patterns=tuple(args.cells) if args.cells else None,
+        examples=args.examples,
+        config_ids=tuple(args.config_ids) if args.config_ids else None,
+        example_db=None if args.no_example_db else (args.example_db or args.results_dir / "hypothesis-db"),
+        hypothesis_profile=args.hypothesis_profile,
+        nnodes=args.nnodes,
+        rdzv_endpoint=args.rdzv_endpoint,
+        slots=args.slots,
+        no_early_start=args.no_early_start,
+        reduce=args.reduce,
+        no_prune=args.no_prune,
+        shard=shard,
+        world_sizes=tuple(args.world_sizes) if args.world_sizes else None,
+        grow=args.grow,
+        add_dates=tuple(args.add_dates),
+        dates=tuple(args.dates),
+        no_shrink=args.no_shrink,
+    )
+    summary = run_matrix(profile, options)
+    print(
+        f"run {summary.run_id}: {summary.written} new records, {summary.resumed} already recorded; "
+        f"outcomes {json.dumps(summary.outcomes, sort_keys=True)}"
+    )
+    print(f"records: {summary.run_dir / 'records.jsonl'}")
+    if args.grow:
+        from harness.publishing.growth import newest_change_text
+
+        text = newest_change_text(summary.run_dir)
+        print(text)
+        (summary.run_dir / "newest-change.md").write_text(text + "\n")
+    if not args.no_report:
+        try:
+            print(f"table: {write_report(args.results_dir, None, None)}")
+        except NothingToReport as exc:
+            print(f"table: not written ({exc})")
+    if summary.interrupted:
+        return 143 if summary.signal == "SIGTERM" else 130
+    return 1 if summary.outcomes.get("error") else 0
+
+
+def slurm(args: argparse.Namespace) -> int:
+    from harness.define.profile import load_profile
+    from harness.execution.slurm import submit_profile
+
+    load_profile(args.profile, MATRIX_DIR)  # bad input is reported here, not in N job logs
+    sub = submit_profile(args.profile, args.tasks, args.results_dir, args.matrix_args, args.sbatch_arg, args.wait)
+    print(f"array job {sub.array_job} ({args.tasks} tasks), report job {sub.report_job}; logs in {sub.folder}")
+    if sub.report_status is None:
+        print(f"watch with: squeue -j {sub.array_job},{sub.report_job}")
+        return 0
+    print(f"report job ended with status {sub.report_status}: {sub.folder / 'report.out'}")
+    return sub.report_status
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard {text!r}: expected I/N, e.g. 2/4") from None
+    if not 1 <= index <= count:
+        raise UsageError(f"--shard {text!r}: I must be between 1 and N")
+    return index, count
+
+
+def bisect(args: argparse.Namespace) -> int:
+    from packaging.version import InvalidVersion, Version
+
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions, default_envs_dir
+    from harness.execution.options import MatrixOptions
+    from harness.tools.bisection import bisect
+
+    if args.offline and args.wheelhouse is None:
+        raise UsageError("--offline needs --wheelhouse DIR")
+    # Either end may be the good one (a fix or a regression): with both given, the older is where we start.
+    old, new = args.bad, args.good
+    try:
+        if old and new and Version(new) < Version(old):
+            old, new = new, old
+    except InvalidVersion as exc:
+        raise UsageError(f"--good/--bad: {exc}") from None
+    profile = load_profile(args.profile, MATRIX_DIR)
+    install = InstallOptions(
+        envs_dir=default_envs_dir(),
+        offline=args.offline,
+        wheelhouse=args.wheelhouse.resolve() if args.wheelhouse else None,
+    )
+    options = MatrixOptions(results_dir=args.results_dir, install=install)
+    verdict = bisect(
+        profile,
+        args.package,
+        args.scenario,
+        args.variant,
+        options,
+        old=old,
+        new=new,
+        cell_glob=args.cell,
+        signature=args.signature,
+        out_root=args.results_dir / "bisect",
+    )
+    print(f"\n{verdict.package} on {verdict.scenario} / {verdict.variant}, base cell {verdict.base_cell}")
+    print(f"releases in range: {', '.join(verdict.candidates)}")
+    for probe in verdict.probes:
+        print(f"  {probe.version:<12} {probe.state:<9} {' '.join(probe.signatures)}  (run {probe.run_id})")
+    if verdict.stepped_over:
+        print(f"stepped over (could not install or import): {', '.join(verdict.stepped_over)}")
+    flip = verdict.first_flip or "none in range"
+    print(f"outcome at {verdict.candidates[0]}: {verdict.old_state}; first release where it flips: {flip}")
+    print(f"cell runs: {verdict.cell_runs} (bound ceil(log2 {len(verdict.candidates)}) + 1 = {verdict.bound})")
+    return 0
+
+
+def flips(args: argparse.Namespace) -> int:
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions, default_envs_dir
+    from harness.execution.options import MatrixOptions
+    from harness.recording.packing import records_exist
+    from harness.tools.flips import describe, find_flips
+
+    run_dir = args.results_dir / "runs" / args.run
+    if not records_exist(run_dir / "records.jsonl"):
+        raise UsageError(f"--run {args.run}: no {run_dir / 'records.jsonl'}")
+    profile = load_profile(args.profile, MATRIX_DIR)
+    if profile.era_packages:
+        return _node_flips(args, profile, run_dir)
+    options = MatrixOptions(results_dir=args.results_dir, install=InstallOptions(envs_dir=default_envs_dir()))
+    for flip in find_flips(
+        run_dir, profile, options, args.results_dir / "flips", scenarios=args.scenario, again=args.again
+    ):
+        print(describe(flip), flush=True)
+    return 0
+
+
+def check_repros(args: argparse.Namespace) -> int:
+    import fnmatch
+
+    from harness.publishing.repro import check_repro
+
+    folder = args.results_dir / "repros"
+    if not (folder / "index.json").is_file():
+        raise UsageError(f"no {folder / 'index.json'}; run `nox -s report` (or a matrix) first")
+    entries = json.loads((folder / "index.json").read_text())
+    if args.match:
+        entries = [e for e in entries if any(fnmatch.fnmatchcase(e["file"], m) for m in args.match)]
+    if args.limit:
+        entries = entries[: args.limit]
+    bad = skipped = 0
+    gpus = bool(hardware.visible_gpus())
+    for entry in entries:
+        if entry.get("device") == "cuda" and not gpus:
+            skipped += 1
+            print(f"skip {entry['file']}: recorded on cuda, no GPU here", flush=True)
+            continue
+        runs = [None] + (entry["passing_fixes"][:1] if args.fixes else [])
+        for variant in runs:
+            result = check_repro(folder / entry["file"], entry, variant)
+            bad += not result["ok"]
+            mark = "ok " if result["ok"] else "BAD"
+            shown = variant or entry["variant"]
+            print(
+                f"{mark} {entry['file']} --variant {shown}: expected {result['expected']}, "
+                f"observed {result['observed']} ({result['seconds']} s)",
+                flush=True,
+            )
+    print(f"{len(entries) - skipped} reproducers checked, {skipped} skipped, {bad} disagreements")
+    return 1 if bad else 0
+
+
+def _node_flips(args: argparse.Namespace, profile: Any, run_dir: Path) -> int:
+    """Flips of a GPU history run: one planning round (harness/tools/node_flips.py)."""
+    from harness.tools.flips import describe
+    from harness.tools.node_flips import plan_round, write_probe_profile
+
+    flips, by_scenario = plan_round(run_dir, profile, args.results_dir / "flips")
+    for flip in flips:
+        masked = " (masked: another failure or configs that could not run hide it; not probed)"
+        print(describe(flip).split(", by ")[0] + masked if not flip.probes else describe(flip), flush=True)
+    if not by_scenario:
+        print(f"every flip of {run_dir.name} is as named as its probes allow")
+        return 0
+    needed = sorted({day for days in by_scenario.values() for day in days})
+    path = write_probe_profile(profile, needed, sorted(by_scenario), MATRIX_DIR)
+    probes = args.results_dir / "flips" / run_dir.name / "probes"
+    print(f"{len(needed)} probe day(s) needed: {' '.join(needed)}")
+    print(f"next: python -m harness wheelhouse --profile {path.stem} " + " ".join(f"--day {d}" for d in needed))
+    print(
+        f"      on the node: scripts/gpu-node-run.sh {path.stem} WHEELS OUT "
+        + " ".join(f"--cell '*{d}'" for d in needed)
+    )
+    print(f"      python -m harness import-run --results-dir {probes} OUT/<run-id>.records.jsonl; then flips again")
+    return 0
+
+
+def import_runs(args: argparse.Namespace) -> int:
+    from harness.recording.imports import import_run
+
+    for path in args.records:
+        run_dir, added, total = import_run(path, args.results_dir)
+        print(f"{run_dir.name}: {added} new records ({total} in all) -> {run_dir}")
+    return 0
+
+
+def pack(args: argparse.Namespace) -> int:
+    from harness.recording.packing import pack_runs
+
+    packed = pack_runs(args.results_dir, args.runs)
+    for item in packed:
+        print(f"{item.path}: {item.plain_bytes / 1e6:.2f} MB -> {item.packed_bytes / 1e6:.3f} MB")
+    plain, small = sum(p.plain_bytes for p in packed), sum(p.packed_bytes for p in packed)
+    print(f"packed {len(packed)} file(s): {plain / 1e6:.2f} MB -> {small / 1e6:.2f} MB")
+    return 0
+
+
+def list_things(args: argparse.Namespace) -> int:
+    from harness.define.profile import available_profiles, load_profile
+    from harness.define.registry import discover
+
+    if args.what == "profiles":
+        items = available_profiles(MATRIX_DIR)
+    elif args.what == "scenarios":
+        items = [
+            {
+                "id": s.id,
+                "title": s.spec.get("title", ""),
+                "world_size": s.spec.get("world_size", 1),
+                "variants": list(s.variants),
+            }
+            for s in discover()
+        ]
+    else:
+        from harness.planning.plan import build_plan
+
+        plan = build_plan(load_profile(args.profile or default_profile(), MATRIX_DIR), reduce=args.reduce, prune=False)
+        cells, reduction, resolved = plan.cells, plan.reduction, plan.resolved_axes
+        if resolved and not args.json:
+            print("# release rules resolved: " + "; ".join(f"{k} = {', '.join(v)}" for k, v in resolved.items()))
+        items = [
+            {
+                "cell": c.cell_id,
+                "world_size": c.world_size,
+                "requirements": c.requirements(),
+                "excluded": c.excluded_reason,
+            }
+            for c in cells
+        ]
+        if not args.json:
+            print(
+                f"# {reduction.cells} of {reduction.cells_full} cells ({reduction.method}); pairs covered "
+                f"{reduction.pairs_covered}/{reduction.pairs_total}"
+            )
+    if args.json:
+        print(json.dumps(items, indent=1))
+    else:
+        for item in items:
+            print(item if isinstance(item, str) else " ".join(f"{k}={v}" for k, v in item.items()))
+    return 0
+
+
+def default_profile() -> str:
+    if hardware.visible_gpus() and (MATRIX_DIR / "gpu.toml").is_file():
+        return "gpu"
+    return "cpu"
+
+
+def report(args: argparse.Namespace) -> int:
+    print(f"wrote {write_report(args.results_dir, args.runs, args.output)}")
+    return 0
+
+
+def lookup(args: argparse.Namespace) -> int:
+    from harness.tools.lookup import lookup as nearest_rows
+
+    print(nearest_rows(args.results_dir, args.versions, args.scenario, args.device))
+    return 0
+
+
+def lock(args: argparse.Namespace) -> int:
+    from harness.tools.locking import write_lock
+
+    print(f"wrote {write_lock(args.profile, MATRIX_DIR, args.day)}")
+    return 0
+
+
+def run_script(args: argparse.Namespace) -> int:
+    from harness.tools.user_script import command
+
+    return command(args)
+
+
+def bisect_script(args: argparse.Namespace) -> int:
+    from harness.tools.script_bisect import command
+
+    return command(args)
+
+
+def upstream_report(args: argparse.Namespace) -> int:
+    from harness.publishing.upstream import find_entry, report_body, script_report
+
+    folder = Path(args.reproducer)
+    if (folder / "verdict.json").is_file():
+        print(script_report(folder))
+    else:
+        print(report_body(args.results_dir, find_entry(args.results_dir, args.reproducer)))
+    return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    from harness.tools.check import run_check
+
+    return run_check(args.scenarios, args.results_dir)

@@ -1,0 +1,523 @@
+"""The commands and their options, declared once as data (as nox declares its options): each command is a
+record of its help, its handler in `harness/cli_commands.py` and its options in the order `--help` shows them;
+options that several commands share are one record each, given another help line where a command needs it.
+`harness/cli.py` builds the parser from this table and dispatches through it."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.paths import RESULTS_DIR
+
+
+class Option:
+    """One argparse option: its flags, its help line, and the rest of `add_argument`'s keywords."""
+
+    __slots__ = ("flags", "help", "settings")
+
+    def __init__(self, flags: tuple[str, ...], help: str | None = None, **settings: Any) -> None:
+        self.flags, self.help, self.settings = flags, help, settings
+
+    def but(self, **changes: Any) -> Option:
+        """The same option with another help line (or other settings) for one command."""
+        help_line = changes.pop("help", self.help)
+        return Option(self.flags, help_line, **(self.settings | changes))
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    #: The function of `harness/cli_commands.py` that runs it (args -> exit code).
+    handler: str
+    help: str
+    description: str | None = None
+    options: tuple[Option, ...] = ()
+
+
+# Shared options.
+RESULTS_OPTION = Option(("--results-dir",), type=Path, default=RESULTS_DIR)
+OFFLINE_OPTION = Option(("--offline",), action="store_true")
+WHEELHOUSE_OPTION = Option(("--wheelhouse",), type=Path, metavar="DIR")
+TORCHRUN_OPTION = Option(("--torchrun",), action="store_true", help="start it under torchrun even with one rank")
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "matrix",
+        "matrix",
+        help="run (or resume) a profile's matrix",
+        description=(
+            "Run a profile's matrix. A run that did not finish (interrupted by Ctrl-C, SIGTERM or "
+            "SIGKILL) is resumed: what is recorded is kept and only the rest runs. A complete run is "
+            "never resumed: the next invocation starts a new run and resolves 'latest' afresh (--resume "
+            "RUN_ID continues a chosen run). One process writes a run at a time. Exit 0 when the run "
+            "completed (failures of the stack are data, not errors), 1 if any record is a "
+            "harness/scenario error, 2 on bad input or a run held by another process, 130 on Ctrl-C, "
+            "143 on SIGTERM."
+        ),
+        options=(
+            Option(
+                ("--profile",),
+                help=(
+                    "profile name in matrix/ or a path to a .toml (default: gpu when a GPU is visible and "
+                    "matrix/gpu.toml exists, else cpu)"
+                ),
+            ),
+            Option(("--fresh",), action="store_true", help="start a new run even if an unfinished one exists"),
+            Option(
+                ("--resume",),
+                metavar="RUN_ID",
+                dest="resume_run",
+                help=("continue this run (an interrupted one, or a complete one to add scenarios or cells to it)"),
+            ),
+            Option(
+                ("--scenario",),
+                action="append",
+                dest="scenarios",
+                metavar="ID_OR_GLOB",
+                help="only these scenarios (repeatable; 'S3' or 'S3-*' or a full id)",
+            ),
+            Option(
+                ("--cell",),
+                action="append",
+                dest="cells",
+                metavar="GLOB",
+                help="only cells whose id matches (repeatable), e.g. 'old_*'",
+            ),
+            Option(
+                ("--examples",),
+                type=int,
+                metavar="N",
+                help=("Hypothesis-drawn configs per scenario (overrides the profile; explicit examples always run)"),
+            ),
+            Option(
+                ("--config",),
+                action="append",
+                dest="config_ids",
+                metavar="CONFIG_ID",
+                help=("only this config id (repeatable), e.g. to re-run one config after fixing a scenario"),
+            ),
+            Option(
+                ("--hypothesis-profile",),
+                choices=["ci", "explore"],
+                help=(
+                    "ci: the profile's example count and a short shrink budget; explore: 10x the draws and a "
+                    "long shrink budget (default: the profile's hypothesis_profile)"
+                ),
+            ),
+            Option(
+                ("--example-db",),
+                type=Path,
+                metavar="DIR",
+                help=(
+                    "Hypothesis example database: failures shrunk in earlier runs are tried first, new ones are "
+                    "saved (default: <results-dir>/hypothesis-db)"
+                ),
+            ),
+            Option(("--no-example-db",), action="store_true", help="neither read nor save failure memory"),
+            RESULTS_OPTION.but(help="where runs and tables go"),
+            Option(
+                ("--envs-dir",),
+                type=Path,
+                help=("where cell environments are kept (default: $COMPAT_MATRIX_ENVS or ~/.cache/compat-matrix/envs)"),
+            ),
+            Option(("--rebuild-envs",), action="store_true", help="rebuild cell environments even if present"),
+            OFFLINE_OPTION.but(help="install only from --wheelhouse, never an index"),
+            WHEELHOUSE_OPTION.but(help="a directory of wheels (see `nox -s wheelhouse`)"),
+            Option(
+                ("--system-torch",),
+                nargs="?",
+                const="python3",
+                metavar="PYTHON",
+                help=(
+                    "keep the node's preinstalled python/torch and layer each cell's other packages over it (a "
+                    "pip --target overlay first on PYTHONPATH); PYTHON defaults to python3"
+                ),
+            ),
+            Option(("--no-report",), action="store_true", help="do not regenerate COMPATIBILITY.md afterwards"),
+            Option(
+                ("--shard",),
+                metavar="I/N",
+                help=(
+                    "run only shard I of N (1-based): every N-th cell, so N machines can split a profile; "
+                    "`report` merges the shards (newest evidence per cell and scenario)"
+                ),
+            ),
+            Option(
+                ("--grow",),
+                action="store_true",
+                help=(
+                    "with --resume on a dated run (history): add the days its date rule gives now (a new peft "
+                    "minor, today) to the run and run only the new days' cells; prints whether the newest "
+                    "stack's outcomes differ from the previous newest day's"
+                ),
+            ),
+            Option(
+                ("--add-date",),
+                action="append",
+                default=[],
+                dest="add_dates",
+                metavar="YYYY-MM-DD",
+                help="with --grow: also add this install day (repeatable)",
+            ),
+            Option(
+                ("--date",),
+                action="append",
+                default=[],
+                dest="dates",
+                metavar="YYYY-MM-DD",
+                help=(
+                    "a new run of a dated profile (history) on these install days instead of the ones its date "
+                    "rule gives (repeatable), e.g. to re-check the atlas days a scenario change affects; the "
+                    "report shows the newest evidence per cell and scenario, so such a run replaces only what "
+                    "it re-ran"
+                ),
+            ),
+            Option(
+                ("--world-size",),
+                action="append",
+                type=int,
+                dest="world_sizes",
+                metavar="N",
+                help=(
+                    "only the cells of the profile's world_size axis that run at N ranks (repeatable): a runner "
+                    "with N GPUs takes the cells that need N"
+                ),
+            ),
+            Option(
+                ("--no-shrink",),
+                action="store_true",
+                help="record drawn failures without shrinking them (faster, less to learn)",
+            ),
+            Option(
+                ("--no-prune",),
+                action="store_true",
+                help=("do not read package metadata (Requires-Dist) to skip cells whose pins cannot work together"),
+            ),
+            Option(
+                ("--reduce",),
+                choices=["none", "pairwise"],
+                help=(
+                    "pairwise: run only cells that together hold every pair of values of any two dimensions "
+                    "(stack and axes); the coverage goes into meta.json (default: the profile's `reduce`, else "
+                    "none)"
+                ),
+            ),
+            Option(
+                ("--slots",),
+                type=int,
+                metavar="N",
+                help=(
+                    "run single-process scenarios in N concurrent workers (default: one per visible GPU on "
+                    "CUDA, one one-thread worker per core on CPU, at most 4)"
+                ),
+            ),
+            Option(
+                ("--no-early-start",),
+                action="store_true",
+                help=(
+                    "start a scenario's workers when its turn comes, not while the previous scenario of the "
+                    "cell runs (for comparing the two in a benchmark)"
+                ),
+            ),
+            Option(
+                ("--nnodes",),
+                type=int,
+                default=1,
+                help=(
+                    "multi-node, inside a Slurm allocation (`sbatch -N N` / `salloc -N N`): each distributed "
+                    "launch is `srun --nodes N` + torchrun with c10d rendezvous, one agent per node; the world "
+                    "size then counts ranks per node. The checkout, --results-dir and --envs-dir must be on a "
+                    "filesystem every node shares"
+                ),
+            ),
+            Option(
+                ("--rdzv-endpoint",),
+                metavar="HOST:PORT",
+                help="multi-node: where the c10d store listens (default: this host on a free port)",
+            ),
+        ),
+    ),
+    Command(
+        "report",
+        "report",
+        help="regenerate results/COMPATIBILITY.md from records",
+        options=(
+            Option(
+                ("--run",),
+                action="append",
+                dest="runs",
+                metavar="RUN_ID",
+                help="runs to include (repeatable; default: the newest run of each profile)",
+            ),
+            RESULTS_OPTION,
+            Option(("--output",), type=Path, help="default: <results-dir>/COMPATIBILITY.md"),
+        ),
+    ),
+    Command(
+        "import-run",
+        "import_runs",
+        help="file runs brought back from another machine under results/runs/",
+        options=(
+            Option(("records",), nargs="+", type=Path, help="<run-id>.records.jsonl files (meta.json beside)"),
+            RESULTS_OPTION,
+        ),
+    ),
+    Command(
+        "pack",
+        "pack",
+        help=("compress runs' records for committing (records.jsonl -> records.jsonl.xz, about 100x smaller)"),
+        description=(
+            "Packs each run's records.jsonl (and any discarded-*.jsonl) with xz, byte-exact, and "
+            "removes the plain file; every reader takes either form and a resumed or imported run is "
+            "unpacked first. Pack before committing a run: everything tracked travels with each GPU "
+            "device call (64 MiB in all). A run that a process is writing is refused (exit 2)."
+        ),
+        options=(
+            Option(("runs",), nargs="*", help="run ids (default: every run under RESULTS_DIR, probe runs included)"),
+            RESULTS_OPTION,
+        ),
+    ),
+    Command(
+        "lookup",
+        "lookup",
+        help=("the measured rows nearest your versions, the verdict per scenario there and the fix to try"),
+        description=(
+            "Finds the table's rows whose versions match PACKAGE==VERSION (a version like 2.4 matches "
+            "every 2.4.x); without one, the two atlas dates whose stacks bracket your versions; without "
+            "those, the nearest rows, saying plainly that it is extrapolating. Prints each row's "
+            "versions and, per scenario, the verdict and the fixes that remove the failure."
+        ),
+        options=(
+            Option(("versions",), nargs="+", metavar="PACKAGE==VERSION"),
+            Option(("--scenario",), action="append", metavar="ID", help="only these scenarios (e.g. S1)"),
+            Option(("--device",), choices=["cpu", "cuda"], help="only rows measured on this device"),
+            RESULTS_OPTION,
+        ),
+    ),
+    Command(
+        "lock",
+        "lock",
+        help=("write a dated GPU profile's era lock (matrix/locks/NAME.json) for an air-gapped node"),
+        description=(
+            "For each day of the profile's date axis: resolve the stack as the index had it that day "
+            "over the node's own torch (a stub of its version that requires nothing), and plan what the "
+            "node must get on top of its own packages (matrix/nodes/<node_image>.json): the era "
+            "packages at their day's versions, and any other resolved package the node lacks or holds "
+            "in a version that does not meet their requirements. A day that does not resolve is kept "
+            "with uv's reason. Needs the index; the node reads the lock."
+        ),
+        options=(
+            Option(("--profile",), required=True),
+            Option(("--day",), action="append", metavar="YYYY-MM-DD", help="only these days (repeatable)"),
+        ),
+    ),
+    Command(
+        "bisect",
+        "bisect",
+        help="find the first release of a package where a scenario's outcome flips",
+        description=(
+            "Holds every other pin of a base cell fixed and bisects one package's releases (from the "
+            "index pip is configured for, or the wheelhouse with --offline). Each probe is a real "
+            "one-cell run of the scenario's explicit configs under one variant; n releases take at most "
+            "ceil(log2 n) + 1 cell runs. Writes results/bisect/<id>/verdict.json with every probe's "
+            "evidence."
+        ),
+        options=(
+            Option(("--package",), required=True, help="the package to bisect, e.g. deepspeed"),
+            Option(("--scenario",), required=True, help="scenario id or prefix, e.g. S4"),
+            Option(("--variant",), default="baseline"),
+            Option(("--profile",), default="cpu", help="profile whose base cell holds the other pins (default cpu)"),
+            Option(("--cell",), metavar="GLOB", help="base cell of that profile (default: its first cell)"),
+            Option(("--good",), metavar="VERSION", help="one end of the range (default: the newest release)"),
+            Option(("--bad",), metavar="VERSION", help="the other end (default: the oldest the profile pins)"),
+            Option(("--signature",), help="count only failures with this signature as failing"),
+            RESULTS_OPTION,
+            OFFLINE_OPTION,
+            WHEELHOUSE_OPTION,
+        ),
+    ),
+    Command(
+        "bisect-script",
+        "bisect_script",
+        help=("run your own script across the atlas's dated stacks and name the release where it breaks or heals"),
+        description=(
+            "Runs SCRIPT (a plain Python file or a PEP 723 script; it fails by a non-zero exit or an "
+            "exception, exit 77 means 'not applicable here') in every install day of the atlas (the "
+            "history profile's dated stacks: the same environments the atlas ran in), or between two "
+            "ends of your own. Each run is the failure asked about (the bad end's signature, or "
+            "--match), a pass, a different failure (reported, never taken for it) or unusable. Between "
+            "neighbouring days whose outcome differs, it moves one package at a time from the older "
+            "day's release to the newer one's (the failing traceback's packages first), then bisects "
+            "that package's releases. Writes results/script-bisect/<name>/verdict.json, runs.jsonl "
+            "(every run, reused by the next invocation) and issue.md (an upstream issue body). Exit 0 "
+            "with a verdict, 2 on bad input."
+        ),
+        options=(
+            Option(("script",), type=Path, help="the script to run"),
+            Option(("--nproc",), type=int, default=1, help="ranks: >1 starts it under torchrun (default 1)"),
+            TORCHRUN_OPTION.but(help="start it under torchrun even with one rank"),
+            Option(("--from",), dest="from_day", metavar="YYYY-MM-DD", help="scan only atlas days from this one"),
+            Option(("--to",), dest="to_day", metavar="YYYY-MM-DD", help="scan only atlas days up to this one"),
+            Option(
+                ("--good",),
+                metavar="SPEC",
+                help="an end where it passes: a day, or exact pins 'peft==0.13.2,torch==2.4.1'",
+            ),
+            Option(("--bad",), metavar="SPEC", help="an end where it fails with the failure asked about (as --good)"),
+            Option(("--match",), metavar="REGEX", help="the failure asked about: runs whose error text matches"),
+            Option(("--timeout",), type=float, default=600.0, help="seconds per run; then every rank's stack (600)"),
+            Option(("--name",), help="the verdict's folder under results/script-bisect/ (default: the script's stem)"),
+            Option(
+                ("--all-moves",),
+                action="store_true",
+                help=("move every changed package (not only until one flips, and past the bound of 10 moves)"),
+            ),
+            Option(("--fresh",), action="store_true", help="ignore the runs an earlier invocation recorded"),
+            RESULTS_OPTION,
+            OFFLINE_OPTION.but(help="install only from --wheelhouse (air-gapped nodes)"),
+            WHEELHOUSE_OPTION,
+        ),
+    ),
+    Command(
+        "run-script",
+        "run_script",
+        help=("run a script once, here, the way bisect-script does, and write what happened as JSON"),
+        description=(
+            "Runs SCRIPT once with this python (or --python), under torchrun for --nproc > 1 or "
+            "--torchrun, with a timeout after which every rank's Python stacks are taken. Prints the "
+            "outcome and signature; --json FILE writes the run (outcome, signature, error, traceback, "
+            "rank stacks, versions). How a GPU node runs a user's script at several world sizes in one "
+            "call: scripts/gpu-script-run.sh."
+        ),
+        options=(
+            Option(("script",), type=Path),
+            Option(("--nproc",), type=int, default=1),
+            TORCHRUN_OPTION.but(help="start it under torchrun even with one rank"),
+            Option(("--timeout",), type=float, default=600.0),
+            Option(("--python",), type=Path, default=Path(sys.executable), help="the interpreter (default: this one)"),
+            Option(("--pythonpath",), help="an overlay directory to put first on PYTHONPATH"),
+            Option(("--json",), type=Path, metavar="FILE", help="write the run here"),
+        ),
+    ),
+    Command(
+        "flips",
+        "flips",
+        help=("name every flip of a dated run: which package, then which release, changed a target outcome"),
+        description=(
+            "For each scenario and each pair of neighbouring dates of a dated run (the history profile) "
+            "where the target outcome changes, moves each changed package alone from the older date's "
+            "release to the newer one's (the rest held) in a real one-cell run, then bisects the "
+            "package whose move reproduces the change. Writes results/flips/<run-id>/flips.json and "
+            "every probe's records."
+        ),
+        options=(
+            Option(("--run",), required=True, metavar="RUN_ID", help="a dated run under results/runs/"),
+            Option(("--profile",), default="history", help="the run's profile (default history)"),
+            Option(("--scenario",), action="append", metavar="ID", help="only these scenarios (repeatable)"),
+            Option(
+                ("--again",),
+                action="store_true",
+                help=("probe flips an earlier invocation named too (default: those are kept from flips.json)"),
+            ),
+            RESULTS_OPTION,
+        ),
+    ),
+    Command(
+        "check-repros",
+        "check_repros",
+        help=("run reproducers with `uv run` and check they still reproduce (and their fixes still pass)"),
+        description=(
+            "Runs results/repros/<id>.py files listed in index.json, each in a fresh uv environment "
+            "built from its PEP 723 pins, and compares the signature with the recorded one; with "
+            "--fixes also runs one passing fix variant per reproducer and expects it to pass. Exit 1 if "
+            "any check disagrees."
+        ),
+        options=(
+            RESULTS_OPTION,
+            Option(("--match",), action="append", metavar="GLOB", help="only reproducer files matching (repeatable)"),
+            Option(("--limit",), type=int, default=0, help="at most this many reproducers (0: all)"),
+            Option(("--fixes",), action="store_true", help="also run the first passing fix variant of each"),
+        ),
+    ),
+    Command(
+        "slurm",
+        "slurm",
+        help=("run a profile as a Slurm job array (one shard per task) plus a merge-and-report job"),
+        description=(
+            "Submits `sbatch --array=1-N`: array task I runs `matrix --shard I/N --no-report` (every "
+            "N-th cell), and a report job that starts when the whole array has ended "
+            "(`--dependency=afterany`) merges the shards' runs into one table (`report`). The checkout, "
+            "this Python, --results-dir and the environments directory must be on a filesystem every "
+            "node shares. Job scripts and logs go to <results-dir>/slurm/<time>/."
+        ),
+        options=(
+            Option(("--profile",), required=True, help="profile name in matrix/ or a path to a .toml"),
+            Option(("--tasks",), type=int, required=True, help="array size: the profile's cells split this many ways"),
+            RESULTS_OPTION,
+            Option(
+                ("--sbatch-arg",),
+                action="append",
+                default=[],
+                metavar="ARG",
+                help=("passed to both sbatch calls, e.g. --sbatch-arg=--partition=gpu --sbatch-arg=--gres=gpu:4"),
+            ),
+            Option(("--wait",), action="store_true", help="block until the report job has ended; exit with its status"),
+            Option(("matrix_args",), nargs="*", metavar="-- MATRIX_ARGS", help="more `matrix` options for every task"),
+        ),
+    ),
+    Command(
+        "check",
+        "check",
+        help=("check the environment you are in: which failure modes it has and which fixes work here"),
+        description=(
+            "Runs inside your own training environment (no new environment, your torch and GPUs): the "
+            "seed configs of every scenario this environment can run (the baseline of each, then every "
+            "variant where the target failure showed), through the same workers as the matrix. Prints, "
+            "per scenario, whether its target failure reproduces, which fixes remove it here, other "
+            "failures, and the nearest rows of the published table. Exit 1 when a target failure "
+            "reproduces (to gate a CI job), 0 when none does, 2 on bad input. Needs hypothesis and "
+            "packaging in the environment."
+        ),
+        options=(
+            Option(("--scenario",), action="append", dest="scenarios", metavar="ID_OR_GLOB", help="only these"),
+            RESULTS_OPTION.but(help="the published runs to compare with"),
+        ),
+    ),
+    Command(
+        "upstream-report",
+        "upstream_report",
+        help="print a ready-to-file upstream issue body for a reproducer",
+        description=(
+            "Prints, for one reproducer of results/repros/, an issue body in the shape the upstream bug "
+            "templates ask for: the environment (versions, hardware), the PEP 723 reproducer, expected "
+            "and actual behaviour, the traceback, the fixes that passed, and the first flipping release "
+            "where a bisect found one."
+        ),
+        options=(
+            Option(
+                ("reproducer",),
+                help=(
+                    "a file name from results/repros/index.json (or its path or id), or a bisect-script verdict "
+                    "folder (results/script-bisect/<name>)"
+                ),
+            ),
+            RESULTS_OPTION,
+        ),
+    ),
+    Command(
+        "list",
+        "list_things",
+        help="show profiles, scenarios, or a profile's cells",
+        options=(
+            Option(("what",), choices=["profiles", "scenarios", "cells"]),
+            Option(("--profile",), default=None),
+            Option(("--json",), action="store_true", help="machine-readable output"),
+            Option(("--reduce",), choices=["none", "pairwise"], help="cells after this reduction"),
+        ),
+    ),
+)
+
+BY_NAME = {c.name: c for c in COMMANDS}
