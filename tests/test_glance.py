@@ -42,3 +42,27 @@ def test_rows_are_versions_entries_are_short_and_the_fix_is_the_first_listed(tmp
 def test_columns_of_one_mode_are_told_apart_by_their_own_words() -> None:
     labels = column_labels(["S1-dora-fsdp", "S2-qlora-fsdp-grad-flags", "S2-qlora-grad-flags", "S3-lora"])
     assert labels == ["S1", "S2 fsdp", "S2", "S3"]
+
+
+def test_a_fix_per_config_is_not_no_fix(tmp_path: Path) -> None:
+    """Two configs show the target and each has its own fix (S7: the loop's ZeRO-3 save and the Trainer's): the
+    glance says so instead of 'no fix measured'; with one config left unfixed it says 'no fix measured'."""
+    stack = versions("2.4.1", "0.13.0")
+
+    def of(config: str, outcome: str, variant: str = "baseline", sig: str | None = None) -> dict:
+        return rec("cpu-1", "cell", "S7-x", outcome, variant=variant, sig=sig) | stack | {"config_id": config}
+
+    spec = {"target": ["t"], "variants": {"loop_fix": ["fix"], "trainer_fix": ["fix"]}}
+    records = [
+        of("c1", "fail", sig="t"),
+        of("c2", "fail", sig="t"),
+        of("c1", "pass", "loop_fix"),
+        of("c1", "skip", "trainer_fix", "not-applicable"),
+        of("c2", "skip", "loop_fix", "not-applicable"),
+        of("c2", "pass", "trainer_fix"),
+    ]
+    write_run(tmp_path, "cpu-1", "cpu", "1", records)
+    assert "| ✗ 2/2 · a fix per config |" in render_markdown(select_runs(tmp_path), {"S7-x": spec})
+    records[-1] = of("c2", "fail", "trainer_fix", "t")
+    write_run(tmp_path / "again", "cpu-1", "cpu", "1", records)
+    assert "| ✗ 2/2 · no fix measured |" in render_markdown(select_runs(tmp_path / "again"), {"S7-x": spec})

@@ -26,7 +26,8 @@ SYMBOLS = {
 }
 #: What the symbols mean (the site shows this under its grid).
 SYMBOLS_LEGEND = (
-    "✗ k/n: the failure shows on k of n configs, then the first change to try (fix, or workaround: w/a); "
+    "✗ k/n: the failure shows on k of n configs, then the first change to try (fix, or workaround: w/a; "
+    "'a fix per config': no one change fixes them all, each has its own, in the summary below); "
     "✓: not reproduced; (!): other failures there; n/a: not applicable on this machine; env/inst: the stack "
     "could not run or install; -: not run."
 )
@@ -46,6 +47,8 @@ def entry(found: Any, spec: dict[str, Any] | None) -> str:
         change = first_change(found, spec)
         if change:
             text += f" · try {change[0]}" + ("" if change[1] == "fix" else " (w/a)")
+        elif found.fixed_per_config:
+            text += " · a fix per config"
         else:
             text += " · no fix measured"
     elif found.state in ("not-reproduced", "passes"):

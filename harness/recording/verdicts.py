@@ -67,6 +67,9 @@ class Verdict:
     inapplicable_ids: dict[str, str] = field(default_factory=dict)
     #: Baseline configs whose environment could not run them (env-broken, install-failed): id -> signature.
     unusable_ids: dict[str, str] = field(default_factory=dict)
+    #: No one change fixes every config that shows the target, but each of them has one that does (S7 on a day
+    #: where the hand loop's ZeRO-3 save and the Trainer's each have their own fix).
+    fixed_per_config: bool = False
 
 
 def variant_kinds(spec: dict[str, Any] | None) -> dict[str, str]:
@@ -128,7 +131,10 @@ def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdi
         inapplicable_ids=inapplicable_ids,
         unusable_ids={r["config_id"]: str(r.get("signature") or r["outcome"]) for r in unusable},
     )
-    result.fixed, result.partly, result.not_fixed = fix_verdicts(records, {r["config_id"] for r in hits})
+    hit_ids = {r["config_id"] for r in hits}
+    result.fixed, result.partly, result.not_fixed = fix_verdicts(records, hit_ids)
+    passed = {r["config_id"] for r in records if r["variant"] != "baseline" and r["outcome"] == "pass"}
+    result.fixed_per_config = not result.fixed and bool(hit_ids) and hit_ids <= passed
     # Real fixes before workarounds: the first one listed is the one a user should try first.
     kinds = variant_kinds(spec)
     result.fixed.sort(key=lambda name: kinds.get(name) != "fix")
