@@ -194,3 +194,30 @@ def test_a_flip_named_before_is_kept_and_one_that_is_gone_is_dropped(tmp_path: P
     rows[0] = record("2026-04-15", "pass", None)
     (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert flips.find_flips(run_dir, profile, options, tmp_path / "flips") == [] and json.loads(saved.read_text()) == []
+
+
+def test_each_failure_family_flips_on_its_own_and_probes_run_its_configs() -> None:
+    """S7: the hand loop's ZeRO-3 save heals (zero-size tensors end) while the Trainer's still writes an empty
+    file: the cell stays 'target', but the zero-size family flips, and its probes run only the config that showed
+    it. A flaky record defines no state; a day where the family's config failed with another family is masked."""
+    days = {"2026-04-15": VERSIONS["2026-04-15"], "2026-07-29": VERSIONS["2026-07-29"]}
+    spec = {S4: {"target": ["check-*"]}}
+
+    def row(date: str, config: str, outcome: str, signature: str | None) -> dict:
+        return record(date, outcome, signature) | {"config_id": config, "config": {"c": config}, "versions": days[date]}
+
+    rows = [
+        row("2026-04-15", "loop", "fail", "check-zero_size"),
+        row("2026-04-15", "trainer", "fail", "check-empty"),
+        row("2026-07-29", "loop", "pass", None),
+        row("2026-07-29", "trainer", "fail", "check-empty"),
+    ]
+    [flip] = flips.flips_in(flips.dated_states(rows, spec))
+    assert (flip.signature, flip.older_state, flip.newer_state, flip.config_ids) == (
+        "check-zero_size", "target", "not-reproduced", ["loop"]
+    )  # fmt: skip
+    rows[0] = row("2026-04-15", "loop", "flaky", "check-zero_size")  # showed once, not again: no state from it
+    assert flips.flips_in(flips.dated_states(rows, spec)) == []
+    rows[0] = row("2026-04-15", "loop", "fail", "check-zero_size")
+    rows[3] = row("2026-07-29", "trainer", "fail", "check-zero_size")  # the empty family's config, another family
+    assert [(f.signature, f.older_state) for f in flips.flips_in(flips.dated_states(rows, spec))] == []

@@ -51,44 +51,93 @@ class Flip:
     bisect: str | None = None
     #: The release the upstream record names for this change, where it names one, and whether we agree.
     upstream: dict[str, Any] | None = None
+    #: The configs that show the target on the target side: the probes run only these.
+    config_ids: list[str] = field(default_factory=list)
+    #: The failure family this flip is of, where the scenario's target shows as several (else None).
+    family: str | None = None
 
 
 def dated_states(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """scenario -> [{date, state, signature, versions}] in date order, from a dated run's records."""
+    """scenario -> [{date, state, signature, family, versions, ...}] in date order, from a dated run's records.
+
+    A scenario whose target shows as several failures (S7: zero-size tensors from the hand loop's ZeRO-3 save, an
+    empty file from the Trainer's) gets one row series per failure family, each with its own target state: one
+    saving path healing while another still fails is a flip of the first. A flaky target record defines no state
+    (it showed once and not again)."""
     _, stacks, verdicts = dated_verdicts(records, specs)
-    return {
-        scenario: [
-            {
-                "date": date,
-                "state": found.state,
-                "signature": next((r["signature"] for r in found.target_records), None),
-                "versions": stacks.get(date, {}),
-                "target_ids": sorted({r["config_id"] for r in found.target_records}),
-                "no_evidence_ids": sorted({*found.inapplicable_ids, *found.unusable_ids}),
-            }
+    states: dict[str, list[dict[str, Any]]] = {}
+    for scenario, by_date in verdicts.items():
+        hits = [r for found in by_date.values() for r in found.target_records if r["outcome"] != "flaky"]
+        families = sorted({_family(r["signature"]) for r in hits})
+        series = families if len(families) > 1 else [None]
+        shows = {family: {r["config_id"] for r in hits if _family(r["signature"]) == family} for family in families}
+        states[scenario] = [
+            _row(date, found, family, stacks.get(date, {}), shows.get(family or "", set()))
+            for family in series
             for date, found in sorted(by_date.items())
         ]
-        for scenario, by_date in verdicts.items()
+    return states
+
+
+def _family(signature: str | None) -> str:
+    """'checkpoint-recompute-dtype[float32->bfloat16]' -> 'checkpoint-recompute-dtype'."""
+    return (signature or "").split("[")[0]
+
+
+def _row(date: str, found: Any, family: str | None, versions: dict[str, Any], shows: set[str]) -> dict[str, Any]:
+    """One date of one family's series; `shows`: the configs that show this family on some date."""
+    hits = [r for r in found.target_records if r["outcome"] != "flaky"]
+    if family is not None:
+        hits = [r for r in hits if _family(r["signature"]) == family]
+    state = found.state
+    if state == "target" and not hits:
+        # Another family showed that day. Where it showed on a config that shows this family elsewhere (the
+        # Trainer's file unreadable one day, empty the next), this family's state there is not known.
+        others = {r["config_id"] for r in found.target_records if r["outcome"] != "flaky"}
+        state = "masked" if others & shows else "not-reproduced"
+    return {
+        "date": date,
+        "state": state,
+        "family": family,
+        "signature": next((r["signature"] for r in hits), None),
+        "versions": versions,
+        "target_ids": sorted({r["config_id"] for r in hits}),
+        "no_evidence_ids": sorted({*found.inapplicable_ids, *found.unusable_ids}),
     }
 
 
 def flips_in(states: dict[str, list[dict[str, Any]]]) -> list[Flip]:
-    """Neighbouring dates (among those where the target outcome is known) whose target outcome differs."""
+    """Neighbouring dates (among those where the target outcome is known) whose target outcome differs, per
+    failure family where a scenario has several."""
     found = []
-    for scenario, rows in sorted(states.items()):
-        known = [r for r in rows if r["state"] in KNOWN_STATES]
-        for older, newer in itertools.pairwise(known):
-            if older["state"] == newer["state"] or _no_evidence_across(older, newer):
-                continue
-            changed = {
-                p: [public_version(older["versions"].get(p)), public_version(newer["versions"].get(p))]
-                for p in AXIS_PACKAGES
-                if public_version(older["versions"].get(p)) != public_version(newer["versions"].get(p))
-            }
-            signature = older["signature"] or newer["signature"]
-            found.append(
-                Flip(scenario, older["date"], newer["date"], older["state"], newer["state"], signature, changed)
-            )
+    for scenario, all_rows in sorted(states.items()):
+        families = list(dict.fromkeys(r.get("family") for r in all_rows))
+        for family in families:
+            rows = [r for r in all_rows if r.get("family") == family]
+            found += _flips_of(scenario, rows)
+    return found
+
+
+def _flips_of(scenario: str, rows: list[dict[str, Any]]) -> list[Flip]:
+    found = []
+    # A masked day (another family showed on this family's configs) ends the series there: no flip spans it.
+    known = [r for r in rows if r["state"] in (*KNOWN_STATES, "masked")]
+    for older, newer in itertools.pairwise(known):
+        if "masked" in (older["state"], newer["state"]):
+            continue
+        if older["state"] == newer["state"] or _no_evidence_across(older, newer):
+            continue
+        changed = {
+            p: [public_version(older["versions"].get(p)), public_version(newer["versions"].get(p))]
+            for p in AXIS_PACKAGES
+            if public_version(older["versions"].get(p)) != public_version(newer["versions"].get(p))
+        }
+        signature = older["signature"] or newer["signature"]
+        target_side = older if older["state"] == "target" else newer
+        flip = Flip(scenario, older["date"], newer["date"], older["state"], newer["state"], signature, changed)
+        flip.config_ids = list(target_side["target_ids"])
+        flip.family = older.get("family")
+        found.append(flip)
     return found
 
 
@@ -113,8 +162,11 @@ def name_flip(
     probe: Probe = bisection._probe,
     bisector: Callable[..., bisection.Verdict] = bisection.bisect,
 ) -> Flip:
-    """Move each changed package alone; bisect the one whose move reproduces the newer outcome."""
+    """Move each changed package alone; bisect the one whose move reproduces the newer outcome. The probes run
+    only the configs that showed the target (a config that never showed it says nothing about the change)."""
     newer_fails = flip.newer_state == "target"
+    if flip.config_ids:
+        options = replace(options, config_ids=tuple(flip.config_ids))
     held_for: dict[str, Profile] = {}
     for package, (_, new) in flip.changed.items():
         if new is None:
@@ -178,11 +230,11 @@ def find_flips(
     # Flips named by an earlier invocation (e.g. of other scenarios) stay in flips.json unless named again.
     earlier = json.loads((out_dir / "flips.json").read_text()) if (out_dir / "flips.json").is_file() else []
     found = flips_in(states)
-    by_key = {(e["scenario"], e["older"], e["newer"]): e for e in earlier}
+    by_key = {_key(e): e for e in earlier}
     for flip in found:
         if scenarios and not any(flip.scenario.startswith(s) for s in scenarios):
             continue
-        previous = by_key.get((flip.scenario, flip.older, flip.newer))
+        previous = by_key.get(_key(asdict(flip)))
         same = ("older_state", "newer_state", "signature")
         if previous and not again and all(previous.get(k) == getattr(flip, k) for k in same):
             print(f"named by an earlier invocation (--again probes it again): {describe(Flip(**previous))}", flush=True)
@@ -191,7 +243,7 @@ def find_flips(
         # The mode's number names the folder, or the full id where a mode has two scenarios (S2).
         mode = flip.scenario.split("-")[0]
         label = mode if len({f.scenario for f in found if f.scenario.split("-")[0] == mode}) == 1 else flip.scenario
-        where = out_dir / f"{label}-{flip.older}-{flip.newer}"
+        where = out_dir / "-".join(p for p in (label, flip.family, flip.older, flip.newer) if p)
         flip = name_flip(flip, history, {p: public_version(older.get(p)) for p in AXIS_PACKAGES}, options, where)
         flip.upstream = upstream_verdict(asdict(flip))
         named.append(flip)
@@ -202,10 +254,14 @@ def find_flips(
     return named
 
 
+def _key(flip: dict[str, Any]) -> tuple[Any, ...]:
+    return flip["scenario"], flip.get("family"), flip["older"], flip["newer"]
+
+
 def _write_flips(out_dir: Path, earlier: list[dict[str, Any]], named: list[Flip], found: list[Flip]) -> None:
-    fresh = {(f.scenario, f.older, f.newer) for f in named}
-    current = {(f.scenario, f.older, f.newer) for f in found}
-    kept = [e for e in earlier if (e["scenario"], e["older"], e["newer"]) in current - fresh]
+    fresh = {_key(asdict(f)) for f in named}
+    current = {_key(asdict(f)) for f in found}
+    kept = [e for e in earlier if _key(e) in current - fresh]
     (out_dir / "flips.json").write_text(json.dumps([*kept, *(asdict(f) for f in named)], indent=1) + "\n")
 
 
