@@ -5,6 +5,7 @@ Probes and the bisect are stand-ins here (a table of outcomes); the real ones ar
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from harness.define.profile import load_profile
@@ -221,3 +222,30 @@ def test_each_failure_family_flips_on_its_own_and_probes_run_its_configs() -> No
     rows[0] = row("2026-04-15", "loop", "fail", "check-zero_size")
     rows[3] = row("2026-07-29", "trainer", "fail", "check-zero_size")  # the empty family's config, another family
     assert [(f.signature, f.older_state) for f in flips.flips_in(flips.dated_states(rows, spec))] == []
+
+
+def test_the_table_lists_a_family_flip_and_names_several_packages() -> None:
+    """The table judges a family's flip by that family (the cell stays 'target': it must not set it aside as a
+    flip today's rules no longer see), and a flip that several packages reproduce alone says which."""
+    from harness.publishing.atlas import flips_markdown
+
+    days = {"2026-04-15": VERSIONS["2026-04-15"], "2026-07-29": VERSIONS["2026-07-29"]}
+
+    def row(date: str, config: str, outcome: str, signature: str | None) -> dict:
+        return record(date, outcome, signature) | {"config_id": config, "config": {"c": config}, "versions": days[date]}
+
+    rows = [
+        row("2026-04-15", "loop", "fail", "check-zero_size"),
+        row("2026-04-15", "trainer", "fail", "check-empty"),
+        row("2026-07-29", "loop", "pass", None),
+        row("2026-07-29", "trainer", "fail", "check-empty"),
+    ]
+    spec = {S4: {"target": ["check-*"]}}
+    [flip] = flips.flips_in(flips.dated_states(rows, spec))
+    flip.reproducing = ["torch", "deepspeed"]
+    text = flips_markdown([asdict(flip)], rows, spec)
+    assert (
+        "| `check-zero_size` | target -> not-reproduced | 2026-04-15 .. 2026-07-29 | each of torch, deepspeed alone |"
+        in text
+    )
+    assert "no longer see" not in text

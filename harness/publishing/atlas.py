@@ -252,7 +252,9 @@ def flips_markdown(
                 f"{md(states[0])} under today's rules"
             )
             continue
-        package, release = md(flip.get("package") or "none alone"), md(flip.get("release") or "-")
+        several = flip.get("reproducing") or []
+        alone = f"each of {', '.join(several)} alone" if len(several) > 1 else "none alone"
+        package, release = md(flip.get("package") or alone), md(flip.get("release") or "-")
         others = masking(flip, verdicts) if verdicts else []
         if others:
             # A target hidden by another failure is not caused by a release: the cause columns stay empty.
@@ -276,12 +278,36 @@ def flips_markdown(
 
 
 def _states_today(flip: dict[str, Any], verdicts: dict[str, Any]) -> tuple[str, str] | None:
-    """The target state of the flip's two dates under today's rules (None where a date has no records)."""
+    """The target state of the flip's two dates under today's rules (None where a date has no records); of its
+    failure family where the flip is of one (`family_state`)."""
     by_date = verdicts.get(flip["scenario"], {})
     older, newer = by_date.get(flip["older"]), by_date.get(flip["newer"])
     if older is None or newer is None:
         return None
+    family = flip.get("family")
+    if family:
+        shows = set(flip.get("config_ids") or [])
+        return family_state(older, family, shows)[0], family_state(newer, family, shows)[0]
     return _state(older), _state(newer)
+
+
+def failure_family(signature: str | None) -> str:
+    """'checkpoint-recompute-dtype[float32->bfloat16]' -> 'checkpoint-recompute-dtype'."""
+    return (signature or "").split("[")[0]
+
+
+def family_state(found: Any, family: str | None, shows: set[str]) -> tuple[str, list[dict[str, Any]]]:
+    """A date's target state for one failure family of its scenario, and the records that show it (flaky ones
+    define no state). Where only another family showed, on a config that shows this family on some date
+    (`shows`), this family's state is not known that day: "masked"."""
+    hits = [r for r in found.target_records if r["outcome"] != "flaky"]
+    if family is not None:
+        hits = [r for r in hits if failure_family(r["signature"]) == family]
+    state = found.state
+    if state == "target" and not hits:
+        others = {r["config_id"] for r in found.target_records if r["outcome"] != "flaky"}
+        state = "masked" if others & shows else "not-reproduced"
+    return state, hits
 
 
 def _state(found: Any) -> str:

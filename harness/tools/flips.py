@@ -24,7 +24,7 @@ from harness.define.profile import DATE_AXIS, Profile
 from harness.define.registry import discover
 from harness.errors import UsageError
 from harness.execution.options import MatrixOptions
-from harness.publishing.atlas import dated_verdicts, upstream_verdict
+from harness.publishing.atlas import dated_verdicts, failure_family, family_state, upstream_verdict
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
 from harness.tools import bisection
@@ -68,9 +68,11 @@ def dated_states(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]
     states: dict[str, list[dict[str, Any]]] = {}
     for scenario, by_date in verdicts.items():
         hits = [r for found in by_date.values() for r in found.target_records if r["outcome"] != "flaky"]
-        families = sorted({_family(r["signature"]) for r in hits})
+        families = sorted({failure_family(r["signature"]) for r in hits})
         series = families if len(families) > 1 else [None]
-        shows = {family: {r["config_id"] for r in hits if _family(r["signature"]) == family} for family in families}
+        shows = {
+            family: {r["config_id"] for r in hits if failure_family(r["signature"]) == family} for family in families
+        }
         states[scenario] = [
             _row(date, found, family, stacks.get(date, {}), shows.get(family or "", set()))
             for family in series
@@ -79,22 +81,9 @@ def dated_states(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]
     return states
 
 
-def _family(signature: str | None) -> str:
-    """'checkpoint-recompute-dtype[float32->bfloat16]' -> 'checkpoint-recompute-dtype'."""
-    return (signature or "").split("[")[0]
-
-
 def _row(date: str, found: Any, family: str | None, versions: dict[str, Any], shows: set[str]) -> dict[str, Any]:
     """One date of one family's series; `shows`: the configs that show this family on some date."""
-    hits = [r for r in found.target_records if r["outcome"] != "flaky"]
-    if family is not None:
-        hits = [r for r in hits if _family(r["signature"]) == family]
-    state = found.state
-    if state == "target" and not hits:
-        # Another family showed that day. Where it showed on a config that shows this family elsewhere (the
-        # Trainer's file unreadable one day, empty the next), this family's state there is not known.
-        others = {r["config_id"] for r in found.target_records if r["outcome"] != "flaky"}
-        state = "masked" if others & shows else "not-reproduced"
+    state, hits = family_state(found, family, shows)
     return {
         "date": date,
         "state": state,
