@@ -287,6 +287,13 @@ class _Trained:
         else:
             from scenarios.kit import zero
 
+            # ZeRO-3 prefetches the next forward's parameters: one still in flight counts as available, and
+            # GatheredParameters then reads its buffer before the data arrived (garbage such as 4.3e8 in one lora_A,
+            # 1 run in 10: the saved file was right). Release every gathered parameter first, waiting for those in
+            # flight, so the reference is gathered whole.
+            release = getattr(self.engine, "empty_partition_cache", None)
+            if callable(release):
+                release()
             named = [(n, p) for n, p in self.engine.module.named_parameters() if "lora_" in n or "modules_to_save" in n]
             full = zero.gathered_snapshot(named)
         self.wrapped.eval()

@@ -124,6 +124,12 @@ def compare_saved(base_dir: str, adapter_dir: str, reference: str) -> dict[str, 
         # whether it is stale data or rounding).
         deltas = [float((reloaded[k].float() - trained[k].float()).abs().max()) for k in differs if k in reloaded]
         facts["values_max_abs_delta"] = max(deltas, default=None)
+        # Which side holds values no training makes (stale memory): the file, or the gathered trained reference.
+        facts["differing_max_abs"] = {
+            k: {"saved": float(reloaded[k].float().abs().max()), "trained": float(trained[k].float().abs().max())}
+            for k in differs[:3]
+            if k in reloaded
+        }
         said = (
             f"{len(differs)} of {len(trained)} reloaded adapter tensors differ from the trained ones, e.g. {differs[0]}"
             + (f" (by up to {max(deltas):.3g})" if deltas else "")

@@ -25,9 +25,13 @@ def gathered_snapshot(named: list[tuple[str, Any]]) -> dict[str, Any]:
     """Full (gathered) fp32 copies of the given parameters; a collective under ZeRO-3."""
     import deepspeed
 
-    params = [p for _, p in named]
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-        return {n: p.detach().float().cpu().clone() for n, p in named}
+    # One parameter at a time: gathered as one list, one tensor of it sometimes came back as stale memory on CPU
+    # with gloo (S7's check caught values like 4.3e8 in a lora_A whose saved copy was right).
+    snapshot = {}
+    for name, param in named:
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+            snapshot[name] = param.detach().float().cpu().clone()
+    return snapshot
 
 
 def cleanup(*engines: Any) -> None:
