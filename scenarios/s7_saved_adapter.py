@@ -287,10 +287,9 @@ class _Trained:
         else:
             from scenarios.kit import zero
 
-            # ZeRO-3 prefetches the next forward's parameters: one still in flight counts as available, and
-            # GatheredParameters then reads its buffer before the data arrived (garbage such as 4.3e8 in one lora_A,
-            # 1 run in 10: the saved file was right). Release every gathered parameter first, waiting for those in
-            # flight, so the reference is gathered whole.
+            # The reference once held stale memory (4.3e8 in one lora_A, about 1 run in 10, the saved file right).
+            # Releasing the partition cache first did not cure it; gathering one tensor at a time did
+            # (kit/zero.gathered_snapshot). The release stays: it is what the records since then ran with.
             release = getattr(self.engine, "empty_partition_cache", None)
             if callable(release):
                 release()
