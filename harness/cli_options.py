@@ -358,7 +358,7 @@ COMMANDS: tuple[Command, ...] = (
         options=(
             Option(("script",), type=Path, help="the script to run"),
             Option(("--nproc",), type=int, default=1, help="ranks: >1 starts it under torchrun (default 1)"),
-            TORCHRUN_OPTION.but(help="start it under torchrun even with one rank"),
+            TORCHRUN_OPTION,
             Option(("--from",), dest="from_day", metavar="YYYY-MM-DD", help="scan only atlas days from this one"),
             Option(("--to",), dest="to_day", metavar="YYYY-MM-DD", help="scan only atlas days up to this one"),
             Option(
@@ -395,7 +395,7 @@ COMMANDS: tuple[Command, ...] = (
         options=(
             Option(("script",), type=Path),
             Option(("--nproc",), type=int, default=1),
-            TORCHRUN_OPTION.but(help="start it under torchrun even with one rank"),
+            TORCHRUN_OPTION,
             Option(("--timeout",), type=float, default=600.0),
             Option(("--python",), type=Path, default=Path(sys.executable), help="the interpreter (default: this one)"),
             Option(("--pythonpath",), help="an overlay directory to put first on PYTHONPATH"),

@@ -93,11 +93,16 @@ UPSTREAM_CHANGES: dict[str, tuple[str, str, str, str]] = {
 }
 
 
+def family(signature: str | None) -> str:
+    """A failure's family: 'checkpoint-recompute-dtype[float32->bfloat16]' -> 'checkpoint-recompute-dtype'."""
+    return (signature or "").split("[")[0]
+
+
 def upstream_change(signature: str | None, newer_state: str) -> dict[str, str] | None:
     """The upstream record for a measured flip of `signature` (its family, e.g. 'checkpoint-recompute-dtype',
     where the exact name has none) in the flip's direction, or None."""
-    family = (signature or "").split("[")[0]
-    known = UPSTREAM_CHANGES.get(signature or "") or UPSTREAM_CHANGES.get(family)
+    family_name = family(signature)
+    known = UPSTREAM_CHANGES.get(signature or "") or UPSTREAM_CHANGES.get(family_name)
     direction = "appears" if newer_state == "target" else "ends"
     if not known or known[3] != direction:
         return None

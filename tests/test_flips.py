@@ -197,30 +197,37 @@ def test_a_flip_named_before_is_kept_and_one_that_is_gone_is_dropped(tmp_path: P
     assert flips.find_flips(run_dir, profile, options, tmp_path / "flips") == [] and json.loads(saved.read_text()) == []
 
 
+def family_row(date: str, config: str, outcome: str, signature: str | None) -> dict:
+    """One config's baseline on one day (S7-like: configs named by their saving path)."""
+    return record(date, outcome, signature) | {"config_id": config, "config": {"c": config}, "versions": VERSIONS[date]}
+
+
+def loop_heals_trainer_still_fails() -> list[dict]:
+    """The loop's zero-size save heals on the second day while the Trainer's empty save still fails."""
+    return [
+        family_row("2026-04-15", "loop", "fail", "check-zero_size"),
+        family_row("2026-04-15", "trainer", "fail", "check-empty"),
+        family_row("2026-07-29", "loop", "pass", None),
+        family_row("2026-07-29", "trainer", "fail", "check-empty"),
+    ]
+
+
 def test_each_failure_family_flips_on_its_own_and_probes_run_its_configs() -> None:
     """S7: the hand loop's ZeRO-3 save heals (zero-size tensors end) while the Trainer's still writes an empty
     file: the cell stays 'target', but the zero-size family flips, and its probes run only the config that showed
     it. A flaky record defines no state; a day where the family's config failed with another family is masked."""
-    days = {"2026-04-15": VERSIONS["2026-04-15"], "2026-07-29": VERSIONS["2026-07-29"]}
     spec = {S4: {"target": ["check-*"]}}
-
-    def row(date: str, config: str, outcome: str, signature: str | None) -> dict:
-        return record(date, outcome, signature) | {"config_id": config, "config": {"c": config}, "versions": days[date]}
-
-    rows = [
-        row("2026-04-15", "loop", "fail", "check-zero_size"),
-        row("2026-04-15", "trainer", "fail", "check-empty"),
-        row("2026-07-29", "loop", "pass", None),
-        row("2026-07-29", "trainer", "fail", "check-empty"),
-    ]
+    rows = loop_heals_trainer_still_fails()
     [flip] = flips.flips_in(flips.dated_states(rows, spec))
     assert (flip.signature, flip.older_state, flip.newer_state, flip.config_ids) == (
         "check-zero_size", "target", "not-reproduced", ["loop"]
     )  # fmt: skip
-    rows[0] = row("2026-04-15", "loop", "flaky", "check-zero_size")  # showed once, not again: no state from it
+    rows[0] = family_row("2026-04-15", "loop", "flaky", "check-zero_size")  # showed once, not again: no state from it
     assert flips.flips_in(flips.dated_states(rows, spec)) == []
-    rows[0] = row("2026-04-15", "loop", "fail", "check-zero_size")
-    rows[3] = row("2026-07-29", "trainer", "fail", "check-zero_size")  # the empty family's config, another family
+    rows[0] = family_row("2026-04-15", "loop", "fail", "check-zero_size")
+    rows[3] = family_row(
+        "2026-07-29", "trainer", "fail", "check-zero_size"
+    )  # the empty family's config, another family
     assert [(f.signature, f.older_state) for f in flips.flips_in(flips.dated_states(rows, spec))] == []
 
 
@@ -229,18 +236,8 @@ def test_the_table_lists_a_family_flip_and_names_several_packages() -> None:
     flip today's rules no longer see), and a flip that several packages reproduce alone says which."""
     from harness.publishing.atlas import flips_markdown
 
-    days = {"2026-04-15": VERSIONS["2026-04-15"], "2026-07-29": VERSIONS["2026-07-29"]}
-
-    def row(date: str, config: str, outcome: str, signature: str | None) -> dict:
-        return record(date, outcome, signature) | {"config_id": config, "config": {"c": config}, "versions": days[date]}
-
-    rows = [
-        row("2026-04-15", "loop", "fail", "check-zero_size"),
-        row("2026-04-15", "trainer", "fail", "check-empty"),
-        row("2026-07-29", "loop", "pass", None),
-        row("2026-07-29", "trainer", "fail", "check-empty"),
-    ]
     spec = {S4: {"target": ["check-*"]}}
+    rows = loop_heals_trainer_still_fails()
     [flip] = flips.flips_in(flips.dated_states(rows, spec))
     flip.reproducing = ["torch", "deepspeed"]
     text = flips_markdown([asdict(flip)], rows, spec)

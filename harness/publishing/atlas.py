@@ -12,6 +12,7 @@ from harness.define.packages import AXIS_PACKAGES, public_version, short_name
 from harness.define.profile import DATE_AXIS
 from harness.recording.verdicts import variant_kinds, verdict
 from harness.textsafe import code, md
+from scenarios.failure_names import family as failure_family
 
 #: Colour per verdict state on the timeline.
 COLOURS = {
@@ -289,11 +290,6 @@ def _states_today(flip: dict[str, Any], verdicts: dict[str, Any]) -> tuple[str, 
         shows = set(flip.get("config_ids") or [])
         return family_state(older, family, shows)[0], family_state(newer, family, shows)[0]
     return _state(older), _state(newer)
-
-
-def failure_family(signature: str | None) -> str:
-    """'checkpoint-recompute-dtype[float32->bfloat16]' -> 'checkpoint-recompute-dtype'."""
-    return (signature or "").split("[")[0]
 
 
 def family_state(found: Any, family: str | None, shows: set[str]) -> tuple[str, list[dict[str, Any]]]:
