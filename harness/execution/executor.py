@@ -21,7 +21,7 @@ from harness.execution.launcher import LaunchSpec, WorkerSession, stack_env
 from harness.execution.options import MatrixOptions, MatrixSummary
 from harness.execution.phases import CLOCK
 from harness.execution.progress import Progress
-from harness.execution.scenario_run import RunContext, baseline_first, run_scenario
+from harness.execution.scenario_run import Emit, RunContext, baseline_first, run_scenario
 from harness.planning.plan import RunPlan
 from harness.recording import runs
 from harness.recording.record import Outcome, make_record, not_run
@@ -151,15 +151,27 @@ def _first_pass(work: Work, profile: Profile) -> list[tuple[Scenario, str, dict[
     ]
 
 
-def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
-    writer, progress = ctx.writer, ctx.progress
-    install = ctx.options.install
-    install_info: dict[str, Any] = {"mode": install.mode(ctx.plan.profile), "offline": install.offline}
+_JobKey = tuple[Scenario, str, dict[str, Any]]
+_FixDue = tuple[Scenario, tuple[str, ...], dict[str, Any]]
 
-    def recorded(scenario: Scenario, variant: str, planned: dict[str, Any]) -> bool:
-        return (cell.cell_id, scenario.id, variant, planned["config_id"]) in writer
+
+@dataclass
+class _CellRun:
+    """One cell's records as they are written: what they share (the cell, its install facts) and what each
+    written record adds to the run (the summary's counts, a progress step). The phases of `_run_cell` share it."""
+
+    cell: Cell
+    ctx: RunContext
+    install_info: dict[str, Any]
+
+    def recorded(self, scenario: Scenario, variant: str, planned: dict[str, Any]) -> bool:
+        return (self.cell.cell_id, scenario.id, variant, planned["config_id"]) in self.ctx.writer
+
+    def baseline_failed(self, scenario: Scenario, variants: tuple[str, ...], planned: dict[str, Any]) -> bool:
+        return self.ctx.writer.outcome_of((self.cell.cell_id, scenario.id, variants[0], planned["config_id"])) == "fail"
 
     def write(
+        self,
         scenario: Scenario,
         variant: str,
         planned: dict[str, Any],
@@ -167,65 +179,114 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
         versions: dict[str, str],
         world_size: int,
     ) -> None:
+        """Append one job's record; a record already there (a resumed run) counts as nothing new."""
+        ctx = self.ctx
         record = make_record(
             run_id=ctx.run_id,
-            cell_id=cell.cell_id,
-            pins=cell.pins,
+            cell_id=self.cell.cell_id,
+            pins=self.cell.pins,
             scenario_id=scenario.id,
             variant=variant,
             planned=planned,
             versions=versions,
             hardware=ctx.machine | {"world_size": world_size},
-            install=install_info,
+            install=self.install_info,
             scenario_digest=ctx.plan.scenario_plan.digests.get(scenario.id),
             outcome=outcome,
         )
-        if writer.append(record):
+        if ctx.writer.append(record):
             ctx.summary.written += 1
             ctx.summary.outcomes[record["outcome"]] = ctx.summary.outcomes.get(record["outcome"], 0) + 1
-        progress.job_done(note=f"{cell.cell_id} {scenario.id} {variant}: {record['outcome']}")
+        ctx.progress.job_done(note=f"{self.cell.cell_id} {scenario.id} {variant}: {record['outcome']}")
 
-    def baseline_failed(scenario: Scenario, variants: tuple[str, ...], planned: dict[str, Any]) -> bool:
-        return writer.outcome_of((cell.cell_id, scenario.id, variants[0], planned["config_id"])) == "fail"
+    def write_not_run(self, jobs: list[_JobKey], why: tuple[str, str, str]) -> None:
+        """The same not-run outcome (`not_run`'s arguments) for every job, none of them started."""
+        for scenario, variant, planned in jobs:
+            self.write(scenario, variant, planned, not_run(*why), {}, 1)
 
-    profile = ctx.plan.profile
+    def emitter(self, scenario: Scenario, versions: dict[str, str], world_size: int) -> Emit:
+        """How `run_scenario` writes this scenario's records."""
+
+        def emit(variant: str, planned: dict[str, Any], fields: Outcome) -> None:
+            self.write(scenario, variant, planned, fields, versions, world_size)
+
+        return emit
+
+
+def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
+    """A cell's jobs, phase by phase: what resume leaves to do, the cell-wide skips, its environment, its
+    scenarios' launches. Each phase may end the cell (nothing left, or every job recorded as not run)."""
+    install_info: dict[str, Any] = {
+        "mode": ctx.options.install.mode(ctx.plan.profile),
+        "offline": ctx.options.install.offline,
+    }
+    run = _CellRun(cell, ctx, install_info)
+    due = _resume(run, work)
+    if due is None:
+        return
+    missing, fixes_due = due
+    why = _cell_not_run(cell, ctx.plan)
+    if why is not None:
+        run.write_not_run(missing, why)
+        return
+    env = _environment(run)
+    if env.failure:
+        ctx.progress.message(f"{cell.cell_id}: install-failed: {env.failure.splitlines()[0][:200]}")
+        run.write_not_run(missing, ("install-failed", "install-failed", env.failure))
+        return
+    _run_launches(run, _plan_launches(run, work, missing, fixes_due, env), env.versions)
+
+
+def _resume(run: _CellRun, work: Work) -> tuple[list[_JobKey], list[_FixDue]] | None:
+    """Count the first-pass jobs already recorded as resumed; the jobs still missing and the drawn configs
+    whose failed baseline is due its fixes, or None when everything of the cell is recorded."""
+    profile = run.ctx.plan.profile
     first_pass = _first_pass(work, profile)
-    missing = [(s, v, c) for s, v, c in first_pass if not recorded(s, v, c)]
+    missing = [(s, v, c) for s, v, c in first_pass if not run.recorded(s, v, c)]
     fixes_due = [
         (s, variants, c)
         for s, variants, planned in work
         for c in planned
-        if baseline_first(s, c, profile) and baseline_failed(s, variants, c)
+        if baseline_first(s, c, profile) and run.baseline_failed(s, variants, c)
     ]
     for _ in range(len(first_pass) - len(missing)):
-        ctx.summary.resumed += 1
-        progress.job_done(already_recorded=True)
-    if not missing and not any(not recorded(s, v, c) for s, variants, c in fixes_due for v in variants[1:]):
-        return
+        run.ctx.summary.resumed += 1
+        run.ctx.progress.job_done(already_recorded=True)
+    if not missing and not any(not run.recorded(s, v, c) for s, variants, c in fixes_due for v in variants[1:]):
+        return None
+    return missing, fixes_due
 
+
+def _cell_not_run(cell: Cell, plan: RunPlan) -> tuple[str, str, str] | None:
+    """Why none of a cell's jobs runs (`not_run`'s arguments): the profile excludes it, or its pins were pruned."""
     if cell.excluded_reason:
-        for scenario, variant, planned in missing:
-            outcome = not_run("skip", "excluded-by-profile", f"excluded: {cell.excluded_reason}")
-            write(scenario, variant, planned, outcome, {}, 1)
-        return
-    if cell.cell_id in ctx.plan.pruned:
-        for scenario, variant, planned in missing:
-            outcome = not_run("skip", "pruned-incompatible-pins", f"pruned: {ctx.plan.pruned[cell.cell_id]}")
-            write(scenario, variant, planned, outcome, {}, 1)
-        return
+        return ("skip", "excluded-by-profile", f"excluded: {cell.excluded_reason}")
+    if cell.cell_id in plan.pruned:
+        return ("skip", "pruned-incompatible-pins", f"pruned: {plan.pruned[cell.cell_id]}")
+    return None
 
-    progress.start_cell(cell.cell_id, "building environment")
+
+def _environment(run: _CellRun) -> envs.EnvResult:
+    """The cell's environment (prefetched, or built now); what it installed goes into every later record."""
+    ctx = run.ctx
+    ctx.progress.start_cell(run.cell.cell_id, "building environment")
     with CLOCK.measure("environments"):
-        env = ctx.prefetch.get(cell) if ctx.prefetch else envs.ensure_env(cell, ctx.plan.profile, ctx.options.install)
-    install_info |= {"mode": env.mode, "overlaid": env.overlaid}
+        env = (
+            ctx.prefetch.get(run.cell)
+            if ctx.prefetch
+            else envs.ensure_env(run.cell, ctx.plan.profile, ctx.options.install)
+        )
+    run.install_info |= {"mode": env.mode, "overlaid": env.overlaid}
     if env.left_out:
-        install_info["left_out"] = env.left_out
-    if env.failure:
-        progress.message(f"{cell.cell_id}: install-failed: {env.failure.splitlines()[0][:200]}")
-        for scenario, variant, planned in missing:
-            write(scenario, variant, planned, not_run("install-failed", "install-failed", env.failure), {}, 1)
-        return
+        run.install_info["left_out"] = env.left_out
+    return env
 
+
+def _plan_launches(
+    run: _CellRun, work: Work, missing: list[_JobKey], fixes_due: list[_FixDue], env: envs.EnvResult
+) -> list[_ScenarioLaunch]:
+    """Each scenario with jobs due, in order: its launch, or, where it cannot run here, its skip records."""
+    ctx, cell = run.ctx, run.cell
     device = ctx.machine["device"]
     due: list[_ScenarioLaunch] = []
     for scenario, variants, _ in work:
@@ -241,59 +302,66 @@ def _run_cell(cell: Cell, work: Work, ctx: RunContext) -> None:
         )
         if skip:
             for variant, planned in pending:
-                write(scenario, variant, planned, not_run("skip", "not-applicable", skip), env.versions, world_size)
+                run.write(scenario, variant, planned, not_run("skip", "not-applicable", skip), env.versions, world_size)
             continue
-        timeout = ctx.plan.profile.settings_for(scenario.id).job_timeout_s or ctx.plan.profile.job_timeout_s
-        spec = LaunchSpec(
-            python=env.python,
-            module=scenario.module_name,
-            preload=scenario.preload,
-            device=device,
-            world_size=per_node,
-            env=_worker_env(device, ctx.options, env),
-            workdir=ctx.run_dir / "worker" / cell.cell_id / scenario.id,
-            job_timeout_s=timeout,
-            start_timeout_s=ctx.plan.profile.worker_start_timeout_s,
-            stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
-            memory_limit_mb=ctx.plan.profile.worker_memory_mb,
-            nnodes=ctx.options.nnodes if scenario.distributed else 1,
-            rdzv_endpoint=ctx.options.rdzv_endpoint,
-            distributed=scenario.distributed,
-        )
-        specs = _packed_specs(spec, scenario, ctx, len(pending))
+        specs = _packed_specs(_launch_spec(scenario, cell, env, per_node, ctx), scenario, ctx, len(pending))
         due.append(_ScenarioLaunch(scenario, variants, pending, resumed_fixes, specs, world_size))
+    return due
 
-    # Each scenario's workers start while the one before it runs (early start: they import the stack, then
-    # wait for their jobs), so a cell pays one worker start instead of one per scenario. Early workers only
-    # import: no job of theirs runs beside another scenario's, so timings and outcomes are as before.
+
+def _launch_spec(scenario: Scenario, cell: Cell, env: envs.EnvResult, per_node: int, ctx: RunContext) -> LaunchSpec:
+    """How one scenario's workers start in this cell (before packing over slots)."""
+    profile, options = ctx.plan.profile, ctx.options
+    device = ctx.machine["device"]
+    return LaunchSpec(
+        python=env.python,
+        module=scenario.module_name,
+        preload=scenario.preload,
+        device=device,
+        world_size=per_node,
+        env=_worker_env(device, options, env),
+        workdir=ctx.run_dir / "worker" / cell.cell_id / scenario.id,
+        job_timeout_s=profile.settings_for(scenario.id).job_timeout_s or profile.job_timeout_s,
+        start_timeout_s=profile.worker_start_timeout_s,
+        stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
+        memory_limit_mb=profile.worker_memory_mb,
+        nnodes=options.nnodes if scenario.distributed else 1,
+        rdzv_endpoint=options.rdzv_endpoint,
+        distributed=scenario.distributed,
+    )
+
+
+def _run_launches(run: _CellRun, due: list[_ScenarioLaunch], versions: dict[str, str]) -> None:
+    """Run each scenario's launch in order, closing every worker whatever happens.
+
+    Each scenario's workers start while the one before it runs (early start: they import the stack, then
+    wait for their jobs), so a cell pays one worker start instead of one per scenario. Early workers only
+    import: no job of theirs runs beside another scenario's, so timings and outcomes are as before."""
+    ctx = run.ctx
     started: list[WorkerSession] = []
     try:
         for position, launch in enumerate(due):
-            scenario = launch.scenario
             sessions = started or [WorkerSession(s) for s in launch.specs]
             started = []
             if position + 1 < len(due) and not ctx.options.no_early_start:
                 started = [WorkerSession(s) for s in due[position + 1].specs]
             try:
-                progress.start_cell(cell.cell_id, scenario.id)
+                ctx.progress.start_cell(run.cell.cell_id, launch.scenario.id)
                 for session in sessions:
                     session.start_early()
                 for session in started:
                     session.start_early()
-
-                def emit(variant: str, planned: dict[str, Any], fields: Outcome) -> None:
-                    write(scenario, variant, planned, fields, env.versions, launch.world_size)  # noqa: B023
-
+                emit = run.emitter(launch.scenario, versions, launch.world_size)
                 run_scenario(
-                    scenario,
+                    launch.scenario,
                     launch.variants,
                     launch.pending,
                     launch.resumed_fixes,
                     sessions,
                     emit,
                     ctx,
-                    cell,
-                    env.versions,
+                    run.cell,
+                    versions,
                 )
             finally:
                 for session in sessions:

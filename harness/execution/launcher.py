@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -373,149 +373,271 @@ class _Feed:
         return [j.index for j in fresh]
 
 
+@dataclass
+class _WatchState:
+    """What the polls of one launch have seen so far, folded event by event: which ranks are ready (and
+    their pids, to ask for stacks), which jobs started and which ranks ended them, what is still pending."""
+
+    token: str
+    ranks: list[int]
+    launched: float  # the start timeout runs from the real launch
+    last_event: float
+    pending: list[int]
+    exited: bool = False  # as the last poll saw it, before reading: every event it wrote is read after
+    ready: set[int] = field(default_factory=set)
+    pids: dict[int, int] = field(default_factory=dict)  # rank -> its worker's pid (from the ready event)
+    started: dict[int, float] = field(default_factory=dict)  # job index -> monotonic start (first rank)
+    ends: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)  # job index -> rank -> end event
+
+    def fold(self, rank: int, event: dict[str, Any], now: float) -> str | None:
+        """Take one rank's event in. Says "all-ready" when it made every rank ready, "import-failed" when the
+        worker cannot import the stack; events of another launch's jobs are ignored (never matched to ours)."""
+        self.last_event = now
+        kind = event["event"]
+        if kind == "ready":
+            self.ready.add(rank)
+            if event.get("pid"):
+                self.pids[rank] = int(event["pid"])
+            return "all-ready" if self.all_ready else None
+        if kind == "import-failed":
+            return "import-failed"
+        if event.get("uid") != job_uid(self.token, event.get("index", -1)):
+            return None
+        if kind == "start":
+            self.started.setdefault(event["index"], now)
+        elif kind == "end":
+            self.ends.setdefault(event["index"], {})[rank] = event
+        return None
+
+    @property
+    def all_ready(self) -> bool:
+        return len(self.ready) == len(self.ranks)
+
+    @property
+    def current(self) -> int:
+        """The job in flight (or next): the first pending one."""
+        return self.pending[0]
+
+    def partial(self) -> dict[int, dict[str, Any]]:
+        """The current job's end events so far, by rank."""
+        return self.ends.get(self.current, {})
+
+    def without_result(self) -> list[int]:
+        """The ranks that have not ended the current job."""
+        return sorted(set(self.ranks) - set(self.partial()))
+
+
 def _watch(spec: LaunchSpec, launch: Launch) -> Iterator[JobResult]:
-    proc, out_dir, token, feed = launch.proc, launch.out_dir, launch.token, launch.feed
-    readers = {rank: _EventReader(out_dir / f"events.rank{rank}.jsonl") for rank in range(spec.total_ranks)}
-    launched = launch.launched  # the start timeout runs from the real launch
+    """Poll a launch until its jobs are done or a rule ends it: each poll folds the ranks' new events, yields
+    the jobs every rank ended, then applies `_RULES` in order to the job in flight; the first that holds ends
+    the launch, with a result for that job or none (the caller relaunches for the rest)."""
     waited_from = time.monotonic()  # worker-start counts only the wait: an early start overlapped other work
-    ready: set[int] = set()
-    pids: dict[int, int] = {}  # rank -> its worker's pid (from the ready event), to ask for its stack
-    started: dict[int, float] = {}  # job index -> monotonic start (first rank)
-    ends: dict[int, dict[int, dict[str, Any]]] = {}  # job index -> rank -> end event
-    pending = [j.index for j in launch.jobs] + feed.new_jobs()
-    last_event = waited_from
-    while pending:
-        exited = proc.poll() is not None  # checked before reading, so every event it wrote is read below
+    readers = {rank: _EventReader(launch.out_dir / f"events.rank{rank}.jsonl") for rank in range(spec.total_ranks)}
+    pending = [j.index for j in launch.jobs] + launch.feed.new_jobs()
+    state = _WatchState(launch.token, sorted(readers), launch.launched, waited_from, pending)
+    while state.pending:
+        state.exited = launch.proc.poll() is not None
         for rank, reader in readers.items():
             for event in reader.read():
-                last_event = time.monotonic()
-                kind = event["event"]
-                if kind == "ready":
-                    ready.add(rank)
-                    if event.get("pid"):
-                        pids[rank] = int(event["pid"])
-                    if len(ready) == len(readers):
-                        CLOCK.add("worker-start", time.monotonic() - waited_from)
-                        pause_points.reached("workers-ready")
-                elif kind == "import-failed":
+                seen = state.fold(rank, event, time.monotonic())
+                if seen == "all-ready":
+                    CLOCK.add("worker-start", time.monotonic() - waited_from)
+                    pause_points.reached("workers-ready")
+                elif seen == "import-failed":
                     detail = {k: event.get(k) for k in ("exc_type", "message", "traceback")}
-                    yield JobResult(pending[0], "env-broken", detail)
+                    yield JobResult(state.current, "env-broken", detail)
                     return
-                elif event.get("uid") != job_uid(token, event.get("index", -1)):
-                    continue  # not a job of this launch: never match another attempt's result to our job
-                elif kind == "start":
-                    started.setdefault(event["index"], time.monotonic())
-                elif kind == "end":
-                    ends.setdefault(event["index"], {})[rank] = event
-        # Emit finished jobs in order; the consumer may queue more jobs while we are suspended.
-        while pending and len(ends.get(pending[0], {})) == len(readers):
-            index = pending.pop(0)
-            yield _combine(index, ends[index])
-            pending.extend(feed.new_jobs())
-            if pending and pending[0] not in started:
-                last_event = time.monotonic()  # idle time while the consumer thought is not a hang
-        if not pending:
+        yield from _finished_jobs(state, launch.feed)
+        if not state.pending:
             return
-        current = pending[0]
         now = time.monotonic()
-        partial = ends.get(current, {})
-        if (
-            partial
-            and any(e["status"] != "pass" for e in partial.values())
-            and (exited or now - started.get(current, now) > spec.job_timeout_s)
-        ):
-            # Some ranks raised, the others hung or died. A hung peer: the exception is the observation. A
-            # dead peer (the worker group exited without its result): a crash, and the survivors' exception
-            # (typically a collective whose peer vanished) is only its consequence.
-            result = _combine(current, partial)
-            missing = sorted(set(readers) - set(partial))
-            result.detail["ranks_without_result"] = missing
-            if missing and not exited:
-                # The peers still run: they wait for the failed rank (in the collective their stacks name). That
-                # wait is what a user sees as a hang, so the record keeps where each of them waited.
-                stacks = hang_stacks({r: pids[r] for r in missing if r in pids}, out_dir)
-                if stacks:
-                    result.detail["rank_stacks"] = {str(r): text for r, text in sorted(stacks.items())}
-                    result.detail["waiting_in"] = {str(r): w for r, w in sorted(waiting_in(stacks).items())}
-            result.detail["stderr_tail"] = _stderr_tail(out_dir, missing or sorted(partial))
-            if exited and missing:
-                survivors = result.detail.get("message", "")
-                result = JobResult(
-                    current,
-                    "crash",
-                    {
-                        "message": f"rank(s) {missing} died during the job "
-                        f"(worker group {_exit_text(proc.returncode)}); the other ranks then raised: {survivors[:300]}",
-                        "stderr_tail": result.detail["stderr_tail"],
-                        "ranks_without_result": missing,
-                    },
-                    result.duration_s,
-                )
-            yield result
-            return
-        if current in started and now - started[current] > spec.job_timeout_s:
-            unanswered: list[int] = []
-            stacks = hang_stacks(pids, out_dir, unanswered)
-            where = waiting_in(stacks)
-            # A rank that writes no stack when asked (SIGUSR1) is not running Python's signal handling any more
-            # (interpreter shutdown, native code with the signal masked): a finding of its own; SIGABRT may still
-            # have made it write one as it died.
-            silent = sorted(set(pids) - set(stacks))
-            said = "; ".join(
-                [f"rank {r} in {w or 'no collective'}" for r, w in sorted(where.items())]
-                + [f"rank {r} answered only SIGABRT" for r in unanswered if r in stacks]
-                + [f"rank {r} wrote no Python stack" for r in silent]
-            )
-            yield JobResult(
-                current,
-                "timeout",
-                {
-                    "message": f"job exceeded {spec.job_timeout_s:.0f} s; the whole process tree was killed"
-                    + (f"; stuck: {said}" if said else ""),
-                    "stderr_tail": _stderr_tail(out_dir, sorted(readers)),
-                    "rank_stacks": {str(r): text for r, text in sorted(stacks.items())},
-                    "waiting_in": {str(r): w for r, w in sorted(where.items())},
-                    **({"ranks_without_stack": silent} if silent else {}),
-                    **({"ranks_deaf_to_sigusr1": unanswered} if unanswered else {}),
-                },
-                now - started[current],
-            )
-            return
-        if current not in started and len(ready) < len(readers) and now - launched > spec.start_timeout_s:
-            yield JobResult(
-                current,
-                "timeout",
-                {
-                    "message": f"worker did not become ready within {spec.start_timeout_s:.0f} s",
-                    "stderr_tail": _stderr_tail(out_dir, sorted(readers)),
-                },
-                now - launched,
-            )
-            return
-        if current not in started and len(ready) == len(readers) and now - last_event > spec.job_timeout_s:
-            return  # stuck between jobs (e.g. re-synchronising ranks): drop this worker, relaunch for the rest
-        if exited:
-            if current in started or ends.get(current):
-                yield JobResult(
-                    current,
-                    "crash",
-                    {
-                        "message": f"worker exited with {_exit_text(proc.returncode)} during the job",
-                        "stderr_tail": _stderr_tail(out_dir, sorted(readers)),
-                    },
-                    now - started.get(current, now),
-                )
-            elif len(ready) < len(readers):
-                yield JobResult(
-                    current,
-                    "crash",
-                    {
-                        "message": f"worker exited with {_exit_text(proc.returncode)} before it was ready",
-                        "stderr_tail": _stderr_tail(out_dir, sorted(readers)),
-                    },
-                )
-            return  # the worker stopped early on purpose (distributed failure): relaunch for the rest
+        for holds, result_of in _RULES:
+            if holds(state, spec, now):
+                result = result_of(state, spec, launch, now)
+                if result is not None:
+                    yield result
+                return
         time.sleep(POLL_S)
+
+
+def _finished_jobs(state: _WatchState, feed: _Feed) -> Iterator[JobResult]:
+    """The pending jobs every rank has ended, in order. The consumer may queue more jobs while we are
+    suspended: they go to the feed, and the idle time while the consumer thought is not a hang."""
+    while state.pending and len(state.partial()) == len(state.ranks):
+        index = state.pending.pop(0)
+        yield _combine(index, state.ends[index])
+        state.pending.extend(feed.new_jobs())
+        if state.pending and state.current not in state.started:
+            state.last_event = time.monotonic()
+
+
+# The rules, each a pure decision on the folded state and the poll's time, in the order they apply.
+
+
+def _some_rank_failed(state: _WatchState) -> bool:
+    return any(e["status"] != "pass" for e in state.partial().values())
+
+
+def _rank_died(state: _WatchState, spec: LaunchSpec, now: float) -> bool:
+    """Some ranks raised, and the worker group exited without the others' results: they died."""
+    return _some_rank_failed(state) and state.exited and bool(state.without_result())
+
+
+def _peer_hung(state: _WatchState, spec: LaunchSpec, now: float) -> bool:
+    """Some ranks raised, and the others are past the job timeout without a result (or exited)."""
+    overran = now - state.started.get(state.current, now) > spec.job_timeout_s
+    return _some_rank_failed(state) and (state.exited or overran)
+
+
+def _job_timed_out(state: _WatchState, spec: LaunchSpec, now: float) -> bool:
+    return state.current in state.started and now - state.started[state.current] > spec.job_timeout_s
+
+
+def _start_timed_out(state: _WatchState, spec: LaunchSpec, now: float) -> bool:
+    waiting = state.current not in state.started and not state.all_ready
+    return waiting and now - state.launched > spec.start_timeout_s
+
+
+def _stuck_between_jobs(state: _WatchState, spec: LaunchSpec, now: float) -> bool:
+    """Every rank ready, no job started, no event for a job timeout (e.g. re-synchronising ranks)."""
+    idle = state.current not in state.started and state.all_ready
+    return idle and now - state.last_event > spec.job_timeout_s
+
+
+def _died_in_job(state: _WatchState, spec: LaunchSpec, now: float) -> bool:
+    return state.exited and (state.current in state.started or bool(state.partial()))
+
+
+def _died_starting(state: _WatchState, spec: LaunchSpec, now: float) -> bool:
+    return state.exited and not state.all_ready
+
+
+def _exited(state: _WatchState, spec: LaunchSpec, now: float) -> bool:
+    """The worker stopped early on purpose (after a distributed failure)."""
+    return state.exited
+
+
+# What each rule records for the job in flight (None: no result, relaunch for the rest). These do the I/O:
+# stderr tails, and the stacks of ranks still running.
+
+
+def _rank_died_result(state: _WatchState, spec: LaunchSpec, launch: Launch, now: float) -> JobResult:
+    """A crash: the survivors' exception (typically a collective whose peer vanished) is only its consequence."""
+    partial, missing = state.partial(), state.without_result()
+    combined = _combine(state.current, partial)
+    survivors = combined.detail.get("message", "")
+    return JobResult(
+        state.current,
+        "crash",
+        {
+            "message": f"rank(s) {missing} died during the job "
+            f"(worker group {_exit_text(launch.proc.returncode)}); the other ranks then raised: {survivors[:300]}",
+            "stderr_tail": _stderr_tail(launch.out_dir, missing or sorted(partial)),
+            "ranks_without_result": missing,
+        },
+        combined.duration_s,
+    )
+
+
+def _peer_hung_result(state: _WatchState, spec: LaunchSpec, launch: Launch, now: float) -> JobResult:
+    """The exception is the observation. The peers still run, waiting for the failed rank (in the collective
+    their stacks name): that wait is what a user sees as a hang, so the record keeps where each of them waited."""
+    partial, missing = state.partial(), state.without_result()
+    result = _combine(state.current, partial)
+    result.detail["ranks_without_result"] = missing
+    if missing and not state.exited:
+        stacks = hang_stacks({r: state.pids[r] for r in missing if r in state.pids}, launch.out_dir)
+        if stacks:
+            result.detail["rank_stacks"] = {str(r): text for r, text in sorted(stacks.items())}
+            result.detail["waiting_in"] = {str(r): w for r, w in sorted(waiting_in(stacks).items())}
+    result.detail["stderr_tail"] = _stderr_tail(launch.out_dir, missing or sorted(partial))
+    return result
+
+
+def _job_timeout_result(state: _WatchState, spec: LaunchSpec, launch: Launch, now: float) -> JobResult:
+    """A timeout with every rank's stack and the collective it waits in.
+
+    A rank that writes no stack when asked (SIGUSR1) is not running Python's signal handling any more
+    (interpreter shutdown, native code with the signal masked): a finding of its own; SIGABRT may still have
+    made it write one as it died."""
+    unanswered: list[int] = []
+    stacks = hang_stacks(state.pids, launch.out_dir, unanswered)
+    where = waiting_in(stacks)
+    silent = sorted(set(state.pids) - set(stacks))
+    said = "; ".join(
+        [f"rank {r} in {w or 'no collective'}" for r, w in sorted(where.items())]
+        + [f"rank {r} answered only SIGABRT" for r in unanswered if r in stacks]
+        + [f"rank {r} wrote no Python stack" for r in silent]
+    )
+    return JobResult(
+        state.current,
+        "timeout",
+        {
+            "message": f"job exceeded {spec.job_timeout_s:.0f} s; the whole process tree was killed"
+            + (f"; stuck: {said}" if said else ""),
+            "stderr_tail": _stderr_tail(launch.out_dir, state.ranks),
+            "rank_stacks": {str(r): text for r, text in sorted(stacks.items())},
+            "waiting_in": {str(r): w for r, w in sorted(where.items())},
+            **({"ranks_without_stack": silent} if silent else {}),
+            **({"ranks_deaf_to_sigusr1": unanswered} if unanswered else {}),
+        },
+        now - state.started[state.current],
+    )
+
+
+def _start_timeout_result(state: _WatchState, spec: LaunchSpec, launch: Launch, now: float) -> JobResult:
+    return JobResult(
+        state.current,
+        "timeout",
+        {
+            "message": f"worker did not become ready within {spec.start_timeout_s:.0f} s",
+            "stderr_tail": _stderr_tail(launch.out_dir, state.ranks),
+        },
+        now - state.launched,
+    )
+
+
+def _died_in_job_result(state: _WatchState, spec: LaunchSpec, launch: Launch, now: float) -> JobResult:
+    return JobResult(
+        state.current,
+        "crash",
+        {
+            "message": f"worker exited with {_exit_text(launch.proc.returncode)} during the job",
+            "stderr_tail": _stderr_tail(launch.out_dir, state.ranks),
+        },
+        now - state.started.get(state.current, now),
+    )
+
+
+def _died_starting_result(state: _WatchState, spec: LaunchSpec, launch: Launch, now: float) -> JobResult:
+    return JobResult(
+        state.current,
+        "crash",
+        {
+            "message": f"worker exited with {_exit_text(launch.proc.returncode)} before it was ready",
+            "stderr_tail": _stderr_tail(launch.out_dir, state.ranks),
+        },
+    )
+
+
+def _no_result(state: _WatchState, spec: LaunchSpec, launch: Launch, now: float) -> None:
+    """Drop this worker without a result: the caller relaunches one for the remaining jobs."""
+    return None
+
+
+_Rule = Callable[[_WatchState, LaunchSpec, float], bool]
+_ResultOf = Callable[[_WatchState, LaunchSpec, Launch, float], JobResult | None]
+#: In order: the first rule that holds ends the launch.
+_RULES: tuple[tuple[_Rule, _ResultOf], ...] = (
+    (_rank_died, _rank_died_result),
+    (_peer_hung, _peer_hung_result),
+    (_job_timed_out, _job_timeout_result),
+    (_start_timed_out, _start_timeout_result),
+    (_stuck_between_jobs, _no_result),
+    (_died_in_job, _died_in_job_result),
+    (_died_starting, _died_starting_result),
+    (_exited, _no_result),
+)
 
 
 STACK_WAIT_S = 2.0
