@@ -191,6 +191,11 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         return "deepspeed-allgather-inplace-view"  # deepspeed's all_gather writes into a view of a split
     if "object has no attribute 'quant_state'" in message:
         return "bnb-quant-state-lost"  # a Params4bit replaced by a plain tensor (FSDP flattening) lost its state
+    if "Expected all tensors to be on the same device" in message and "lora_A(x_eye)" in traceback:
+        # The same read on GPUs: x_eye is made on lora_A.weight's device, read outside lora_A's FSDP1 unit, where
+        # it is not the unit's CUDA weight (S7's DoRA config on two GPUs, peft 0.18 and 0.21: "mat2 is on cuda:0,
+        # different from other tensors on cpu").
+        return "dora-reads-sharded-lora-weight"
     if "size mismatch, got input" in message and "dora" in traceback.lower():
         return "dora-reads-sharded-lora-weight"  # the same sharded read as the IndexError below, through addmv
     if "Your setup doesn't support bf16/gpu" in message:

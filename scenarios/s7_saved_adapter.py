@@ -24,17 +24,24 @@ failure; the first history run, without it, passed from deepspeed 0.15.4 on). Th
 ZeRO-3): `TrainingArguments(deepspeed=...)`, `trainer.train()`, `trainer.save_model(dir)` on every rank, as TRL's
 SFTTrainer users save (trl#4416, peft#2892: a 40-byte adapter); its fix variant sets
 `stage3_gather_16bit_weights_on_model_save`. A Trainer that did not really run ZeRO-3 is not evidence (not
-applicable). The Trainer's FSDP path needs GPUs and is not covered yet; drawn configs keep the hand loop.
+applicable). The Trainer under FSDP (`path = "trainer"`, engine `fsdp1` or `fsdp2`; GPUs only: on CPU the Trainer
+ignores `fsdp=` and trains with DDP, measured on transformers 5.24): `fsdp="full_shard auto_wrap"`, the state dict
+type as `accelerate launch --fsdp_state_dict_type` exports it (`context` = `full_state_dict` or `sharded_state_dict`,
+also in `fsdp_config` where the release reads it there), `trainer.save_model(dir)` on every rank; the record notes
+the FSDP version and state dict type that really ran (a stack that ran another is not applicable). Its fix
+`full_state_dict_on_save` switches accelerate's plugin to FULL_STATE_DICT before saving, as peft's SFT example does.
+The Trainer's saves go through accelerate's `get_state_dict` (FSDP FULL_STATE_DICT and ZeRO-3); there is no
+separate hand-written Accelerator loop. Drawn configs vary the path too.
 Found by hand on CPU before this file was written (torch 2.13,
 gloo): with peft 0.12.0 the FSDP1 recipe saves the 8 trained tensors (17 KB); with peft 0.21.2 it saves a 40-byte
 file with no tensor, inside `summon_full_params` as well: `get_peft_model_state_dict` of the wrapped PeftModel returns
 no key from the correct full state dict, while the same call on an unwrapped PeftModel of the same config returns
 all 8 (the wrapped model's module names carry `_fsdp_wrapped_module`).
 
-FSDP2 is not covered yet. Tried by hand (torch 2.13, peft 0.21.2, gloo): `save_pretrained` of the `fully_shard`ed
-model on every rank raised "Attempted to access the data pointer on an invalid python storage", and a second
-`get_model_state_dict(full_state_dict=True, cpu_offload=True)` did not return within 200 s; both need a study of
-their own before they can be a config here.
+FSDP2 by hand is not covered (through the Trainer it is). Tried by hand (torch 2.13, peft 0.21.2, gloo):
+`save_pretrained` of the `fully_shard`ed model on every rank raised "Attempted to access the data pointer on an
+invalid python storage", and a second `get_model_state_dict(full_state_dict=True, cpu_offload=True)` did not return
+within 200 s; both need a study of their own before they can be a config here.
 """
 
 from __future__ import annotations
@@ -77,6 +84,11 @@ SPEC = {
             "fix",
             "ZeRO-3 through the Trainer: stage3_gather_16bit_weights_on_model_save = true in the DeepSpeed config",
         ),
+        "full_state_dict_on_save": (
+            "fix",
+            "FSDP through the Trainer: accelerate's FSDP plugin set to FULL_STATE_DICT before trainer.save_model "
+            "(peft's SFT example)",
+        ),
     },
 }
 
@@ -103,6 +115,11 @@ EXAMPLES: list[dict] = [
     dict(SEED, adapter="dora"),
     # The Trainer path (`trainer.save_model`), as TRL's SFTTrainer users save under ZeRO-3 (trl#4416, peft#2892).
     dict(SEED, engine="zero3", path="trainer"),
+    # The Trainer under FSDP (GPUs only): the state dict type users pick in their accelerate config, FULL or SHARDED
+    # (transformers#28297, peft docs' FSDP-QLoRA recipe), and FSDP2 where the stack has it.
+    dict(SEED, path="trainer"),
+    dict(SEED, path="trainer", context="sharded_state_dict"),
+    dict(SEED, path="trainer", engine="fsdp2", context="sharded_state_dict"),
 ]
 
 
@@ -112,8 +129,9 @@ def strategy():
     axis = strategies.axis
     return st.fixed_dictionaries(
         {
-            "engine": axis(SEED, "engine", "zero3"),
-            "context": axis(SEED, "context", "none"),
+            "engine": axis(SEED, "engine", "zero3", "fsdp2"),
+            "path": st.sampled_from(["loop", "trainer"]),
+            "context": axis(SEED, "context", "none", "sharded_state_dict"),
             "use_orig_params": axis(SEED, "use_orig_params", True),
             "adapter": axis(SEED, "adapter", "dora"),
             "targets": axis(SEED, "targets", "all-linear"),
@@ -134,10 +152,13 @@ _ENGINE_OF = {
     "save_by_key": ("fsdp1",),
     "gathered_parameters": ("zero3",),
     "gather_16bit_on_save": ("zero3",),
+    "full_state_dict_on_save": ("fsdp1", "fsdp2"),
 }
 #: Saving paths of the hand loop and of the Trainer (a config's `path`; absent in the first configs: the loop).
 _PATH_OF = {"summon_full_params": "loop", "save_by_key": "loop", "gathered_parameters": "loop",
-            "gather_16bit_on_save": "trainer"}  # fmt: skip
+            "gather_16bit_on_save": "trainer", "full_state_dict_on_save": "trainer"}  # fmt: skip
+#: The FSDP state dict types a config's `context` names on the Trainer path (accelerate's `fsdp_state_dict_type`).
+_STATE_DICT_TYPE = {"full_state_dict": "FULL_STATE_DICT", "sharded_state_dict": "SHARDED_STATE_DICT"}
 
 
 def run(config: dict, variant: str, ctx: dict) -> dict:
@@ -151,8 +172,7 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
     for fix in fixes:
         measured.require(config["engine"] in _ENGINE_OF[fix], f"{fix} is a saving path of {'/'.join(_ENGINE_OF[fix])}")
         measured.require(_PATH_OF[fix] == path, f"{fix} is a saving path of the {_PATH_OF[fix]} path")
-    if path == "trainer":
-        measured.require(config["engine"] == "zero3", "the Trainer's FSDP saving path is not covered yet")
+    _require_applicable(config, path, ctx)
     # Rank 0 writes the base once; every rank loads it (and the reload check reads it again from disk).
     base_dir = distributed.shared_directory(ctx, "s7base-", lambda path: save_pretrained_tiny(config, path))
     out_dir = os.path.join(ctx["workdir"], "adapter")
@@ -183,6 +203,19 @@ def run(config: dict, variant: str, ctx: dict) -> dict:
         if dist.get_rank() == 0:
             shutil.rmtree(base_dir, ignore_errors=True)
     return {"metrics": metrics, "path": f"{path}-{config['engine']}-{'+'.join(sorted(fixes)) or 'baseline'}"}
+
+
+def _require_applicable(config: dict, path: str, ctx: dict) -> None:
+    """Configs that name no real saving path here, refused before anything trains."""
+    engine, context = config["engine"], config["context"]
+    if path == "loop":
+        measured.require(engine != "fsdp2", "FSDP2 by hand is not covered (a save error and a hang, see the docstring)")
+        if engine == "fsdp1":
+            measured.require(context != "sharded_state_dict", "a SHARDED_STATE_DICT is the Trainer path's setting here")
+    elif engine != "zero3":
+        # Measured (transformers 5.24, accelerate 1.15, gloo): on CPU the Trainer ignores `fsdp=` and trains with DDP.
+        measured.require(ctx.get("device") == "cuda", "the Trainer runs FSDP on GPUs only (on CPU it trains with DDP)")
+        measured.require(context in _STATE_DICT_TYPE, f"the Trainer's FSDP saves with a state dict type, not {context}")
 
 
 def _zero3_config(trainer: bool, gather_on_save: bool) -> dict:
@@ -346,8 +379,10 @@ class _Trained:
 
 
 class _TrainerTrained(_Trained):
-    """ZeRO-3 through the HF Trainer (`TrainingArguments(deepspeed=...)`, `trainer.train()`), saved with
-    `trainer.save_model(dir)` on every rank, as TRL's SFTTrainer and the Trainer's own checkpoints save."""
+    """Trained through the HF Trainer and saved with `trainer.save_model(dir)` on every rank, as TRL's SFTTrainer and
+    the Trainer's own checkpoints save: ZeRO-3 (`TrainingArguments(deepspeed=...)`) or FSDP (`fsdp="full_shard
+    auto_wrap"`, the state dict type as `accelerate launch --fsdp_state_dict_type` sets it, and in `fsdp_config`
+    where the release reads it there)."""
 
     def _wrap(self):
         import os
@@ -357,41 +392,83 @@ class _TrainerTrained(_Trained):
         from scenarios.kit import trainer as trainer_path
         from scenarios.kit.models import token_rows
 
-        kwargs: dict = {
-            "per_device_train_batch_size": 2,
-            "max_steps": self.config["steps"],
-            "learning_rate": 1e-2,
-            "deepspeed": _zero3_config(trainer=True, gather_on_save="gather_16bit_on_save" in self.fixes),
-        }
+        kwargs: dict = {"per_device_train_batch_size": 2, "max_steps": self.config["steps"], "learning_rate": 1e-2}
+        if self.config["engine"] == "zero3":
+            kwargs["deepspeed"] = _zero3_config(trainer=True, gather_on_save="gather_16bit_on_save" in self.fixes)
+        else:
+            kwargs |= self._fsdp_arguments()
         if self.device.type == "cpu" and compat.version_tuple(compat.version_of("transformers")) >= (5,):
             kwargs["use_cpu"] = True  # as S4: 5.x needs it on CPU and still runs DeepSpeed; 4.4x runs DeepSpeed without
         args = trainer_path.training_arguments(os.path.join(self.ctx["workdir"], "trainer"), **kwargs)
         data = token_rows(self.config["vocab"], 16, 2 * self.config["steps"] * 2, self.config["seed"])
         self.trainer = Trainer(model=self.peft_model, args=args, train_dataset=data)
         measured.trainer(self.trainer)
-        measured.require(
-            bool(getattr(self.trainer, "is_deepspeed_enabled", False)),
-            "the Trainer did not enable DeepSpeed here (it would train without ZeRO)",
-        )
+        if self.config["engine"] == "zero3":
+            measured.require(
+                bool(getattr(self.trainer, "is_deepspeed_enabled", False)),
+                "the Trainer did not enable DeepSpeed here (it would train without ZeRO)",
+            )
         return None
 
-    def train(self) -> dict:
-        import deepspeed
+    def _fsdp_arguments(self) -> dict:
+        declared = _STATE_DICT_TYPE[self.config["context"]]
+        os.environ["FSDP_STATE_DICT_TYPE"] = declared  # what `accelerate launch --fsdp_state_dict_type` exports
+        fsdp_config = {
+            "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
+            "use_orig_params": bool(self.config["use_orig_params"]),
+            "state_dict_type": declared,
+            "version": 2 if self.config["engine"] == "fsdp2" else 1,
+        }
+        return {"fsdp": "full_shard auto_wrap", "fsdp_config": fsdp_config}
 
+    def train(self) -> dict:
         from scenarios.kit import trainer as trainer_path
 
         self.trainer.train()
         self.engine = self.trainer.model_wrapped
-        measured.require(
-            isinstance(self.engine, deepspeed.DeepSpeedEngine),
-            f"the Trainer trained with {type(self.engine).__name__}, not a DeepSpeedEngine: ZeRO never ran",
-        )
         self.wrapped = self.engine
-        measured.note(zero_stage=int(self.engine.zero_optimization_stage()), zero3_persistence_threshold=0)
+        if self.config["engine"] == "zero3":
+            import deepspeed
+
+            measured.require(
+                isinstance(self.engine, deepspeed.DeepSpeedEngine),
+                f"the Trainer trained with {type(self.engine).__name__}, not a DeepSpeedEngine: ZeRO never ran",
+            )
+            measured.note(zero_stage=int(self.engine.zero_optimization_stage()), zero3_persistence_threshold=0)
+        else:
+            self._require_fsdp_as_declared()
         losses = trainer_path.logged_losses(self.trainer)
         metrics = {"losses": [round(x, 5) for x in losses]}
         checks.finite_loss(losses, metrics)
         return metrics
 
+    def _require_fsdp_as_declared(self) -> None:
+        """The FSDP version and state dict type that really ran, as the record's evidence."""
+        from scenarios.kit import fsdp
+
+        ran = fsdp.fsdp_that_ran(self.engine)
+        plugin = self.trainer.accelerator.state.fsdp_plugin
+        state_dict_type = str(getattr(plugin, "state_dict_type", "")).rsplit(".", 1)[-1]
+        measured.note(fsdp=ran if ran != "not-wrapped" else None, fsdp_state_dict_type=state_dict_type)
+        measured.require(ran == self.config["engine"], f"the config declared {self.config['engine']}, {ran} ran")
+        declared = _STATE_DICT_TYPE[self.config["context"]]
+        measured.require(state_dict_type == declared, f"{declared} was declared, accelerate used {state_dict_type}")
+
+    def gathered_reference(self) -> tuple[dict, object]:
+        if self.config["engine"] != "fsdp2":
+            return super().gathered_reference()
+        import torch
+
+        from scenarios.kit import fsdp
+
+        full = fsdp.adapter_snapshot(self.wrapped, "fsdp2")
+        self.wrapped.eval()
+        with torch.no_grad():
+            logits = self.wrapped(input_ids=self.ids.to(self.device)).logits.float().cpu()
+        self.wrapped.train()
+        return saving.adapter_part(full), logits
+
     def save(self, out_dir: str, fixes: set[str]) -> None:
+        if "full_state_dict_on_save" in fixes:  # peft's examples/sft/train.py, before trainer.save_model
+            self.trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
         self.trainer.save_model(out_dir)

@@ -66,3 +66,16 @@ def test_a_fix_per_config_is_not_no_fix(tmp_path: Path) -> None:
     records[-1] = of("c2", "fail", "trainer_fix", "t")
     write_run(tmp_path / "again", "cpu-1", "cpu", "1", records)
     assert "| ✗ 2/2 · no fix measured |" in render_markdown(select_runs(tmp_path / "again"), {"S7-x": spec})
+
+
+def test_a_later_run_without_an_optional_package_keeps_it_in_the_row(tmp_path: Path) -> None:
+    """S7's GPU run installed no bitsandbytes in a cell whose S2 run had it: the row and the versions table still
+    name the bitsandbytes that S2 ran with."""
+    with_bnb = {"versions": {"torch": "2.11.0", "peft": "0.18.0", "bitsandbytes": "0.48.2"}}
+    without = {"versions": {"torch": "2.11.0", "peft": "0.18.0"}}
+    write_run(tmp_path, "gpu-2", "gpu", "1", [rec("gpu-2", "day", "S2-x", "pass") | with_bnb])
+    write_run(tmp_path, "gpu-1", "gpu", "1", [rec("gpu-1", "day", "S7-x", "pass") | without])  # read first
+    text = render_markdown(select_runs(tmp_path), {"S2-x": SPEC, "S7-x": SPEC})
+    glance = text.split("## The answer at a glance", 1)[1].split("## Provenance", 1)[0]
+    assert "| torch 2.11.0 peft 0.18.0 bnb 0.48.2 | ✓ 0/1 | ✓ 0/1 |" in glance
+    assert "| `day` | - | 2.11.0 | - | 0.18.0 | - | - | 0.48.2 |" in text

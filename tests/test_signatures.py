@@ -94,6 +94,12 @@ def test_gpu_wordings_and_traceback_matched_failures() -> None:
     assert exception_signature("builtins.IndexError", "tuple index out of range", older) == (
         "dora-reads-sharded-lora-weight"
     )  # peft 0.12 wording: the same read, in DoraLinearLayer.forward
+    device = (
+        "Expected all tensors to be on the same device, but got mat2 is on cuda:0, different from other tensors on cpu"
+    )
+    trace = 'peft/tuners/lora/dora.py", line 74, in forward\n    lora_weight = lora_B(lora_A(x_eye)).T'
+    assert exception_signature("builtins.RuntimeError", device, trace) == "dora-reads-sharded-lora-weight"
+    assert exception_signature("builtins.RuntimeError", device, "").startswith("unclassified-")
     assert exception_signature("builtins.IndexError", "tuple index out of range", "").startswith("unclassified-")
     freed = "setStorage: sizes [8, 64], strides [1, 8] ... are out of bounds for storage of size 0"
     trace = 'torch/utils/checkpoint.py", line 308, in backward'

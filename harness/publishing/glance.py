@@ -79,6 +79,14 @@ def version_label(versions: dict[str, Any]) -> str:
     return " ".join(f"{short_name(p)} {public_version(str(versions[p]))}" for p in AXIS_PACKAGES if versions.get(p))
 
 
+def fullest_versions(cell_records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The versions of the cell's record that names the most axis packages: a later run may have left an optional
+    package out (S7's GPU run installed no bitsandbytes), which must not drop it from a cell its other scenarios
+    ran with."""
+    with_versions = [r["versions"] for r in cell_records if r.get("versions")]
+    return max(with_versions, key=lambda v: sum(1 for p in AXIS_PACKAGES if v.get(p)), default={})
+
+
 def glance_tables(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One table per (device, world size): its scenario columns and its rows, newest first, each row named by
     the versions that ran, with the cell it stands for and one short entry per scenario. The Markdown table,
@@ -89,7 +97,7 @@ def glance_tables(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]
     scenarios = sorted({r["scenario"] for r in records}, key=lambda s: (int(s[1:].split("-")[0]), s))
     groups: dict[tuple[str, int], list[tuple[tuple, dict[str, Any]]]] = defaultdict(list)
     for cell, cell_records in by_cell.items():
-        versions = next((r["versions"] for r in cell_records if r.get("versions")), {})
+        versions = fullest_versions(cell_records)
         hardware = [r.get("hardware") or {} for r in cell_records]
         device = "GPU" if any(h.get("device") == "cuda" for h in hardware) else "CPU"
         ranks = max((int(h.get("world_size") or 1) for h in hardware), default=1)

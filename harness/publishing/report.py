@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES
-from harness.publishing.glance import glance_markdown, scenario_anchor
+from harness.publishing.glance import fullest_versions, glance_markdown, scenario_anchor
 from harness.recording import runs
 from harness.recording.outcomes import UNSIGNED
 from harness.recording.records import read_records, record_key
@@ -398,10 +398,10 @@ def _real_size_section(records: list[dict[str, Any]]) -> list[str]:
 
 
 def _versions_table(cells: list[str], records: list[dict[str, Any]]) -> list[str]:
-    resolved: dict[str, dict[str, str]] = {}
+    by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
-        if record.get("versions"):
-            resolved.setdefault(record["cell"], record["versions"])
+        by_cell[record["cell"]].append(record)
+    resolved = {cell: fullest_versions(cell_records) for cell, cell_records in by_cell.items()}
     columns = ["python", *AXIS_PACKAGES]
     lines = [
         "## Resolved versions per cell",
