@@ -61,6 +61,7 @@ SPEC = {
         "huggingface/accelerate#4206",
         "huggingface/transformers#28297",
         "huggingface/accelerate#2321",
+        "huggingface/transformers#30491",
     ],
     "world_size": 2,
     # A saving path that fails raises on rank 0 only (rank 1 waits at the barrier): restart the group after it.
