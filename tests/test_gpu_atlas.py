@@ -24,8 +24,9 @@ from harness.publishing.device_compare import disagreements, disagreements_markd
 from harness.publishing.report import qualify_shared_cells
 from harness.recording.signatures import classify
 from harness.recording.verdicts import verdict
+from harness.tools.flip_search import spread as _spread
 from harness.tools.flips import Flip
-from harness.tools.node_flips import PER_ROUND, _spread, step
+from harness.tools.node_flips import PER_ROUND, step
 
 S2 = "S2-qlora-grad-flags"
 TARGET = "no-grad-element-0"

@@ -3,9 +3,9 @@
 Every other pin stays as in a base cell of the profile. Each probe is a real one-cell matrix run of the
 scenario's explicit examples (and profile configs) under one variant, recorded under
 `results/bisect/<id>/`. The old end is probed first; then a binary search over the releases after it,
-with "beyond the new end" as a virtual candidate, so n releases take at most ceil(log2 n) + 1 cell runs.
-A probe that is `install-failed` or `env-broken` is stepped over (its neighbour is tried) and the verdict
-says so.
+with "beyond the new end" as a virtual candidate, so n releases take at most ceil(log2 n) + 1 cell runs
+(`flip_search`, the search every bisector shares). A probe that is `install-failed` or `env-broken` is stepped
+over (its neighbour is tried) and the verdict says so.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from harness.execution.options import MatrixOptions
 from harness.recording import runs
 from harness.recording.outcomes import FAILING, UNUSABLE
 from harness.recording.records import read_records
+from harness.tools import flip_search
 from harness.versions import releases
 
 
@@ -113,20 +114,15 @@ def bisect(
     if first.state == "unusable":
         raise UsageError(f"{package}=={old} cannot be installed or imported here; choose another --bad/--good bound")
     verdict.old_state = first.state
-    usable = list(candidates)
-    lo, hi = 0, len(usable)  # usable[lo] has the old state; hi == len(usable): "no flip in range"
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        result = probe(usable[mid])
-        if result.state == "unusable":
-            # Cannot be the answer: drop it and search the rest (the verdict lists it).
-            verdict.stepped_over.append(usable.pop(mid))
-            hi -= 1
-        elif result.state == verdict.old_state:
-            lo = mid
-        else:
-            hi = mid
-    verdict.first_flip = usable[hi] if hi < len(usable) else None
+    newer_state = "pass" if first.state == "fail" else "fail"
+    known = {first.version: first.state}
+    step = flip_search.next_step(candidates, known, first.state, newer_state)
+    while not step.done:
+        result = probe(step.probes[0])
+        known[result.version] = result.state
+        step = flip_search.next_step(candidates, known, first.state, newer_state)
+    verdict.stepped_over = step.stepped_over  # could not run: not the answer, and listed
+    verdict.first_flip = step.first
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "verdict.json").write_text(json.dumps(verdict.as_json(), indent=1) + "\n")
     return verdict

@@ -28,6 +28,7 @@ from harness.define.registry import discover
 from harness.recording.packing import run_dirs
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
+from harness.tools import flip_search
 from harness.tools.bisection import probe_state
 from harness.tools.flips import Flip, dated_states, flips_in
 from harness.versions import lock as era_lock
@@ -96,22 +97,12 @@ def step(flip: Flip, states: dict[str, str], release_list: list[str]) -> list[st
     # The two days' own releases bound the bracket even where the index list lacks them (yanked, or filtered
     # by Requires-Python): the run itself measured them.
     bounded = sorted({*release_list, old, new}, key=Version)
-    ordered = [v for v in bounded if known.get(v) != "unusable"]
-    low = max(i for i, v in enumerate(ordered) if known.get(v) == before)
-    high = min((i for i, v in enumerate(ordered) if i > low and known.get(v) == after), default=len(ordered) - 1)
-    untested = [v for v in ordered[low + 1 : high] if v not in known]
-    if not untested:
-        flip.release = ordered[high]
+    found = flip_search.next_step(bounded, known, before, after, per_round=PER_ROUND)
+    if found.done:
+        flip.release = found.first
         flip.bisect = f"{len(known) - 2} release(s) of {package} probed between {old} and {new} on the node"
         return []
-    return [probe_day(flip.older, package, v) for v in _spread(untested, PER_ROUND)]
-
-
-def _spread(items: list[str], count: int) -> list[str]:
-    """Up to `count` items evenly spaced (a k-ary search step)."""
-    if len(items) <= count:
-        return items
-    return [items[round((i + 1) * len(items) / (count + 1)) - 1] for i in range(count)]
+    return [probe_day(flip.older, package, v) for v in found.probes]
 
 
 def plan_round(run_dir: Path, profile: Profile, out_root: Path) -> tuple[list[Flip], dict[str, list[str]]]:

@@ -39,7 +39,7 @@ from harness.define.profile import DATE_AXIS, Profile
 from harness.environments.envs import InstallOptions
 from harness.errors import UsageError
 from harness.recording.runs import now_iso
-from harness.tools import script_stacks
+from harness.tools import flip_search, script_stacks
 from harness.tools.script_stacks import Stack
 from harness.tools.user_script import CLASSIFIER_VERSION, ScriptRun, run_script, script_dependencies
 from harness.versions import releases
@@ -469,23 +469,20 @@ def _bisect_releases(
     if not after or after[-1] != str(Version(new)):
         after.append(new)  # the newer stack's own release, where the index no longer lists it (yanked)
     flip.candidates = after
-    usable = list(after)
-    lo, hi = -1, len(usable) - 1  # lo: last with the older state (-1 = old itself); hi: first with the newer one
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        found = bisect.observe("bisect", bisect.moved(base, package, usable[mid], older, newer))
-        entry = {"version": usable[mid], **_brief(found)}
+    # Both ends are measured already: the older stack's release and the newer stack's (the move that reproduced).
+    candidates = [str(Version(old)), *after]
+    known = {candidates[0]: flip.older_state, after[-1]: flip.newer_state}
+    step = flip_search.next_step(candidates, known, flip.older_state, flip.newer_state)
+    while not step.done:
+        version = step.probes[0]
+        found = bisect.observe("bisect", bisect.moved(base, package, version, older, newer))
+        entry = {"version": version, **_brief(found)}
         flip.bisect_runs.append(entry)
-        if found.state == flip.newer_state:
-            hi = mid
-        elif found.state == flip.older_state:
-            lo = mid
-        else:
-            flip.stepped_over.append(entry)
-            usable.pop(mid)
-            hi -= 1
-    flip.first_release = usable[hi]
-    flip.last_release_before = usable[lo] if lo >= 0 else str(Version(old))
+        if found.state not in (flip.older_state, flip.newer_state):
+            flip.stepped_over.append(entry)  # failed another way or could not run: not the answer
+        known[version] = found.state
+        step = flip_search.next_step(candidates, known, flip.older_state, flip.newer_state)
+    flip.first_release, flip.last_release_before = step.first, step.last_before
     if not bisect.options.offline:
         gone = [
             str(v) for v in releases.yanked(package) if _between(str(v), flip.last_release_before, flip.first_release)

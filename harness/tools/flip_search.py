@@ -1,0 +1,57 @@
+"""The one search for where an outcome flips between releases: pure, over the states known so far.
+
+Every bisector in the house asks the same question -- which release of a package first shows the newer state --
+and runs its probes its own way: the packaging bisect runs one-cell matrices, the atlas flips run them per
+changed package, the GPU node runs planned rounds of them, `bisect-script` runs a user's script. They share this
+search: given the releases in order and the states measured so far, it returns the next releases to probe, or
+the answer. A probe whose state is neither of the two ends' (it could not install or run, or it failed another
+way) is stepped over: it cannot be the answer, and it stays listed, since the change may hide in it.
+
+Binary search with one probe per round (`per_round=1`: n releases take at most ceil(log2 n) + 1 runs, the
+midpoint each time); a round of k probes spreads them evenly over the releases still open (a k-ary search, for
+a GPU node where each round is a device call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Step:
+    """Where the search stands: the releases to probe next, or (none left) the answer."""
+
+    probes: list[str]
+    #: The first release with the newer state; None when no candidate has it (no flip in the range).
+    first: str | None = None
+    #: The last release with the older state before `first`.
+    last_before: str | None = None
+    #: Releases probed whose state was neither end's, in the order they were probed.
+    stepped_over: list[str] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return not self.probes
+
+
+def next_step(candidates: list[str], known: dict[str, str], before: str, after: str, per_round: int = 1) -> Step:
+    """The next probes over `candidates` (oldest first; the first one's state is known and is `before`), from
+    `known` (release -> state, in the order probed). The newest candidate may be unknown: the search then treats
+    "beyond the newest" as the flip's place until a probe says otherwise."""
+    stepped = [v for v, state in known.items() if v in candidates and state not in (before, after)]
+    usable = [v for v in candidates if v not in stepped]
+    low = max(i for i, v in enumerate(usable) if known.get(v) == before)
+    high = min((i for i, v in enumerate(usable) if i > low and known.get(v) == after), default=len(usable))
+    if high - low <= 1:
+        first = usable[high] if high < len(usable) else None
+        return Step([], first, usable[low], stepped)
+    return Step(spread(usable[low + 1 : high], per_round), stepped_over=stepped)
+
+
+def spread(items: list[str], count: int) -> list[str]:
+    """Up to `count` of `items` evenly spaced: the midpoint for one (binary search), a k-ary step for more."""
+    if count == 1:
+        return [items[(len(items) - 1) // 2]]
+    if len(items) <= count:
+        return items
+    return [items[round((i + 1) * len(items) / (count + 1)) - 1] for i in range(count)]
