@@ -27,7 +27,7 @@ def run(monkeypatch, tmp_path: Path, states: dict[str, str]) -> bisect_module.Ve
     def fake_probe(profile, base, package, version, scenario_id, variant, options, out_dir, signature):
         return bisect_module.Probe(version, states[version], [], f"run-{version}", 1)
 
-    monkeypatch.setattr(bisect_module, "_probe", fake_probe)
+    monkeypatch.setattr(bisect_module, "probe_cell", fake_probe)
     profile = load_profile("cpu", REPO_ROOT / "matrix")
     options = MatrixOptions(results_dir=tmp_path, install=InstallOptions(envs_dir=tmp_path / "envs"))
     return bisect_module.bisect(profile, "deepspeed", "S4", "baseline", options, out_root=tmp_path)

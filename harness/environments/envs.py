@@ -31,7 +31,7 @@ from harness.processes import guard
 from harness.processes.proctree import ORCHESTRATOR_VAR
 
 MARKER = ".compat-matrix-cell.json"
-#: Where a half-built environment is moved before it is deleted (see `_discard`).
+#: Where a half-built environment is moved before it is deleted (see `discard`).
 DISCARD_PREFIX = ".discard-"
 #: Prints {distribution: version} for the environment it runs in; the first one on sys.path wins.
 LIST_VERSIONS = (
@@ -175,7 +175,7 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
             overlaid=data.get("overlaid", []),
             left_out=data.get("left_out", {}),
         )
-    _discard(target)  # half-built (no marker: its builder died) or --rebuild-envs
+    discard(target)  # half-built (no marker: its builder died) or --rebuild-envs
     target.parent.mkdir(parents=True, exist_ok=True)
     deadline = start + profile.install_timeout_s
     build = _Build(deadline, lock_fd)
@@ -185,7 +185,7 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
         else:
             result = _build_uv(cell, profile, options, target, build)
     except InstallFailed as exc:
-        _discard(target)
+        discard(target)
         return EnvResult(None, {}, False, time.monotonic() - start, failure=str(exc), mode=options.mode(profile))
     # The marker is written last, atomically: an environment without it is never reused.
     _write_atomically(
@@ -215,7 +215,7 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
     )
 
 
-def _discard(target: Path) -> None:
+def discard(target: Path) -> None:
     """Remove an environment directory that must not be reused. It is renamed first (atomic), so a new build
     starts on an empty path even if something still writes into the old tree; leftovers of earlier discards
     are removed too."""

@@ -105,7 +105,7 @@ def bisect(
     verdict = Verdict(package, scenario.id, variant, base.cell_id, candidates, "", None)
 
     def probe(version: str) -> Probe:
-        result = _probe(profile, base, package, version, scenario.id, variant, options, out_dir, signature)
+        result = probe_cell(profile, base, package, version, scenario.id, variant, options, out_dir, signature)
         verdict.probes.append(result)
         print(f"bisect: {package}=={version}: {result.state} {' '.join(result.signatures)}", flush=True)
         return result
@@ -144,7 +144,7 @@ def _oldest_pinned(profile: Profile, package: str) -> str | None:
     return min(values, key=Version) if values else None
 
 
-def _probe(
+def probe_cell(
     profile: Profile,
     base: Cell,
     package: str,

@@ -148,7 +148,7 @@ def name_flip(
     older_versions: dict[str, str],
     options: MatrixOptions,
     out_dir: Path,
-    probe: Probe = bisection._probe,
+    probe: Probe = bisection.probe_cell,
     bisector: Callable[..., bisection.Verdict] = bisection.bisect,
 ) -> Flip:
     """Move each changed package alone; bisect the one whose move reproduces the newer outcome. The probes run

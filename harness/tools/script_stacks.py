@@ -201,7 +201,7 @@ def _install_overlay(base: Stack, wanted: dict[str, str], mode: str, label: str,
             mode=mode, overlaid=wanted,
         )  # fmt: skip
     started = time.monotonic()
-    envs._discard(target)
+    envs.discard(target)
     if wanted:
         proc = subprocess.run(
             [
@@ -212,7 +212,7 @@ def _install_overlay(base: Stack, wanted: dict[str, str], mode: str, label: str,
             capture_output=True, text=True,
         )  # fmt: skip
         if proc.returncode != 0:
-            envs._discard(target)
+            envs.discard(target)
             return Stack(label, None, {}, "overlay", failure=envs.summarise_install_error(proc.stderr), mode=mode)
     else:
         (target / "site").mkdir(parents=True)
