@@ -11,8 +11,8 @@ import argparse
 import sys
 
 from harness import cli_commands
-from harness.cli_options import BY_NAME, COMMANDS
-from harness.errors import Terminated, UsageError
+from harness.cli_options import BY_NAME, COMMANDS, flag_of
+from harness.errors import OptionError, Terminated, UsageError
 
 #: Commands with parsers of their own: name -> (module with main(argv), help line).
 DELEGATED = {
@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
             return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]))
         args = build_parser().parse_args(argv)
         return int(getattr(cli_commands, BY_NAME[args.command].handler)(args))
+    except OptionError as exc:  # raised below the CLI, naming settings: worded here as their flags
+        print(f"error: {exc.worded(flag_of)}", file=sys.stderr)
+        return 2
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -521,3 +521,12 @@ COMMANDS: tuple[Command, ...] = (
 )
 
 BY_NAME = {c.name: c for c in COMMANDS}
+
+
+def flag_of(dest: str) -> str | None:
+    """The flag that sets a setting (an option's dest), as lower floors' `OptionError`s name it."""
+    for command in COMMANDS:
+        for option in command.options:
+            if option.settings.get("dest", option.flags[0].lstrip("-").replace("-", "_")) == dest:
+                return option.flags[0]
+    return None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 
 class UsageError(Exception):
     """Bad input from the user (profile, CLI argument, results path). Nothing has run yet."""
@@ -14,6 +17,20 @@ class ProfileError(UsageError):
         super().__init__(f"{path}: {key}: {problem}")
         self.path = path
         self.key = key
+
+
+class OptionError(UsageError):
+    """Bad input about one of the run's settings, raised below the CLI: the text names settings as `{dest}` (the
+    option table's name for them, e.g. `{world_sizes}`), never as flags; the CLI words each as the flag that sets
+    it (`worded`). Elsewhere it reads with the settings' own names."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        super().__init__(self.worded(lambda dest: dest))
+
+    def worded(self, name_of: Callable[[str], str | None]) -> str:
+        """The text with each `{dest}` replaced by `name_of(dest)` (kept as it is where that is None)."""
+        return re.sub(r"\{(\w+)\}", lambda m: name_of(m.group(1)) or m.group(0), self.text)
 
 
 class Terminated(KeyboardInterrupt):

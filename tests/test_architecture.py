@@ -115,3 +115,20 @@ def test_the_map_can_fail(tmp_path: Path) -> None:
         "harness.execution.matrix (versions may not import execution)"
     ]
     assert violations("tools", modules, rules["tools"]) == []
+
+
+def test_floors_below_the_cli_word_no_error_as_a_flag() -> None:
+    """Lower floors name a bad setting by its name (`OptionError("{world_sizes} ...")`); only the CLI words it as
+    the flag that sets it. The commands' own bodies (`tools/`) stand right under the CLI and may name flags."""
+    import re
+
+    flagged = re.compile(r"(UsageError|OptionError|ProfileError)\(\s*f?[\"'][^\"']*(?<![\w-])--[a-z]", re.S)
+    offenders = []
+    for path in sorted(HARNESS.rglob("*.py")):
+        room = path.relative_to(HARNESS).parts[0]
+        if room in ("tools",) or path.name.startswith("cli"):
+            continue
+        found = [m.group(0) for m in flagged.finditer(path.read_text())]
+        # A command to run ("make it with: python -m harness lock --profile NAME") is advice, not a setting.
+        offenders += [f"{path.relative_to(HARNESS)}: {text[:60]}" for text in found if "python -m harness" not in text]
+    assert not offenders, offenders

@@ -10,7 +10,7 @@ from types import ModuleType
 from typing import Any
 
 from harness.define.packages import import_name
-from harness.errors import UsageError
+from harness.errors import OptionError, UsageError
 from harness.paths import SCENARIO_DIR
 
 #: What a variant is, as the table shows it. `fix`: same setup, a flag or code change a user adds.
@@ -124,6 +124,6 @@ def select(
         hits = [s for s in scenarios if fnmatch.fnmatchcase(s.id, pattern) or s.id.split("-")[0] == pattern]
         if not hits:
             known = ", ".join(s.id for s in scenarios)
-            raise UsageError(f"{where}: unknown scenario {pattern!r} (known: {known})")
+            raise OptionError(f"{where}: unknown scenario {pattern!r} (known: {known})")
         chosen.extend(h for h in hits if h not in chosen)
     return sorted(chosen, key=lambda s: (int(s.id[1:].split("-")[0]), s.id))

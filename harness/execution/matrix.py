@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.define.profile import Profile
-from harness.errors import UsageError
+from harness.errors import OptionError
 from harness.execution import hardware
 from harness.execution.executor import execute
 from harness.execution.options import MatrixOptions, MatrixSummary
@@ -94,11 +94,11 @@ def _chosen_run(profile: Profile, options: MatrixOptions, digest: str, shard: li
         run_dir = options.results_dir / "runs" / options.resume_run
         meta = runs.read_meta(run_dir)
         if not meta:
-            raise UsageError(f"--resume {options.resume_run}: no run with meta.json under {run_dir.parent}")
+            raise OptionError(f"{{resume_run}} {options.resume_run}: no run with meta.json under {run_dir.parent}")
         if meta.get("profile") != profile.name:
-            raise UsageError(
-                f"--resume {options.resume_run}: that run is of profile {meta.get('profile')!r}, "
-                f"not {profile.name!r} (pass --profile {meta.get('profile')})"
+            raise OptionError(
+                f"{{resume_run}} {options.resume_run}: that run is of profile {meta.get('profile')!r}, "
+                f"not {profile.name!r} (pass {{profile}} {meta.get('profile')})"
             )
         return run_dir
     if options.fresh:
@@ -139,16 +139,17 @@ def _resolved_axes(profile: Profile, previous: dict[str, Any], options: MatrixOp
         from harness.define.profile import DATE_AXIS
 
         if previous:
-            raise UsageError(
-                f"--date: run {previous.get('run_id')} would be resumed and keeps its days; add --fresh for a new run"
+            raise OptionError(
+                f"{{dates}}: run {previous.get('run_id')} would be resumed and keeps its days; "
+                "add {fresh} for a new run"
             )
         if DATE_AXIS not in profile.axes:
-            raise UsageError(f"--date: profile {profile.name} has no date axis")
+            raise OptionError(f"{{dates}}: profile {profile.name} has no date axis")
         return {DATE_AXIS: sorted(set(options.dates))}
     if not options.grow:
         return recorded
     if not previous:
-        raise UsageError("--grow adds days to an existing dated run: pass --resume RUN_ID")
+        raise OptionError("{grow} adds days to an existing dated run: pass {resume_run} RUN_ID")
     from harness.versions.releases import grown_dates
 
     return grown_dates(profile, recorded, options.add_dates)
@@ -160,18 +161,18 @@ def _check_resume_options(previous: dict[str, Any], options: MatrixOptions, run_
         return
     recorded_profile = previous.get("hypothesis_profile")
     if options.hypothesis_profile and recorded_profile and options.hypothesis_profile != recorded_profile:
-        raise UsageError(
-            f"--hypothesis-profile {options.hypothesis_profile}: run {previous.get('run_id')} is being resumed and "
-            f"was drawn with {recorded_profile!r}; add --fresh for a new run"
+        raise OptionError(
+            f"{{hypothesis_profile}} {options.hypothesis_profile}: run {previous.get('run_id')} is being resumed "
+            f"and was drawn with {recorded_profile!r}; add {{fresh}} for a new run"
         )
     if options.examples is None:
         return
     counts = {how.get("count") for how in (previous.get("draws") or {}).values()}
     if counts != {options.examples}:
         shown = ", ".join(str(c) for c in sorted(c for c in counts if c is not None)) or "unknown"
-        raise UsageError(
-            f"--examples {options.examples}: run {previous.get('run_id')} is being resumed with the configs it "
-            f"already drew ({shown} per scenario); add --fresh for a new run"
+        raise OptionError(
+            f"{{examples}} {options.examples}: run {previous.get('run_id')} is being resumed with the configs it "
+            f"already drew ({shown} per scenario); add {{fresh}} for a new run"
         )
 
 

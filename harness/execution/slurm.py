@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import UsageError
+from harness.errors import OptionError, UsageError
 from harness.paths import REPO_ROOT
 
 
@@ -69,7 +69,7 @@ def submit_profile(
     """`sbatch --array=1-N` running `matrix --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`, then a report
     job with `--dependency=afterany` on the array (a failed shard still gets its records into the table)."""
     if tasks < 1:
-        raise UsageError("--tasks must be 1 or more")
+        raise OptionError("{tasks} must be 1 or more")
     require("sbatch")
     results_dir = results_dir.resolve()
     folder = results_dir / "slurm" / time.strftime("%Y%m%dT%H%M%S", time.gmtime())

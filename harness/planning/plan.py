@@ -16,7 +16,7 @@ from typing import Any
 from harness.define.cells import Cell, expand
 from harness.define.profile import Profile
 from harness.define.registry import Scenario, discover, select
-from harness.errors import UsageError
+from harness.errors import OptionError, UsageError
 from harness.planning import draws
 from harness.versions import releases
 from harness.versions.reduction import Reduction, reduce_cells
@@ -65,7 +65,7 @@ def plan_scenarios(
 ) -> ScenarioPlan:
     """The scenario half of a plan. Checks everything about scenarios a profile or the command line names, so
     a typo is an error before any run directory is touched."""
-    where = "--scenario" if patterns else f"{profile.path}: profile.scenarios"
+    where = "{scenarios}" if patterns else f"{profile.path}: profile.scenarios"
     scenarios = select(patterns or profile.scenarios, where=where)
     _check_scenario_sections(profile)
     return ScenarioPlan(
@@ -102,8 +102,8 @@ def hypothesis_settings(profile: Profile, override: str | None = None) -> dict[s
     name = override or profile.hypothesis_profile
     if name not in draws.HYPOTHESIS_PROFILES:
         known = ", ".join(draws.HYPOTHESIS_PROFILES)
-        where = "--hypothesis-profile" if override else f"{profile.path}: profile.hypothesis_profile"
-        raise UsageError(f"{where}: unknown hypothesis profile {name!r} (known: {known})")
+        where = "{hypothesis_profile}" if override else f"{profile.path}: profile.hypothesis_profile"
+        raise OptionError(f"{where}: unknown hypothesis profile {name!r} (known: {known})")
     return draws.HYPOTHESIS_PROFILES[name]
 
 
@@ -173,7 +173,7 @@ def _of_world_sizes(cells: list[Cell], wanted: tuple[int, ...] | None, profile: 
     chosen = [c for c in cells if c.world_size in wanted]
     if not chosen:
         listed = ", ".join(map(str, profile.world_sizes))
-        raise UsageError(f"--world-size {' '.join(map(str, wanted))}: profile {profile.name} lists {listed}")
+        raise OptionError(f"{{world_sizes}} {' '.join(map(str, wanted))}: profile {profile.name} lists {listed}")
     return chosen
 
 
@@ -184,12 +184,14 @@ def _sliced(
     chosen = [c for c in cells if not patterns or matches(c.cell_id, patterns)]
     if patterns and not chosen:
         known = ", ".join(c.cell_id for c in cells)
-        raise UsageError(f"--cell {' '.join(patterns)}: matches no cell of profile {profile.name} (its cells: {known})")
+        raise OptionError(
+            f"{{cells}} {' '.join(patterns)}: matches no cell of profile {profile.name} (its cells: {known})"
+        )
     if shard:
         index, count = shard
         chosen = [c for position, c in enumerate(chosen) if position % count == index - 1]
         if not chosen:
-            raise UsageError(f"--shard {index}/{count}: no cell falls into this shard")
+            raise OptionError(f"{{shard}} {index}/{count}: no cell falls into this shard")
     return chosen
 
 

@@ -20,7 +20,7 @@ from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from harness.define.profile import DATE_AXIS, RULE_PREFIX, DateRule, Profile, ReleaseRule, parse_date_rule, parse_rule
-from harness.errors import UsageError
+from harness.errors import OptionError, UsageError
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 ACCEPT = "application/vnd.pypi.simple.v1+json"
@@ -184,11 +184,11 @@ def grown_dates(
     (a new peft minor, today) and any `added`. Only the date axis moves; every other resolved axis stays, so
     the cells already recorded are the same cells and only the new days' cells run."""
     if DATE_AXIS not in profile.axes:
-        raise UsageError(f"--grow: profile {profile.name} has no date axis")
+        raise OptionError(f"{{grow}}: profile {profile.name} has no date axis")
     values = profile.axes[DATE_AXIS]
     if not (len(values) == 1 and values[0].startswith(RULE_PREFIX)):
-        raise UsageError(
-            f"--grow: {profile.path} lists its days (axes.date); add the day there and --resume the run instead"
+        raise OptionError(
+            f"{{grow}}: {profile.path} lists its days (axes.date); add the day there and {{resume_run}} the run instead"
         )
     text = values[0][len(RULE_PREFIX) :]
     now = minor_release_days(parse_date_rule(str(profile.path), "axes.date", text))
@@ -196,6 +196,6 @@ def grown_dates(
         try:
             dt.date.fromisoformat(day)
         except ValueError:
-            raise UsageError(f"--add-date {day!r}: expected YYYY-MM-DD") from None
+            raise OptionError(f"{{add_dates}} {day!r}: expected YYYY-MM-DD") from None
     had = list((recorded or {}).get(DATE_AXIS, []))
     return dict(recorded or {}) | {DATE_AXIS: sorted({*had, *now, *added})}
