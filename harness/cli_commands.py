@@ -166,13 +166,15 @@ def bisect(args: argparse.Namespace) -> int:
     )
     print(f"\n{verdict.package} on {verdict.scenario} / {verdict.variant}, base cell {verdict.base_cell}")
     print(f"releases in range: {', '.join(verdict.candidates)}")
-    for probe in verdict.probes:
-        print(f"  {probe.version:<12} {probe.state:<9} {' '.join(probe.signatures)}  (run {probe.run_id})")
+    for probe in verdict.bisect_runs:
+        print(f"  {probe['version']:<12} {probe['state']:<9} {' '.join(probe['signatures'])}  (run {probe['run_id']})")
     if verdict.stepped_over:
         print(f"stepped over (could not install or import): {', '.join(verdict.stepped_over)}")
-    flip = verdict.first_flip or "none in range"
-    print(f"outcome at {verdict.candidates[0]}: {verdict.old_state}; first release where it flips: {flip}")
-    print(f"cell runs: {verdict.cell_runs} (bound ceil(log2 {len(verdict.candidates)}) + 1 = {verdict.bound})")
+    flip = verdict.release or "none in range"
+    print(f"outcome at {verdict.candidates[0]}: {verdict.older_state}; first release where it flips: {flip}")
+    written = verdict.as_bisect_json()
+    bound = written["bound_ceil_log2_n_plus_1"]
+    print(f"cell runs: {written['cell_runs']} (bound ceil(log2 {len(verdict.candidates)}) + 1 = {bound})")
     return 0
 
 

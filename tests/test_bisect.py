@@ -37,8 +37,8 @@ def run(monkeypatch, tmp_path: Path, states: dict[str, str]) -> bisect_module.Ve
 def test_finds_every_flip_position_within_the_bound(monkeypatch, tmp_path: Path, flip: int) -> None:
     states = {v: ("fail" if i < flip else "pass") for i, v in enumerate(VERSIONS)}
     verdict = run(monkeypatch, tmp_path, states)
-    assert verdict.first_flip == (VERSIONS[flip] if flip < len(VERSIONS) else None)
-    assert verdict.cell_runs <= math.ceil(math.log2(len(VERSIONS))) + 1
+    assert verdict.release == (VERSIONS[flip] if flip < len(VERSIONS) else None)
+    assert len(verdict.bisect_runs) <= math.ceil(math.log2(len(VERSIONS))) + 1
     assert (
         tmp_path / next(p.name for p in tmp_path.iterdir() if p.name.startswith("deepspeed-")) / "verdict.json"
     ).is_file()
@@ -48,8 +48,8 @@ def test_unusable_release_is_stepped_over_and_reported(monkeypatch, tmp_path: Pa
     states = {v: ("fail" if i < 4 else "pass") for i, v in enumerate(VERSIONS)}
     states["0.19.5"] = "unusable"  # the first midpoint probed
     verdict = run(monkeypatch, tmp_path, states)
-    assert verdict.first_flip == "0.19.6"
+    assert verdict.release == "0.19.6"
     assert verdict.stepped_over == ["0.19.5"]
     states["0.19.6"] = "unusable"  # now the first good release cannot be tried: the answer is the next one
     verdict = run(monkeypatch, tmp_path / "again", states)
-    assert verdict.first_flip == "0.19.7" and set(verdict.stepped_over) == {"0.19.5", "0.19.6"}
+    assert verdict.release == "0.19.7" and set(verdict.stepped_over) == {"0.19.5", "0.19.6"}

@@ -104,3 +104,31 @@ def test_every_committed_script_bisect_replays_exactly() -> None:
             assert (step.first, step.last_before) == (flip["first_release"], flip["last_release_before"]), path
             replayed_flips += 1
     assert replayed_flips >= 3
+
+
+def _same_layout(written: dict, entry: dict, added_since: set[str]) -> bool:
+    """`written` is `entry` key for key, in order, but for keys later versions added (absent from older files)."""
+    kept = {k: v for k, v in written.items() if k in entry}
+    return json.dumps(kept, indent=1) == json.dumps(entry, indent=1) and set(written) - set(entry) <= added_since
+
+
+def test_every_committed_flip_file_reads_into_the_one_type_and_writes_back_the_same() -> None:
+    """flips.json, packaging bisect verdicts and bisect-script verdicts are all `Flip`s: each committed entry read
+    into it writes back key for key (older files lack the keys added since: `config_ids` and `family` of an atlas
+    flip, `untried` of a script's)."""
+    from harness.recording.flip import Flip
+
+    seen = 0
+    for path in sorted(RESULTS.glob("flips/*/flips.json")):
+        for entry in json.loads(path.read_text()):
+            assert _same_layout(Flip.from_json(entry).as_atlas_json(), entry, {"config_ids", "family"}), path
+            seen += 1
+    for path in _packaging_verdicts():
+        entry = json.loads(path.read_text())
+        assert _same_layout(Flip.from_json(entry).as_bisect_json(), entry, set()), path
+        seen += 1
+    for path in sorted(RESULTS.glob("script-bisect/*/verdict.json")):
+        for entry in json.loads(path.read_text())["flips"]:
+            assert _same_layout(Flip.from_json(entry).as_script_json(), entry, {"untried"}), path
+            seen += 1
+    assert seen >= 30

@@ -5,12 +5,12 @@ Probes and the bisect are stand-ins here (a table of outcomes); the real ones ar
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 from harness.define.profile import load_profile
 from harness.environments.envs import InstallOptions
 from harness.execution.options import MatrixOptions
+from harness.recording.flip import Flip
 from harness.tools import bisection, flips
 from tests.conftest import REPO_ROOT
 
@@ -50,7 +50,7 @@ def test_the_package_whose_move_alone_flips_it_is_named_and_bisected(tmp_path: P
 
     def bisector(profile, package, scenario, variant, options, *, old, new, signature, out_root):
         assert (package, old, new) == ("deepspeed", "0.19.2", "0.19.4")
-        return bisection.Verdict(package, scenario, variant, "base", [old, "0.19.3", new], "fail", "0.19.3")
+        return Flip(old, new, "fail", "pass", {package: [old, new]}, package=package, release="0.19.3")
 
     profile = load_profile("history", REPO_ROOT / "matrix")
     options = MatrixOptions(results_dir=tmp_path, install=InstallOptions(envs_dir=tmp_path / "envs"))
@@ -115,7 +115,7 @@ def test_a_package_that_needs_newer_dependencies_is_probed_with_them(tmp_path: P
     profile = load_profile("history", REPO_ROOT / "matrix")
     options = MatrixOptions(results_dir=tmp_path, install=InstallOptions(envs_dir=tmp_path / "envs"))
     named = flips.name_flip(flip, profile, {"torch": "2.11.0"}, options, tmp_path / "f", probe=probe)
-    assert [(p["package"], p["dependencies"], p["state"]) for p in named.probes] == [
+    assert [(p["package"], p["dependencies"], p["state"]) for p in named.moves] == [
         ("torch", "older-dependencies", "unusable"),
         ("torch", "newer-dependencies", "fail"),
     ]
@@ -133,10 +133,14 @@ def test_a_flip_is_compared_with_the_upstream_record_of_its_own_direction() -> N
         "package": "torch",
         "release": "2.5.0",
     }
-    assert upstream_verdict(onset) is None
+
+    def flip(**fields: str) -> Flip:
+        return Flip.from_json({"older": "a", "newer": "b", "older_state": "x", "changed": {}, **fields})
+
+    assert upstream_verdict(flip(**onset)) is None
     end = onset | {"newer_state": "not-reproduced", "package": "deepspeed", "release": "0.19.3"}
-    assert upstream_verdict(end)["agrees"] is True
-    assert upstream_verdict(end | {"release": "0.19.2"})["agrees"] is False
+    assert upstream_verdict(flip(**end))["agrees"] is True
+    assert upstream_verdict(flip(**end | {"release": "0.19.2"}))["agrees"] is False
 
 
 def test_a_target_hidden_by_another_failure_is_shown_as_masked() -> None:
@@ -160,6 +164,7 @@ def test_a_target_hidden_by_another_failure_is_shown_as_masked() -> None:
     gone |= {"newer_state": "not-reproduced", "release": "0.46.0"}
     masked = common | {"older": "2025-08-02", "newer": "2025-11-14", "older_state": "not-reproduced"}
     masked |= {"newer_state": "target", "release": "0.47.0"}
+    gone, masked = Flip.from_json(gone | {"changed": {}}), Flip.from_json(masked | {"changed": {}})
     text = flips_markdown([gone, masked], records, specs)
     assert "- S2-qlora-grad-flags 2025-03-20 .. 2025-07-04: was target -> not-reproduced (bitsandbytes 0.46.0)" in text
     masks = masking(masked, dated_verdicts(records, specs)[2])
@@ -240,7 +245,7 @@ def test_the_table_lists_a_family_flip_and_names_several_packages() -> None:
     rows = loop_heals_trainer_still_fails()
     [flip] = flips.flips_in(flips.dated_states(rows, spec))
     flip.reproducing = ["torch", "deepspeed"]
-    text = flips_markdown([asdict(flip)], rows, spec)
+    text = flips_markdown([flip], rows, spec)
     assert (
         "| `check-zero_size` | target -> not-reproduced | 2026-04-15 .. 2026-07-29 | each of torch, deepspeed alone |"
         in text

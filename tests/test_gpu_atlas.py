@@ -62,13 +62,13 @@ ALONE = {day("transformers", "5.5.4"): "pass", day("peft", "0.19.0"): "fail"}
 def test_step_first_asks_for_each_changed_package_moved_alone() -> None:
     flip = s2_flip()
     assert step(flip, {}, []) == ["2025-11-14+transformers-5.5.4", "2025-11-14+peft-0.19.0"]
-    assert flip.probes == [] and flip.reproducing == [] and flip.package is None and flip.release is None
+    assert flip.moves == [] and flip.reproducing == [] and flip.package is None and flip.release is None
 
 
 def test_step_asks_only_for_the_moved_alone_probe_still_missing() -> None:
     flip = s2_flip()
     assert step(flip, {day("transformers", "5.5.4"): "pass"}, []) == ["2025-11-14+peft-0.19.0"]
-    assert [p["probe_day"] for p in flip.probes] == ["2025-11-14+transformers-5.5.4"]
+    assert [p["probe_day"] for p in flip.moves] == ["2025-11-14+transformers-5.5.4"]
 
 
 def test_step_names_the_package_whose_move_alone_reproduces_the_newer_outcome() -> None:
@@ -76,7 +76,7 @@ def test_step_names_the_package_whose_move_alone_reproduces_the_newer_outcome() 
     assert step(flip, dict(ALONE), []) == []
     assert flip.reproducing == ["transformers"]
     assert flip.package is None and flip.release is None  # not bisected yet: no release list
-    assert {p["package"]: p["state"] for p in flip.probes} == {"transformers": "pass", "peft": "fail"}
+    assert {p["package"]: p["state"] for p in flip.moves} == {"transformers": "pass", "peft": "fail"}
 
 
 def test_step_when_the_newer_day_fails_the_failing_probe_reproduces() -> None:
@@ -136,7 +136,7 @@ def test_step_completes_with_the_first_release_past_the_flip() -> None:
     assert flip.package == "transformers"
     assert flip.release == "5.0.0"
     assert flip.bisect == "4 release(s) of transformers probed between 4.57.1 and 5.5.4 on the node"
-    bisected = {p["version"]: p["state"] for p in flip.probes if p["probe_day"] not in ALONE}
+    bisected = {p["version"]: p["state"] for p in flip.moves if p["probe_day"] not in ALONE}
     assert bisected == {"4.57.4": "fail", "4.57.5": "fail", "5.0.0": "pass", "5.2.0": "pass"}
 
 
@@ -159,7 +159,7 @@ def test_step_steps_over_an_unusable_release_inside_the_bracket() -> None:
     assert flip.release == "5.2.0"  # 5.0.0 could not run: not the release, and not asked for again
     assert {"package": "transformers", "version": "5.0.0", "probe_day": day("transformers", "5.0.0")} | {
         "state": "unusable"
-    } in flip.probes
+    } in flip.moves
 
 
 def test_step_bounds_the_bracket_with_the_days_own_releases_when_the_index_lacks_them() -> None:
@@ -350,17 +350,11 @@ def test_every_config_env_broken_is_an_env_broken_entry() -> None:
     assert found.first_signature == BNB
 
 
-def onset(newer_configs: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+def onset(newer_configs: list[str]) -> tuple[Flip, dict[str, Any]]:
     records = broken_day(OLDER) + [rec(c, "fail", TARGET, NEWER) for c in newer_configs]
     records += [rec(c, "pass", None, NEWER) for c in ("c0", "c1", "c2", "c3") if c not in newer_configs]
     verdicts = dated_verdicts(records, SPECS)[2]
-    flip = {
-        "scenario": S2,
-        "older": OLDER,
-        "newer": NEWER,
-        "older_state": "not-reproduced",
-        "newer_state": "target",
-    }
+    flip = Flip(OLDER, NEWER, "not-reproduced", "target", scenario=S2)
     return flip, verdicts
 
 

@@ -252,6 +252,7 @@ def test_committed_issue_bodies_name_a_stack_that_ran(repo_root: Path) -> None:
     import json
 
     from harness.publishing.upstream import ran_pair, script_report
+    from harness.recording.flip import Flip
 
     folders = [d for d in sorted((repo_root / "results" / "script-bisect").iterdir()) if (d / "issue.md").is_file()]
     assert folders
@@ -261,7 +262,7 @@ def test_committed_issue_bodies_name_a_stack_that_ran(repo_root: Path) -> None:
         verdict = json.loads((folder / "verdict.json").read_text())
         flip = next(f for f in verdict["flips"] if f["package"] and f["first_release"])
         runs = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
-        failing, passing = ran_pair(flip, runs)
+        failing, passing = ran_pair(Flip.from_json(flip), runs)
         assert failing is not None and failing["outcome"] in ("fail", "timeout"), folder.name
         assert failing["key"] in {r["key"] for r in runs}
         versions = failing["stack"]["versions"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES, public_version, short_name
 from harness.define.profile import DATE_AXIS
+from harness.recording.flip import Flip
 from harness.recording.verdicts import variant_kinds, verdict
 from harness.textsafe import code, md
 from scenarios.failure_names import family as failure_family
@@ -90,7 +91,7 @@ def held_torch(records: list[dict[str, Any]]) -> str | None:
 def plot_timeline(
     records: list[dict[str, Any]],
     specs: dict[str, dict[str, Any]],
-    flips: list[dict[str, Any]],
+    flips: list[Flip],
     path: Path,
     device: str = "cpu",
 ) -> Path | None:
@@ -116,13 +117,13 @@ def plot_timeline(
             label = _cell_label(found, kinds)
             ax.text(col + 0.48, row + 0.45, label, ha="center", va="center", fontsize=7, color="white")
     for flip in flips:
-        if flip.get("scenario") not in scenarios or flip.get("newer") not in dates:
+        if flip.scenario not in scenarios or flip.newer not in dates:
             continue
         states = _states_today(flip, verdicts)
         if states is not None and states[0] == states[1]:
             continue  # not a flip under today's rules (see flips_markdown)
-        row, col = scenarios.index(flip["scenario"]), dates.index(flip["newer"])
-        by = f"{flip['package']} {flip.get('release') or '?'}" if flip.get("package") else "?"
+        row, col = scenarios.index(flip.scenario), dates.index(flip.newer)
+        by = f"{flip.package} {flip.release or '?'}" if flip.package else "?"
         if masking(flip, verdicts):
             by = "masked"  # another failure, or configs not applicable here, hide the target: no cause to name
         ax.plot([col - 0.02, col - 0.02], [row - 0.05, row + 0.95], color="black", linewidth=2)
@@ -171,40 +172,40 @@ def _stack_label(date: str, versions: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def newest_flips(results_dir: Path, run_ids: list[str]) -> list[dict[str, Any]]:
+def newest_flips(results_dir: Path, run_ids: list[str]) -> list[Flip]:
     """The named flips of the selected dated runs (results/flips/<run-id>/flips.json)."""
-    found: list[dict[str, Any]] = []
+    found: list[Flip] = []
     for run_id in run_ids:
         path = results_dir / "flips" / run_id / "flips.json"
         if path.is_file():
-            found += [flip | {"run_id": run_id} for flip in json.loads(path.read_text())]
+            found += [Flip.from_json(flip | {"run_id": run_id}) for flip in json.loads(path.read_text())]
     return found
 
 
-def upstream_verdict(flip: dict[str, Any]) -> dict[str, Any] | None:
+def upstream_verdict(flip: Flip) -> dict[str, Any] | None:
     """The upstream record of the flip's failure in the flip's direction, and whether the measured package and
     release agree with it (recomputed whenever the table is made, from scenarios/failure_names.py)."""
     from scenarios.failure_names import upstream_change
 
-    known = upstream_change(flip.get("signature"), flip["newer_state"])
+    known = upstream_change(flip.signature, flip.newer_state)
     if known is None:
         return None
-    return known | {"agrees": (flip.get("package"), flip.get("release")) == (known["package"], known["release"])}
+    return known | {"agrees": (flip.package, flip.release) == (known["package"], known["release"])}
 
 
-def masking(flip: dict[str, Any], verdicts: dict[str, Any]) -> list[str]:
+def masking(flip: Flip, verdicts: dict[str, Any]) -> list[str]:
     """Other failures of the baseline on the side of a flip where the target does not show (`verdicts`: the
     third part of dated_verdicts): a target that 'ends' because another failure comes first is masked, not
     fixed, and the table says so."""
-    side = flip["older"] if flip["older_state"] != "target" else flip["newer"]
-    other_side = flip["newer"] if side == flip["older"] else flip["older"]
-    by_date = verdicts.get(flip["scenario"], {})
+    side = flip.older if flip.older_state != "target" else flip.newer
+    other_side = flip.newer if side == flip.older else flip.older
+    by_date = verdicts.get(flip.scenario, {})
     found, shown = by_date.get(side), by_date.get(other_side)
     if found is None:
         return []
     # Another failure hides a target that ends (it may still be there); before an onset it is the history the
     # onset is judged against (e.g. DoRA under FSDP failing otherwise before peft 0.12), so it masks nothing.
-    masked = sorted(found.others) if flip["newer_state"] != "target" else []
+    masked = sorted(found.others) if flip.newer_state != "target" else []
     # The configs that showed the target on the other side could not run on this side: not a flip of the stack.
     showed = {r["config_id"] for r in (shown.target_records if shown is not None else [])}
     reasons = sorted({why for cid, why in found.inapplicable_ids.items() if cid in showed})
@@ -214,7 +215,7 @@ def masking(flip: dict[str, Any], verdicts: dict[str, Any]) -> list[str]:
 
 
 def flips_markdown(
-    flips: list[dict[str, Any]],
+    flips: list[Flip],
     records: list[dict[str, Any]] | None = None,
     specs: dict[str, dict[str, Any]] | None = None,
     where: str = "the history run",
@@ -242,30 +243,30 @@ def flips_markdown(
         if upstream:
             verdict_ = "agrees" if upstream.get("agrees") else "differs"
             agrees = f"{md(upstream['package'])} {md(upstream['release'])}: {verdict_}"
-        change = f"{md(flip['older_state'])} -> {md(flip['newer_state'])}"
+        change = f"{md(flip.older_state)} -> {md(flip.newer_state)}"
         states = _states_today(flip, verdicts)
         if states is not None and states[0] == states[1]:
             # Judged again with today's rules the two dates agree: the stored flip was made by records that are
             # no evidence (not applicable here), so it names no cause.
             set_aside.append(
-                f"- {md(flip['scenario'])} {md(flip['older'])} .. {md(flip['newer'])}: was {change} "
-                f"({md(flip.get('package') or '?')} {md(flip.get('release') or '')}); both dates are "
+                f"- {md(flip.scenario)} {md(flip.older)} .. {md(flip.newer)}: was {change} "
+                f"({md(flip.package or '?')} {md(flip.release or '')}); both dates are "
                 f"{md(states[0])} under today's rules"
             )
             continue
-        several = flip.get("reproducing") or []
+        several = flip.reproducing or []
         alone = f"each of {', '.join(several)} alone" if len(several) > 1 else "none alone"
-        package, release = md(flip.get("package") or alone), md(flip.get("release") or "-")
+        package, release = md(flip.package or alone), md(flip.release or "-")
         others = masking(flip, verdicts) if verdicts else []
         if others:
             # A target hidden by another failure is not caused by a release: the cause columns stay empty.
             change += " (masked by " + ", ".join(code(o) for o in others) + ")"
             package, release = "- (masking, not a cause)", "-"
-            if upstream and flip["newer_state"] != "target":
+            if upstream and flip.newer_state != "target":
                 agrees = f"{md(upstream['package'])} {md(upstream['release'])}: not comparable (masked, not fixed)"
         lines.append(
-            f"| {md(flip['scenario'])} | {code(flip.get('signature') or '-')} | "
-            f"{change} | {md(flip['older'])} .. {md(flip['newer'])} | {package} | {release} | {agrees} |"
+            f"| {md(flip.scenario)} | {code(flip.signature or '-')} | "
+            f"{change} | {md(flip.older)} .. {md(flip.newer)} | {package} | {release} | {agrees} |"
         )
     if set_aside:
         lines += [
@@ -278,16 +279,16 @@ def flips_markdown(
     return "\n".join(lines) + "\n"
 
 
-def _states_today(flip: dict[str, Any], verdicts: dict[str, Any]) -> tuple[str, str] | None:
+def _states_today(flip: Flip, verdicts: dict[str, Any]) -> tuple[str, str] | None:
     """The target state of the flip's two dates under today's rules (None where a date has no records); of its
     failure family where the flip is of one (`family_state`)."""
-    by_date = verdicts.get(flip["scenario"], {})
-    older, newer = by_date.get(flip["older"]), by_date.get(flip["newer"])
+    by_date = verdicts.get(flip.scenario, {})
+    older, newer = by_date.get(flip.older), by_date.get(flip.newer)
     if older is None or newer is None:
         return None
-    family = flip.get("family")
+    family = flip.family
     if family:
-        shows = set(flip.get("config_ids") or [])
+        shows = set(flip.config_ids or [])
         return family_state(older, family, shows)[0], family_state(newer, family, shows)[0]
     return _state(older), _state(newer)
 

@@ -39,7 +39,7 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
 
     flips = newest_flips(results_dir, selection.run_ids)
     dated = dated_by_device(selection.latest()[0])
-    flips_of = {device: [f for f in flips if f["run_id"] in {r["run_id"] for r in rs}] for device, rs in dated.items()}
+    flips_of = {device: [f for f in flips if f.run_id in {r["run_id"] for r in rs}] for device, rs in dated.items()}
     for device, records in dated.items():
         fixed = held_torch(records)
         where = (

@@ -12,6 +12,7 @@ from typing import Any
 
 from harness.define.packages import PINNED_PACKAGES
 from harness.errors import UsageError
+from harness.recording.flip import Flip
 from harness.recording.records import read_records, record_key
 
 
@@ -91,17 +92,17 @@ def report_body(results_dir: Path, entry: dict[str, Any]) -> str:
 def _flips(results_dir: Path, scenario: str) -> list[str]:
     found = []
     for path in sorted((results_dir / "bisect").glob("*/verdict.json")):
-        verdict = json.loads(path.read_text())
-        if verdict.get("scenario") == scenario and verdict.get("first_flip"):
-            found.append(f"- {verdict.get('package')} {verdict['first_flip']} ({path.parent.name})")
+        verdict = Flip.from_json(json.loads(path.read_text()))
+        if verdict.scenario == scenario and verdict.release:
+            found.append(f"- {verdict.package} {verdict.release} ({path.parent.name})")
     # The history run's named flips: where the failure began or ended between two install dates.
     for path in sorted((results_dir / "flips").glob("*/flips.json")):
-        for flip in json.loads(path.read_text()):
-            if flip.get("scenario") == scenario and flip.get("package") and flip.get("release"):
-                change = "appears" if flip.get("newer_state") == "target" else "ends"
+        for flip in (Flip.from_json(x) for x in json.loads(path.read_text())):
+            if flip.scenario == scenario and flip.package and flip.release:
+                change = "appears" if flip.newer_state == "target" else "ends"
                 found.append(
-                    f"- {flip['package']} {flip['release']}: the failure {change} there (history flip between "
-                    f"{flip['older']} and {flip['newer']}, {path.parent.name})"
+                    f"- {flip.package} {flip.release}: the failure {change} there (history flip between "
+                    f"{flip.older} and {flip.newer}, {path.parent.name})"
                 )
     return found
 
@@ -118,16 +119,16 @@ PROJECTS = {
 }
 
 
-def script_issue_body(verdict: dict[str, Any], script: str, flip: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+def script_issue_body(verdict: dict[str, Any], script: str, flip: Flip, runs: list[dict[str, Any]]) -> str:
     """The issue body (Markdown) for a user script's failure that a bisect pinned on one release. System Info is
     what really ran: the first failing run's versions beside the last passing run's (the packages that matter first,
     every package of the failing run folded away), never a day's stack with one version swapped in by hand."""
-    package, first, last = flip["package"], flip["first_release"], flip["last_release_before"]
+    package, first, last = flip.package, flip.release, flip.last_release_before
     distributed = verdict.get("torchrun", verdict["nproc"] > 1)
     launch = f"torchrun --nproc-per-node {verdict['nproc']} " if distributed else "python "
-    started = flip["newer_state"] == "target"
-    held = ", ".join(f"{p}=={v}" for p, v in flip["held"].items() if p in PINNED_PACKAGES)
-    project = PROJECTS.get(package)
+    started = flip.newer_state == "target"
+    held = ", ".join(f"{p}=={v}" for p, v in flip.held.items() if p in PINNED_PACKAGES)
+    project = PROJECTS.get(package or "")
     where = f"https://github.com/{project}/issues/new" if project else f"the {package} project's issue tracker"
     failing, passing = ran_pair(flip, runs)
     lines = [
@@ -153,16 +154,16 @@ def script_issue_body(verdict: dict[str, Any], script: str, flip: dict[str, Any]
         f"With {package}=={first if started else last}: `{verdict['target']['error']}`",
         "",
         "### Which release\n",
-        f"Found by `compat-matrix bisect-script`: between the stacks of {flip['older']} and {flip['newer']} only "
-        f"moving {package} alone from {flip['changed'][package][0]} to {flip['changed'][package][1]} reproduces the "
-        f"change (others held: {held}); bisecting {len(flip['candidates'])} releases of {package} in "
-        f"{len(flip['bisect_runs'])} runs: last good {last}, first bad {first}."
+        f"Found by `compat-matrix bisect-script`: between the stacks of {flip.older} and {flip.newer} only "
+        f"moving {package} alone from {flip.changed[package][0]} to {flip.changed[package][1]} reproduces the "
+        f"change (others held: {held}); bisecting {len(flip.candidates)} releases of {package} in "
+        f"{len(flip.bisect_runs)} runs: last good {last}, first bad {first}."
         if started
         else f"Found by `compat-matrix bisect-script`: it fails up to {last} and passes from {first} "
         f"(others held: {held}).",
     ]
-    if flip.get("note"):
-        lines += ["", f"Note: {flip['note']}"]
+    if flip.note:
+        lines += ["", f"Note: {flip.note}"]
     return "\n".join(lines) + "\n"
 
 
@@ -170,19 +171,21 @@ def script_issue_body(verdict: dict[str, Any], script: str, flip: dict[str, Any]
 _FAILED = ("fail", "timeout")
 
 
-def ran_pair(flip: dict[str, Any], runs: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def ran_pair(flip: Flip, runs: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(the first failing run, the last passing run) of a flip: the runs with the package at the failing and the
     passing release, the moved and bisected ones first, then the days' own stacks."""
-    package, first, last = flip["package"], flip["first_release"], flip["last_release_before"]
-    bad, good = (first, last) if flip["newer_state"] == "target" else (last, first)
+    package, first, last = flip.package, flip.release, flip.last_release_before
+    bad, good = (first, last) if flip.newer_state == "target" else (last, first)
 
-    def find(version: str, failed: bool) -> dict[str, Any] | None:
+    def find(version: str | None, failed: bool) -> dict[str, Any] | None:
         def versions(run: dict[str, Any]) -> dict[str, str]:
             return (run.get("stack") or {}).get("versions") or {}
 
-        fits = [r for r in runs if versions(r).get(package) == version and (r.get("outcome") in _FAILED) == failed]
+        fits = [
+            r for r in runs if versions(r).get(package or "") == version and (r.get("outcome") in _FAILED) == failed
+        ]
         moved = [r for r in fits if r.get("phase") in ("move", "bisect") and r["label"].endswith(f"=={version}")]
-        ends = [r for r in fits if r.get("label") in (flip["older"], flip["newer"])]
+        ends = [r for r in fits if r.get("label") in (flip.older, flip.newer)]
         return (moved or ends or fits or [None])[0]
 
     return find(bad, True), find(good, False)
@@ -240,7 +243,7 @@ def _imported_distributions(script: str, versions: dict[str, str]) -> list[str]:
 def script_report(folder: Path) -> str:
     """The issue body for a bisect-script verdict folder (its verdict.json and the script it ran)."""
     verdict = json.loads((folder / "verdict.json").read_text())
-    named = [f for f in verdict["flips"] if f["package"] and f["first_release"]]
+    named = [f for f in (Flip.from_json(x) for x in verdict["flips"]) if f.package and f.release]
     if not named:
         raise UsageError(f"{folder}: the bisect named no release, so there is nothing to report upstream")
     runs = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]

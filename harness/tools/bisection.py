@@ -11,8 +11,7 @@ over (its neighbour is tried) and the verdict says so.
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from harness.errors import UsageError, stopped_by
 from harness.execution.matrix import run_matrix
 from harness.execution.options import MatrixOptions
 from harness.recording import runs
+from harness.recording.flip import Flip
 from harness.recording.outcomes import FAILING, UNUSABLE
 from harness.recording.records import read_records
 from harness.tools import flip_search
@@ -41,34 +41,6 @@ class Probe:
     records: int
 
 
-@dataclass
-class Verdict:
-    package: str
-    scenario: str
-    variant: str
-    base_cell: str
-    candidates: list[str]
-    old_state: str
-    first_flip: str | None
-    probes: list[Probe] = field(default_factory=list)
-    stepped_over: list[str] = field(default_factory=list)
-
-    @property
-    def cell_runs(self) -> int:
-        return len(self.probes)
-
-    @property
-    def bound(self) -> int:
-        return math.ceil(math.log2(max(len(self.candidates), 1))) + 1
-
-    def as_json(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k != "probes"}
-        data["probes"] = [p.__dict__ for p in self.probes]
-        data["cell_runs"] = self.cell_runs
-        data["bound_ceil_log2_n_plus_1"] = self.bound
-        return data
-
-
 def bisect(
     profile: Profile,
     package: str,
@@ -81,8 +53,9 @@ def bisect(
     cell_glob: str | None = None,
     signature: str | None = None,
     out_root: Path,
-) -> Verdict:
-    """Find the first release of `package` after `old` whose outcome differs from `old`'s."""
+) -> Flip:
+    """Find the first release of `package` after `old` whose outcome differs from `old`'s: a flip whose sides are
+    the two ends' releases, its search runs the probes (the older end first)."""
     if package not in AXIS_PACKAGES:
         raise UsageError(f"--package {package!r}: not one of {', '.join(AXIS_PACKAGES)}")
     scenario = select([scenario_id])[0]
@@ -102,19 +75,22 @@ def bisect(
 
     bisect_id = f"{package}-{scenario.id.split('-')[0]}-{variant}-{runs.now_iso().replace(':', '')}"
     out_dir = out_root / bisect_id
-    verdict = Verdict(package, scenario.id, variant, base.cell_id, candidates, "", None)
+    verdict = Flip(
+        candidates[0], candidates[-1], "", "", {package: [candidates[0], candidates[-1]]}, scenario=scenario.id,
+        package=package, candidates=candidates, variant=variant, base_cell=base.cell_id,
+    )  # fmt: skip
 
     def probe(version: str) -> Probe:
         result = probe_cell(profile, base, package, version, scenario.id, variant, options, out_dir, signature)
-        verdict.probes.append(result)
+        verdict.bisect_runs.append(result.__dict__)
         print(f"bisect: {package}=={version}: {result.state} {' '.join(result.signatures)}", flush=True)
         return result
 
     first = probe(candidates[0])
     if first.state == "unusable":
         raise UsageError(f"{package}=={old} cannot be installed or imported here; choose another --bad/--good bound")
-    verdict.old_state = first.state
-    newer_state = "pass" if first.state == "fail" else "fail"
+    verdict.older_state = first.state
+    newer_state = verdict.newer_state = "pass" if first.state == "fail" else "fail"
     known = {first.version: first.state}
     step = flip_search.next_step(candidates, known, first.state, newer_state)
     while not step.done:
@@ -122,9 +98,9 @@ def bisect(
         known[result.version] = result.state
         step = flip_search.next_step(candidates, known, first.state, newer_state)
     verdict.stepped_over = step.stepped_over  # could not run: not the answer, and listed
-    verdict.first_flip = step.first
+    verdict.release, verdict.last_release_before = step.first, step.last_before
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "verdict.json").write_text(json.dumps(verdict.as_json(), indent=1) + "\n")
+    (out_dir / "verdict.json").write_text(json.dumps(verdict.as_bisect_json(), indent=1) + "\n")
     return verdict
 
 

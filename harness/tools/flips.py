@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,36 +25,13 @@ from harness.define.registry import discover
 from harness.errors import UsageError
 from harness.execution.options import MatrixOptions
 from harness.publishing.atlas import dated_verdicts, failure_family, family_state, upstream_verdict
+from harness.recording.flip import Flip
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
 from harness.tools import bisection
 
 #: Target states that say something about the target (not a skip, not a broken environment).
 KNOWN_STATES = ("target", "not-reproduced")
-
-
-@dataclass
-class Flip:
-    scenario: str
-    older: str
-    newer: str
-    older_state: str
-    newer_state: str
-    signature: str
-    #: package -> [older release, newer release]
-    changed: dict[str, list[str]]
-    probes: list[dict[str, Any]] = field(default_factory=list)
-    #: The packages whose move alone reproduces the newer outcome.
-    reproducing: list[str] = field(default_factory=list)
-    package: str | None = None
-    release: str | None = None
-    bisect: str | None = None
-    #: The release the upstream record names for this change, where it names one, and whether we agree.
-    upstream: dict[str, Any] | None = None
-    #: The configs that show the target on the target side: the probes run only these.
-    config_ids: list[str] = field(default_factory=list)
-    #: The failure family this flip is of, where the scenario's target shows as several (else None).
-    family: str | None = None
 
 
 def dated_states(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -123,7 +100,15 @@ def _flips_of(scenario: str, rows: list[dict[str, Any]]) -> list[Flip]:
         }
         signature = older["signature"] or newer["signature"]
         target_side = older if older["state"] == "target" else newer
-        flip = Flip(scenario, older["date"], newer["date"], older["state"], newer["state"], signature, changed)
+        flip = Flip(
+            older["date"],
+            newer["date"],
+            older["state"],
+            newer["state"],
+            changed,
+            scenario=scenario,
+            signature=signature,
+        )
         flip.config_ids = list(target_side["target_ids"])
         flip.family = older.get("family")
         found.append(flip)
@@ -149,7 +134,7 @@ def name_flip(
     options: MatrixOptions,
     out_dir: Path,
     probe: Probe = bisection.probe_cell,
-    bisector: Callable[..., bisection.Verdict] = bisection.bisect,
+    bisector: Callable[..., Flip] = bisection.bisect,
 ) -> Flip:
     """Move each changed package alone; bisect the one whose move reproduces the newer outcome. The probes run
     only the configs that showed the target (a config that never showed it says nothing about the change)."""
@@ -169,7 +154,7 @@ def name_flip(
             result = probe(
                 held, base, package, new, flip.scenario, "baseline", options, out_dir / package, flip.signature
             )
-            flip.probes.append({"package": package, "version": new, "dependencies": mode, **asdict(result)})
+            flip.moves.append({"package": package, "version": new, "dependencies": mode, **asdict(result)})
             if result.state != "unusable":
                 held_for[package] = held
                 break
@@ -190,7 +175,7 @@ def name_flip(
         signature=flip.signature,
         out_root=out_dir / "bisect",
     )
-    flip.release = verdict_.first_flip
+    flip.release = verdict_.release
     flip.bisect = str(out_dir / "bisect")
     return flip
 
@@ -223,10 +208,13 @@ def find_flips(
     for flip in found:
         if scenarios and not any(flip.scenario.startswith(s) for s in scenarios):
             continue
-        previous = by_key.get(_key(asdict(flip)))
+        previous = by_key.get(_key(flip.as_atlas_json()))
         same = ("older_state", "newer_state", "signature")
         if previous and not again and all(previous.get(k) == getattr(flip, k) for k in same):
-            print(f"named by an earlier invocation (--again probes it again): {describe(Flip(**previous))}", flush=True)
+            print(
+                f"named by an earlier invocation (--again probes it again): {describe(Flip.from_json(previous))}",
+                flush=True,
+            )
             continue
         older = next(r["versions"] for r in states[flip.scenario] if r["date"] == flip.older)
         # The mode's number names the folder, or the full id where a mode has two scenarios (S2).
@@ -234,7 +222,7 @@ def find_flips(
         label = mode if len({f.scenario for f in found if f.scenario.split("-")[0] == mode}) == 1 else flip.scenario
         where = out_dir / "-".join(p for p in (label, flip.family, flip.older, flip.newer) if p)
         flip = name_flip(flip, history, {p: public_version(older.get(p)) for p in AXIS_PACKAGES}, options, where)
-        flip.upstream = upstream_verdict(asdict(flip))
+        flip.upstream = upstream_verdict(flip)
         named.append(flip)
         out_dir.mkdir(parents=True, exist_ok=True)
         _write_flips(out_dir, earlier, named, found)
@@ -248,10 +236,10 @@ def _key(flip: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _write_flips(out_dir: Path, earlier: list[dict[str, Any]], named: list[Flip], found: list[Flip]) -> None:
-    fresh = {_key(asdict(f)) for f in named}
-    current = {_key(asdict(f)) for f in found}
+    fresh = {_key(f.as_atlas_json()) for f in named}
+    current = {_key(f.as_atlas_json()) for f in found}
     kept = [e for e in earlier if _key(e) in current - fresh]
-    (out_dir / "flips.json").write_text(json.dumps([*kept, *(asdict(f) for f in named)], indent=1) + "\n")
+    (out_dir / "flips.json").write_text(json.dumps([*kept, *(f.as_atlas_json() for f in named)], indent=1) + "\n")
 
 
 def _held_profile(history: Profile, versions: dict[str, str], flip: Flip, day: str) -> Profile:
@@ -278,6 +266,6 @@ def describe(flip: Flip) -> str:
     elif len(flip.reproducing) > 1:
         by = f"each of {', '.join(flip.reproducing)} alone"
     else:
-        tried = ", ".join(f"{p['package']} {p['version']}: {p['state']}" for p in flip.probes) or "no probe"
+        tried = ", ".join(f"{p['package']} {p['version']}: {p['state']}" for p in flip.moves) or "no probe"
         by = f"no single package ({tried})"
     return f"{flip.scenario.split('-')[0]} {flip.signature}: {change}, by {by}"

@@ -17,7 +17,6 @@ reproduces. A GPU node has no index, so each round is planned here and run there
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,13 @@ from packaging.version import Version
 
 from harness.define.profile import PROBE_DAY, Profile
 from harness.define.registry import discover
+from harness.recording.flip import Flip
 from harness.recording.packing import run_dirs
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
 from harness.tools import flip_search
 from harness.tools.bisection import probe_state
-from harness.tools.flips import Flip, dated_states, flips_in
+from harness.tools.flips import dated_states, flips_in
 from harness.versions import lock as era_lock
 from harness.versions import lock_file
 from harness.versions.releases import between, index_url, releases
@@ -57,12 +57,12 @@ def probe_states(probe_root: Path, scenario: str, signature: str | None) -> dict
 
 def step(flip: Flip, states: dict[str, str], release_list: list[str]) -> list[str]:
     """Advance one flip with the probe states known so far; returns the probe days still needed (none: done).
-    Fills `flip.probes`, `flip.reproducing`, `flip.package` and `flip.release` as far as the states allow.
+    Fills `flip.moves`, `flip.reproducing`, `flip.package` and `flip.release` as far as the states allow.
     `release_list`: the reproducing package's releases from the older day's to the newer day's, oldest first
     (empty until the package is known)."""
     newer_fails = flip.newer_state == "target"
     moves = {p: new for p, (_, new) in flip.changed.items() if new}
-    flip.probes = [
+    flip.moves = [
         {
             "package": p,
             "version": v,
@@ -76,7 +76,7 @@ def step(flip: Flip, states: dict[str, str], release_list: list[str]) -> list[st
     if needed:
         return needed
     flip.reproducing = [
-        p["package"] for p in flip.probes if p["state"] != "unusable" and (p["state"] == "fail") == newer_fails
+        p["package"] for p in flip.moves if p["state"] != "unusable" and (p["state"] == "fail") == newer_fails
     ]
     if len(flip.reproducing) != 1 or not release_list:
         return []  # none alone (a combination did it) or several (the probes say which), or not bisected yet
@@ -89,7 +89,7 @@ def step(flip: Flip, states: dict[str, str], release_list: list[str]) -> list[st
         if probe_day(flip.older, package, v) in states
     }
     known |= {old: before, new: after}
-    flip.probes += [
+    flip.moves += [
         {"package": package, "version": v, "probe_day": probe_day(flip.older, package, v), "state": state}
         for v, state in known.items()
         if v not in (old, new)
@@ -117,7 +117,7 @@ def plan_round(run_dir: Path, profile: Profile, out_root: Path) -> tuple[list[Fl
     flips: list[Flip] = []
     needed: dict[str, list[str]] = {}
     for flip in flips_in(dated_states(records, specs)):
-        if masking(asdict(flip), verdicts):
+        if masking(flip, verdicts):
             flips.append(flip)  # another failure, or configs that could not run, hide the target: no cause to name
             continue
         states = probe_states(probe_root, flip.scenario, flip.signature)
@@ -131,7 +131,7 @@ def plan_round(run_dir: Path, profile: Profile, out_root: Path) -> tuple[list[Fl
         flips.append(flip)
     out_dir = out_root / run_dir.name
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "flips.json").write_text(json.dumps([asdict(f) for f in flips], indent=1) + "\n")
+    (out_dir / "flips.json").write_text(json.dumps([f.as_atlas_json() for f in flips], indent=1) + "\n")
     return flips, needed
 
 

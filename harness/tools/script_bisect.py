@@ -38,6 +38,7 @@ from harness.define.packages import AXIS_PACKAGES, import_name
 from harness.define.profile import DATE_AXIS, Profile
 from harness.environments.envs import InstallOptions
 from harness.errors import UsageError
+from harness.recording.flip import Flip
 from harness.recording.runs import now_iso
 from harness.tools import flip_search, script_stacks
 from harness.tools.script_stacks import Stack
@@ -106,33 +107,6 @@ class Observation:
     waiting_in: dict[str, str | None] = field(default_factory=dict)
     reused: bool = False
     state: str = ""
-
-
-@dataclass
-class FlipVerdict:
-    older: str
-    newer: str
-    older_state: str
-    newer_state: str
-    #: package -> [older release, newer release], every distribution that differs between the two stacks.
-    changed: dict[str, list[str]]
-    #: Where the moves started: the older stack with one package moved at a time.
-    moves: list[dict[str, Any]] = field(default_factory=list)
-    package: str | None = None
-    first_release: str | None = None
-    last_release_before: str | None = None
-    candidates: list[str] = field(default_factory=list)
-    bisect_runs: list[dict[str, Any]] = field(default_factory=list)
-    stepped_over: list[dict[str, Any]] = field(default_factory=list)
-    #: The packages the named release's runs held at the older stack's versions.
-    held: dict[str, str] = field(default_factory=dict)
-    note: str = ""
-    #: Changed packages not moved because the moves' bound was reached (the least likely ones).
-    untried: list[str] = field(default_factory=list)
-
-    @property
-    def direction(self) -> str:
-        return "started" if self.newer_state == "target" else "ended"
 
 
 @dataclass
@@ -319,7 +293,7 @@ def run(bisect: ScriptBisect, ends: list[End], bad: End | None, *, all_moves: bo
     bisect.timed("scan", started)
 
     target_at = _choose_target(bisect, scan, bad)
-    flips: list[FlipVerdict] = []
+    flips: list[Flip] = []
     if target_at is not None:
         bisect.set_target(target_at)
         flips = _neighbour_flips(scan) if ends[0].day else _end_flips(scan)
@@ -350,21 +324,21 @@ def _choose_target(bisect: ScriptBisect, scan: list[Observation], bad: End | Non
     return failing[-1] if failing else None
 
 
-def _neighbour_flips(scan: list[Observation]) -> list[FlipVerdict]:
+def _neighbour_flips(scan: list[Observation]) -> list[Flip]:
     known = [o for o in scan if o.state in KNOWN]
     return [
-        FlipVerdict(a.label, b.label, a.state, b.state, _changed(a, b))
+        Flip(a.label, b.label, a.state, b.state, _changed(a, b))
         for a, b in itertools.pairwise(known)
         if a.state != b.state
     ]
 
 
-def _end_flips(scan: list[Observation]) -> list[FlipVerdict]:
+def _end_flips(scan: list[Observation]) -> list[Flip]:
     good, bad = scan
     if good.state != "pass":
-        return [FlipVerdict(good.label, bad.label, good.state, bad.state, _changed(good, bad), note=(
+        return [Flip(good.label, bad.label, good.state, bad.state, _changed(good, bad), note=(
             f"the good end does not pass ({good.outcome}: {good.error}), so no release can be named"))]  # fmt: skip
-    return [FlipVerdict(good.label, bad.label, good.state, bad.state, _changed(good, bad))]
+    return [Flip(good.label, bad.label, good.state, bad.state, _changed(good, bad))]
 
 
 def _changed(a: Observation, b: Observation) -> dict[str, list[str]]:
@@ -398,9 +372,7 @@ def _named_in(module: str, error: str) -> bool:
     return any(word.startswith(stem) for word in re.findall(r"[a-z_][a-z0-9_]*", error))
 
 
-def _name_flip(
-    bisect: ScriptBisect, flip: FlipVerdict, older_stack: Stack, older: End, newer: End, all_moves: bool
-) -> None:
+def _name_flip(bisect: ScriptBisect, flip: Flip, older_stack: Stack, older: End, newer: End, all_moves: bool) -> None:
     if flip.note:
         return
     say = bisect.say
@@ -456,12 +428,12 @@ def _name_flip(
 
 
 def _bisect_releases(
-    bisect: ScriptBisect, flip: FlipVerdict, base: Stack, older: End, newer: End, package: str, old: str | None,
+    bisect: ScriptBisect, flip: Flip, base: Stack, older: End, newer: End, package: str, old: str | None,
     new: str,
 ) -> None:  # fmt: skip
     """Binary search over the releases after `old` up to `new`, both ends' states known already."""
     if old is None:
-        flip.first_release, flip.note = new, f"{package} is absent from the older stack"
+        flip.release, flip.note = new, f"{package} is absent from the older stack"
         return
     wheelhouse = bisect.options.wheelhouse if bisect.options.offline else None
     available = releases.releases(package, bisect.history.python, wheelhouse)
@@ -482,19 +454,17 @@ def _bisect_releases(
             flip.stepped_over.append(entry)  # failed another way or could not run: not the answer
         known[version] = found.state
         step = flip_search.next_step(candidates, known, flip.older_state, flip.newer_state)
-    flip.first_release, flip.last_release_before = step.first, step.last_before
+    flip.release, flip.last_release_before = step.first, step.last_before
     if not bisect.options.offline:
-        gone = [
-            str(v) for v in releases.yanked(package) if _between(str(v), flip.last_release_before, flip.first_release)
-        ]
+        gone = [str(v) for v in releases.yanked(package) if _between(str(v), flip.last_release_before, flip.release)]
         if gone:
             flip.note = f"{', '.join(gone)} (yanked from the index) lies between and was not tried. "
-    skipped = [s for s in flip.stepped_over if _between(s["version"], flip.last_release_before, flip.first_release)]
+    skipped = [s for s in flip.stepped_over if _between(s["version"], flip.last_release_before, flip.release)]
     if skipped:
         how = "fail differently" if any(s["state"] == "other" for s in skipped) else "could not run"
         flip.note += (
             f"{', '.join(s['version'] for s in skipped)} (between {flip.last_release_before} and "
-            f"{flip.first_release}) {how}: the change may be in one of them, masked"
+            f"{flip.release}) {how}: the change may be in one of them, masked"
         )
 
 
@@ -513,7 +483,7 @@ def _brief(found: Observation) -> dict[str, Any]:
     }
 
 
-def _verdict(bisect: ScriptBisect, scan: list[Observation], flips: list[FlipVerdict]) -> dict[str, Any]:
+def _verdict(bisect: ScriptBisect, scan: list[Observation], flips: list[Flip]) -> dict[str, Any]:
     others = sorted(
         {(o.signature or "", o.error or "") for o in bisect.observations if o.state == "other"}, key=lambda x: x[0]
     )
@@ -527,7 +497,7 @@ def _verdict(bisect: ScriptBisect, scan: list[Observation], flips: list[FlipVerd
         "made_at": now_iso(),
         "target": {"signature": bisect.target, "error": bisect.target_error},
         "scan": [{"label": o.label, **_brief(o), "versions": _key_versions(o.stack["versions"])} for o in scan],
-        "flips": [asdict(f) | {"direction": f.direction} for f in flips],
+        "flips": [f.as_script_json() for f in flips],
         "different_failures": [{"signature": s, "error": e} for s, e in others],
         "cost": asdict(bisect.cost)
         | {
@@ -561,25 +531,25 @@ def summary_lines(verdict: dict[str, Any]) -> list[str]:
     if asked and not verdict["flips"]:
         why = "every stack that could run shows it" if known == {"target"} else "no two usable stacks differ"
         lines.append(f"  no flip: {why}")
-    for flip in verdict["flips"]:
-        where = f"between {flip['older']} ({flip['older_state']}) and {flip['newer']} ({flip['newer_state']})"
-        if flip["package"] and flip["first_release"]:
+    for flip in (Flip.from_json(f) for f in verdict["flips"]):
+        where = f"between {flip.older} ({flip.older_state}) and {flip.newer} ({flip.newer_state})"
+        if flip.package and flip.release:
             lines.append(
-                f"  {flip['direction']} with {flip['package']} {flip['first_release']} "
-                f"(last {flip['older_state']}: {flip['last_release_before']}), {where}"
+                f"  {flip.direction} with {flip.package} {flip.release} "
+                f"(last {flip.older_state}: {flip.last_release_before}), {where}"
             )
-            held = ", ".join(f"{p} {v}" for p, v in flip["held"].items() if p in AXIS_PACKAGES) or ", ".join(
-                f"{p} {v}" for p, v in list(flip["held"].items())[:8]
+            held = ", ".join(f"{p} {v}" for p, v in flip.held.items() if p in AXIS_PACKAGES) or ", ".join(
+                f"{p} {v}" for p, v in list(flip.held.items())[:8]
             )
             lines.append(f"    held: {held}")
             lines.append(
-                f"    probes: {len(flip['moves'])} move(s), {len(flip['bisect_runs'])} bisect run(s) over "
-                f"{len(flip['candidates'])} release(s)"
+                f"    probes: {len(flip.moves)} move(s), {len(flip.bisect_runs)} bisect run(s) over "
+                f"{len(flip.candidates)} release(s)"
             )
         else:
-            lines.append(f"  {where}: {flip['note'] or 'not named'}")
-        if flip["note"] and flip["package"]:
-            lines.append(f"    note: {flip['note']}")
+            lines.append(f"  {where}: {flip.note or 'not named'}")
+        if flip.note and flip.package:
+            lines.append(f"    note: {flip.note}")
     for other in verdict["different_failures"]:
         where = [s["label"] for s in verdict["scan"] if s["signature"] == other["signature"] and s["state"] == "other"]
         lines.append(
@@ -680,10 +650,10 @@ def command(args: Any) -> int:
             raise UsageError(f"no atlas day between {first or 'the first'} and {last or 'the last'}")
         ends = [End(day=d) for d in days]
     verdict = run(bisect, ends, bad, all_moves=args.all_moves)
-    named = [f for f in verdict["flips"] if f["package"] and f["first_release"]]
+    named = [f for f in (Flip.from_json(x) for x in verdict["flips"]) if f.package and f.release]
     if named:
         runs = [json.loads(line) for line in (out_dir / "runs.jsonl").read_text().splitlines() if line.strip()]
         (out_dir / "issue.md").write_text(script_issue_body(verdict, args.script.read_text(), named[0], runs))
-        bisect.say(f"  issue body for {named[0]['package']}: {out_dir / 'issue.md'}")
+        bisect.say(f"  issue body for {named[0].package}: {out_dir / 'issue.md'}")
     bisect.say(f"  verdict: {out_dir / 'verdict.json'}; every run: {out_dir / 'runs.jsonl'}")
     return 0

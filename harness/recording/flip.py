@@ -1,0 +1,115 @@
+"""A flip: where an outcome changed between two stacks, and what names the change. One type for all of them.
+
+The atlas's flips (between two install days of a dated run), the GPU node's (the same, planned in rounds), a user
+script's (`bisect-script`, between two of its stacks) and the packaging bisect's (one package's releases over a
+base cell) all find the same thing: the older and the newer side and their states, the packages that changed,
+the moves of each changed package alone, which of them reproduce, and the first release of the one that does.
+The commands that find them write them; the table, the issue bodies and the site read them back as this type.
+
+Each file keeps its own layout (flips.json, a script verdict, a bisect verdict): `as_atlas_json`,
+`as_script_json`, `as_bisect_json` write it key for key as before, and `from_json` reads any of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Flip:
+    older: str
+    newer: str
+    older_state: str
+    newer_state: str
+    #: package -> [older release, newer release] (None where a side lacks it)
+    changed: dict[str, list[Any]] = field(default_factory=dict)
+    #: The scenario and its failure (atlas and packaging flips; a script's failure is its verdict's target).
+    scenario: str | None = None
+    signature: str | None = None
+    #: Each changed package moved alone onto the older side (the atlas files call them "probes").
+    moves: list[dict[str, Any]] = field(default_factory=list)
+    #: The packages whose move alone reproduces the newer outcome.
+    reproducing: list[str] = field(default_factory=list)
+    package: str | None = None
+    #: The first release of `package` with the newer state (a script verdict calls it "first_release").
+    release: str | None = None
+    last_release_before: str | None = None
+    #: The releases searched, and the runs of the search over them (the packaging bisect's "probes").
+    candidates: list[str] = field(default_factory=list)
+    bisect_runs: list[dict[str, Any]] = field(default_factory=list)
+    stepped_over: list[Any] = field(default_factory=list)
+    #: The packages the named release's runs held at the older side's versions.
+    held: dict[str, str] = field(default_factory=dict)
+    note: str = ""
+    #: Changed packages not moved because the moves' bound was reached.
+    untried: list[str] = field(default_factory=list)
+    #: Where the atlas flip's bisect wrote its probes.
+    bisect: str | None = None
+    #: The release the upstream record names for this change, and whether we agree.
+    upstream: dict[str, Any] | None = None
+    #: The configs that show the target on the target side: the probes run only these.
+    config_ids: list[str] = field(default_factory=list)
+    #: The failure family this flip is of, where the scenario's target shows as several.
+    family: str | None = None
+    #: The packaging bisect's variant and the cell its probes vary.
+    variant: str | None = None
+    base_cell: str | None = None
+    #: The dated run the flip was found in (set when the table reads flips.json; never written).
+    run_id: str | None = None
+
+    @property
+    def direction(self) -> str:
+        return "started" if self.newer_state == "target" else "ended"
+
+    def as_atlas_json(self) -> dict[str, Any]:
+        """flips.json's layout."""
+        return {
+            "scenario": self.scenario, "older": self.older, "newer": self.newer, "older_state": self.older_state,
+            "newer_state": self.newer_state, "signature": self.signature, "changed": self.changed,
+            "probes": self.moves, "reproducing": self.reproducing, "package": self.package, "release": self.release,
+            "bisect": self.bisect, "upstream": self.upstream, "config_ids": self.config_ids, "family": self.family,
+        }  # fmt: skip
+
+    def as_script_json(self) -> dict[str, Any]:
+        """A `bisect-script` verdict's layout of one flip."""
+        return {
+            "older": self.older, "newer": self.newer, "older_state": self.older_state,
+            "newer_state": self.newer_state, "changed": self.changed, "moves": self.moves, "package": self.package,
+            "first_release": self.release, "last_release_before": self.last_release_before,
+            "candidates": self.candidates, "bisect_runs": self.bisect_runs, "stepped_over": self.stepped_over,
+            "held": self.held, "note": self.note, "untried": self.untried, "direction": self.direction,
+        }  # fmt: skip
+
+    def as_bisect_json(self) -> dict[str, Any]:
+        """A packaging bisect's verdict.json layout (its probes are the search's runs, the older end first)."""
+        return {
+            "package": self.package, "scenario": self.scenario, "variant": self.variant,
+            "base_cell": self.base_cell, "candidates": self.candidates, "old_state": self.older_state,
+            "first_flip": self.release, "stepped_over": self.stepped_over, "probes": self.bisect_runs,
+            "cell_runs": len(self.bisect_runs),
+            "bound_ceil_log2_n_plus_1": math.ceil(math.log2(max(len(self.candidates), 1))) + 1,
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Flip:
+        """A flip read back from any of the three layouts."""
+        if "first_flip" in data:  # a packaging bisect's verdict
+            candidates = data.get("candidates") or []
+            older_state = data.get("old_state", "")
+            return cls(
+                older=candidates[0] if candidates else "", newer=candidates[-1] if candidates else "",
+                older_state=older_state, newer_state="pass" if older_state == "fail" else "fail",
+                scenario=data.get("scenario"), package=data.get("package"), release=data.get("first_flip"),
+                candidates=candidates, bisect_runs=data.get("probes") or [],
+                stepped_over=data.get("stepped_over") or [], variant=data.get("variant"),
+                base_cell=data.get("base_cell"),
+            )  # fmt: skip
+        names = {f for f in cls.__dataclass_fields__}
+        values = {k: v for k, v in data.items() if k in names}
+        if "probes" in data:
+            values["moves"] = data["probes"]
+        if "first_release" in data:
+            values["release"] = data["first_release"]
+        return cls(**values)
