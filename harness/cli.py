@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from harness import cli_commands
-from harness.cli_options import BY_NAME, COMMANDS, flag_of
+from harness.cli_options import BY_NAME, COMMANDS, first_problem, flag_of
 from harness.errors import OptionError, Terminated, UsageError
 
 #: Commands with parsers of their own: name -> (module with main(argv), help line).
@@ -69,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in DELEGATED:
             return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]))
         args = build_parser().parse_args(argv)
-        return int(getattr(cli_commands, BY_NAME[args.command].handler)(args))
+        command = BY_NAME[args.command]
+        problem = first_problem(command, args)
+        if problem:
+            raise UsageError(problem)
+        return int(getattr(cli_commands, command.handler)(args))
     except OptionError as exc:  # raised below the CLI, naming settings: worded here as their flags
         print(f"error: {exc.worded(flag_of)}", file=sys.stderr)
         return 2

@@ -4,11 +4,11 @@ checks on option combinations, worded as flags, then the floors below do the wor
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
 
+from harness.cli_options import BY_NAME, built_from
 from harness.errors import UsageError
 from harness.execution import hardware
 from harness.paths import MATRIX_DIR
@@ -21,35 +21,12 @@ def matrix(args: argparse.Namespace) -> int:
     from harness.execution.matrix import run_matrix
     from harness.execution.options import MatrixOptions
 
-    if args.examples is not None and args.examples < 0:
-        raise UsageError("--examples must be 0 or more")
-    shard = _shard(args.shard) if args.shard else None
-    if args.slots is not None and args.slots < 1:
-        raise UsageError("--slots must be 1 or more")
-    if args.nnodes < 1:
-        raise UsageError("--nnodes must be 1 or more")
+    # The option checks ran before this (cli_options.MATRIX_CHECKS); the options object is built from the table.
     if args.nnodes > 1:
         from harness.execution import slurm
 
         slurm.require("srun")
         args.rdzv_endpoint = args.rdzv_endpoint or slurm.default_rdzv_endpoint()
-    if args.offline and args.wheelhouse is None:
-        raise UsageError("--offline needs --wheelhouse DIR")
-    if args.wheelhouse is not None and not args.wheelhouse.is_dir():
-        raise UsageError(f"--wheelhouse {args.wheelhouse}: no such directory")
-    if args.fresh and args.resume_run:
-        raise UsageError("--fresh and --resume exclude each other")
-    if (args.grow or args.add_dates) and not args.resume_run:
-        raise UsageError("--grow and --add-date add days to a dated run: pass --resume RUN_ID")
-    if args.add_dates and not args.grow:
-        raise UsageError("--add-date needs --grow")
-    if args.dates and args.resume_run:
-        raise UsageError("--date chooses the days of a new run; a resumed run keeps its days (--grow --add-date adds)")
-    for day in args.dates:
-        try:
-            dt.date.fromisoformat(day)
-        except ValueError:
-            raise UsageError(f"--date {day!r}: expected YYYY-MM-DD") from None
     profile = load_profile(args.profile or default_profile(), MATRIX_DIR)
     install = InstallOptions(
         envs_dir=args.envs_dir or default_envs_dir(),
@@ -58,30 +35,7 @@ def matrix(args: argparse.Namespace) -> int:
         system_python=args.system_torch,
         rebuild=args.rebuild_envs,
     )
-    options = MatrixOptions(
-        results_dir=args.results_dir,
-        install=install,
-        fresh=args.fresh,
-        resume_run=args.resume_run,
-        scenario_patterns=tuple(args.scenarios) if args.scenarios else None,
-        cell_patterns=tuple(args.cells) if args.cells else None,
-        examples=args.examples,
-        config_ids=tuple(args.config_ids) if args.config_ids else None,
-        example_db=None if args.no_example_db else (args.example_db or args.results_dir / "hypothesis-db"),
-        hypothesis_profile=args.hypothesis_profile,
-        nnodes=args.nnodes,
-        rdzv_endpoint=args.rdzv_endpoint,
-        slots=args.slots,
-        no_early_start=args.no_early_start,
-        reduce=args.reduce,
-        no_prune=args.no_prune,
-        shard=shard,
-        world_sizes=tuple(args.world_sizes) if args.world_sizes else None,
-        grow=args.grow,
-        add_dates=tuple(args.add_dates),
-        dates=tuple(args.dates),
-        no_shrink=args.no_shrink,
-    )
+    options = MatrixOptions(**built_from(BY_NAME["matrix"], args, install=install))
     summary = run_matrix(profile, options)
     print(
         f"run {summary.run_id}: {summary.written} new records, {summary.resumed} already recorded; "
@@ -116,16 +70,6 @@ def slurm(args: argparse.Namespace) -> int:
         return 0
     print(f"report job ended with status {sub.report_status}: {sub.folder / 'report.out'}")
     return sub.report_status
-
-
-def _shard(text: str) -> tuple[int, int]:
-    try:
-        index, count = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise UsageError(f"--shard {text!r}: expected I/N, e.g. 2/4") from None
-    if not 1 <= index <= count:
-        raise UsageError(f"--shard {text!r}: I must be between 1 and N")
-    return index, count
 
 
 def bisect(args: argparse.Namespace) -> int:

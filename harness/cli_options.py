@@ -5,26 +5,54 @@ options that several commands share are one record each, given another help line
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.paths import RESULTS_DIR
 
+#: How a parsed value becomes the field it fills (the value, and every parsed option for those that need more).
+Convert = Callable[[Any, argparse.Namespace], Any]
+
 
 class Option:
-    """One argparse option: its flags, its help line, and the rest of `add_argument`'s keywords."""
+    """One argparse option: its flags, its help line, the rest of `add_argument`'s keywords, and the field of the
+    command's options object it fills (`fills`, through `convert`), so that object is built from this table."""
 
-    __slots__ = ("flags", "help", "settings")
+    __slots__ = ("convert", "fills", "flags", "help", "settings")
 
-    def __init__(self, flags: tuple[str, ...], help: str | None = None, **settings: Any) -> None:
-        self.flags, self.help, self.settings = flags, help, settings
+    def __init__(
+        self,
+        flags: tuple[str, ...],
+        help: str | None = None,
+        *,
+        fills: str | None = None,
+        convert: Convert | None = None,
+        **settings: Any,
+    ) -> None:
+        self.flags, self.help, self.settings, self.fills, self.convert = flags, help, settings, fills, convert
+
+    @property
+    def dest(self) -> str:
+        return self.settings.get("dest", self.flags[0].lstrip("-").replace("-", "_"))
 
     def but(self, **changes: Any) -> Option:
         """The same option with another help line (or other settings) for one command."""
         help_line = changes.pop("help", self.help)
-        return Option(self.flags, help_line, **(self.settings | changes))
+        fills, convert = changes.pop("fills", self.fills), changes.pop("convert", self.convert)
+        return Option(self.flags, help_line, fills=fills, convert=convert, **(self.settings | changes))
+
+
+@dataclass(frozen=True)
+class Check:
+    """A finalizer (as nox's options have): a check of one or several parsed options, run in the table's order
+    before the command; the first that finds a problem is the one-line error (exit 2)."""
+
+    problem: Callable[[argparse.Namespace], str | None]
 
 
 @dataclass(frozen=True)
@@ -35,6 +63,94 @@ class Command:
     help: str
     description: str | None = None
     options: tuple[Option, ...] = ()
+    checks: tuple[Check, ...] = ()
+
+
+def built_from(command: Command, args: argparse.Namespace, **given: Any) -> dict[str, Any]:
+    """The keyword arguments of the command's options object: each option that `fills` a field, converted; plus
+    what the caller `given`s (fields no option fills alone)."""
+    filled = {}
+    for option in command.options:
+        if option.fills:
+            value = getattr(args, option.dest)
+            filled[option.fills] = option.convert(value, args) if option.convert else value
+    return filled | given
+
+
+def first_problem(command: Command, args: argparse.Namespace) -> str | None:
+    return next((problem for check in command.checks if (problem := check.problem(args))), None)
+
+
+def _tuple_or_none(value: Any, args: argparse.Namespace) -> tuple[Any, ...] | None:
+    return tuple(value) if value else None
+
+
+def _as_tuple(value: Any, args: argparse.Namespace) -> tuple[Any, ...]:
+    return tuple(value)
+
+
+def shard_problem(text: str | None) -> str | None:
+    """Why `--shard` text is not I/N with 1 <= I <= N (None when it is, or when none was given)."""
+    if not text:
+        return None
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        return f"--shard {text!r}: expected I/N, e.g. 2/4"
+    return None if 1 <= index <= count else f"--shard {text!r}: I must be between 1 and N"
+
+
+def _shard(text: str | None, args: argparse.Namespace) -> tuple[int, int] | None:
+    if not text:
+        return None
+    index, count = (int(x) for x in text.split("/"))
+    return index, count
+
+
+def _example_db(value: Path | None, args: argparse.Namespace) -> Path | None:
+    return None if args.no_example_db else (value or args.results_dir / "hypothesis-db")
+
+
+def _bad_day(days: list[str]) -> str | None:
+    for day in days:
+        try:
+            dt.date.fromisoformat(day)
+        except ValueError:
+            return f"--date {day!r}: expected YYYY-MM-DD"
+    return None
+
+
+MATRIX_CHECKS = (
+    Check(lambda a: "--examples must be 0 or more" if a.examples is not None and a.examples < 0 else None),
+    Check(lambda a: shard_problem(a.shard)),
+    Check(lambda a: "--slots must be 1 or more" if a.slots is not None and a.slots < 1 else None),
+    Check(lambda a: "--nnodes must be 1 or more" if a.nnodes < 1 else None),
+    Check(lambda a: "--offline needs --wheelhouse DIR" if a.offline and a.wheelhouse is None else None),
+    Check(
+        lambda a: (
+            f"--wheelhouse {a.wheelhouse}: no such directory"
+            if a.wheelhouse is not None and not a.wheelhouse.is_dir()
+            else None
+        )
+    ),
+    Check(lambda a: "--fresh and --resume exclude each other" if a.fresh and a.resume_run else None),
+    Check(
+        lambda a: (
+            "--grow and --add-date add days to a dated run: pass --resume RUN_ID"
+            if (a.grow or a.add_dates) and not a.resume_run
+            else None
+        )
+    ),
+    Check(lambda a: "--add-date needs --grow" if a.add_dates and not a.grow else None),
+    Check(
+        lambda a: (
+            "--date chooses the days of a new run; a resumed run keeps its days (--grow --add-date adds)"
+            if a.dates and a.resume_run
+            else None
+        )
+    ),
+    Check(lambda a: _bad_day(a.dates)),
+)
 
 
 # Shared options.
@@ -57,6 +173,7 @@ COMMANDS: tuple[Command, ...] = (
             "harness/scenario error, 2 on bad input or a run held by another process, 130 on Ctrl-C, "
             "143 on SIGTERM."
         ),
+        checks=MATRIX_CHECKS,
         options=(
             Option(
                 ("--profile",),
@@ -65,15 +182,23 @@ COMMANDS: tuple[Command, ...] = (
                     "matrix/gpu.toml exists, else cpu)"
                 ),
             ),
-            Option(("--fresh",), action="store_true", help="start a new run even if an unfinished one exists"),
+            Option(
+                ("--fresh",),
+                fills="fresh",
+                action="store_true",
+                help="start a new run even if an unfinished one exists",
+            ),
             Option(
                 ("--resume",),
+                fills="resume_run",
                 metavar="RUN_ID",
                 dest="resume_run",
                 help=("continue this run (an interrupted one, or a complete one to add scenarios or cells to it)"),
             ),
             Option(
                 ("--scenario",),
+                fills="scenario_patterns",
+                convert=_tuple_or_none,
                 action="append",
                 dest="scenarios",
                 metavar="ID_OR_GLOB",
@@ -81,6 +206,8 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(
                 ("--cell",),
+                fills="cell_patterns",
+                convert=_tuple_or_none,
                 action="append",
                 dest="cells",
                 metavar="GLOB",
@@ -88,12 +215,15 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(
                 ("--examples",),
+                fills="examples",
                 type=int,
                 metavar="N",
                 help=("Hypothesis-drawn configs per scenario (overrides the profile; explicit examples always run)"),
             ),
             Option(
                 ("--config",),
+                fills="config_ids",
+                convert=_tuple_or_none,
                 action="append",
                 dest="config_ids",
                 metavar="CONFIG_ID",
@@ -101,6 +231,7 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(
                 ("--hypothesis-profile",),
+                fills="hypothesis_profile",
                 choices=["ci", "explore"],
                 help=(
                     "ci: the profile's example count and a short shrink budget; explore: 10x the draws and a "
@@ -109,6 +240,8 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(
                 ("--example-db",),
+                fills="example_db",
+                convert=_example_db,
                 type=Path,
                 metavar="DIR",
                 help=(
@@ -117,7 +250,7 @@ COMMANDS: tuple[Command, ...] = (
                 ),
             ),
             Option(("--no-example-db",), action="store_true", help="neither read nor save failure memory"),
-            RESULTS_OPTION.but(help="where runs and tables go"),
+            RESULTS_OPTION.but(help="where runs and tables go", fills="results_dir"),
             Option(
                 ("--envs-dir",),
                 type=Path,
@@ -139,6 +272,8 @@ COMMANDS: tuple[Command, ...] = (
             Option(("--no-report",), action="store_true", help="do not regenerate COMPATIBILITY.md afterwards"),
             Option(
                 ("--shard",),
+                fills="shard",
+                convert=_shard,
                 metavar="I/N",
                 help=(
                     "run only shard I of N (1-based): every N-th cell, so N machines can split a profile; "
@@ -147,6 +282,7 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(
                 ("--grow",),
+                fills="grow",
                 action="store_true",
                 help=(
                     "with --resume on a dated run (history): add the days its date rule gives now (a new peft "
@@ -156,6 +292,8 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(
                 ("--add-date",),
+                fills="add_dates",
+                convert=_as_tuple,
                 action="append",
                 default=[],
                 dest="add_dates",
@@ -164,6 +302,8 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(
                 ("--date",),
+                fills="dates",
+                convert=_as_tuple,
                 action="append",
                 default=[],
                 dest="dates",
@@ -177,6 +317,8 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(
                 ("--world-size",),
+                fills="world_sizes",
+                convert=_tuple_or_none,
                 action="append",
                 type=int,
                 dest="world_sizes",
@@ -188,16 +330,19 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(
                 ("--no-shrink",),
+                fills="no_shrink",
                 action="store_true",
                 help="record drawn failures without shrinking them (faster, less to learn)",
             ),
             Option(
                 ("--no-prune",),
+                fills="no_prune",
                 action="store_true",
                 help=("do not read package metadata (Requires-Dist) to skip cells whose pins cannot work together"),
             ),
             Option(
                 ("--reduce",),
+                fills="reduce",
                 choices=["none", "pairwise"],
                 help=(
                     "pairwise: run only cells that together hold every pair of values of any two dimensions "
@@ -207,6 +352,7 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(
                 ("--slots",),
+                fills="slots",
                 type=int,
                 metavar="N",
                 help=(
@@ -216,6 +362,7 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(
                 ("--no-early-start",),
+                fills="no_early_start",
                 action="store_true",
                 help=(
                     "start a scenario's workers when its turn comes, not while the previous scenario of the "
@@ -224,6 +371,7 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(
                 ("--nnodes",),
+                fills="nnodes",
                 type=int,
                 default=1,
                 help=(
@@ -235,6 +383,7 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(
                 ("--rdzv-endpoint",),
+                fills="rdzv_endpoint",
                 metavar="HOST:PORT",
                 help="multi-node: where the c10d store listens (default: this host on a free port)",
             ),
