@@ -294,9 +294,33 @@ def lock(args: argparse.Namespace) -> int:
 
 
 def run_script(args: argparse.Namespace) -> int:
-    from harness.tools.user_script import command
+    """`compat-matrix run-script`: one run, printed, and written as JSON with the versions it imported."""
+    import os
+    from dataclasses import asdict
 
-    return command(args)
+    from harness.environments.envs import installed_versions
+    from harness.execution.script_launch import run_script as launch
+
+    if not args.script.is_file():
+        raise UsageError(f"{args.script}: no such file")
+    if args.nproc < 1 or args.timeout <= 0:
+        raise UsageError("--nproc must be at least 1 and --timeout positive")
+    # Here, in the environment it was started in: --pythonpath first, then the user's own PYTHONPATH.
+    pythonpath = os.pathsep.join(filter(None, [args.pythonpath, os.environ.get("PYTHONPATH")])) or None
+    found = launch(
+        args.python, args.script, nproc=args.nproc, torchrun=args.torchrun or None, timeout_s=args.timeout,
+        pythonpath=pythonpath,
+    )  # fmt: skip
+    print(f"{args.script.name} ({args.nproc} rank(s)): {found.outcome} {found.signature or ''} {found.error or ''}")
+    if args.json:
+        data = asdict(found) | {
+            "script": args.script.name,
+            "nproc": args.nproc,
+            "versions": installed_versions(args.python, pythonpath),
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
+    return 0
 
 
 def bisect_script(args: argparse.Namespace) -> int:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.execution.script_launch import last_traceback, run_script, script_dependencies
 from harness.tools.script_bisect import Observation, _neighbour_flips, move_order, parse_end
-from harness.tools.user_script import last_traceback, run_script, script_dependencies
 
 REPO = Path(__file__).resolve().parent.parent
 

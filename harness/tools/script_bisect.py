@@ -38,11 +38,11 @@ from harness.define.packages import AXIS_PACKAGES, import_name
 from harness.define.profile import DATE_AXIS, Profile
 from harness.environments.envs import InstallOptions
 from harness.errors import UsageError
+from harness.execution.script_launch import CLASSIFIER_VERSION, ScriptRun, run_script, script_dependencies
 from harness.recording.flip import Flip
 from harness.recording.runs import now_iso
 from harness.tools import flip_search, script_stacks
 from harness.tools.script_stacks import Stack
-from harness.tools.user_script import CLASSIFIER_VERSION, ScriptRun, run_script, script_dependencies
 from harness.versions import releases
 
 KNOWN = ("target", "pass")

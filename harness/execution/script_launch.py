@@ -24,7 +24,6 @@ import tomllib
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from harness.execution.launcher import waiting_in
 from harness.processes import guard
@@ -218,33 +217,3 @@ def _signal_name(code: int | None) -> str:
         return signal.Signals(-(code or 0)).name
     except ValueError:
         return f"signal-{code}"
-
-
-def command(args: Any) -> int:
-    """`compat-matrix run-script`: one run, printed, and written as JSON with the versions it imported."""
-    import json
-    from dataclasses import asdict
-
-    from harness.environments.envs import installed_versions
-    from harness.errors import UsageError
-
-    if not args.script.is_file():
-        raise UsageError(f"{args.script}: no such file")
-    if args.nproc < 1 or args.timeout <= 0:
-        raise UsageError("--nproc must be at least 1 and --timeout positive")
-    # Here, in the environment it was started in: --pythonpath first, then the user's own PYTHONPATH.
-    pythonpath = os.pathsep.join(filter(None, [args.pythonpath, os.environ.get("PYTHONPATH")])) or None
-    found = run_script(
-        args.python, args.script, nproc=args.nproc, torchrun=args.torchrun or None, timeout_s=args.timeout,
-        pythonpath=pythonpath,
-    )  # fmt: skip
-    print(f"{args.script.name} ({args.nproc} rank(s)): {found.outcome} {found.signature or ''} {found.error or ''}")
-    if args.json:
-        data = asdict(found) | {
-            "script": args.script.name,
-            "nproc": args.nproc,
-            "versions": installed_versions(args.python, pythonpath),
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=1) + "\n")
-    return 0
