@@ -26,13 +26,13 @@ from packaging.requirements import Requirement
 
 from harness.define.cells import Cell
 from harness.define.profile import DATE_AXIS, Profile
+from harness.environments.overlay import discard, install_argv, installer, uv_binary
 from harness.errors import UsageError
 from harness.processes import guard
 from harness.processes.proctree import ORCHESTRATOR_VAR
 
 MARKER = ".compat-matrix-cell.json"
 #: Where a half-built environment is moved before it is deleted (see `discard`).
-DISCARD_PREFIX = ".discard-"
 #: Prints {distribution: version} for the environment it runs in; the first one on sys.path wins.
 LIST_VERSIONS = (
     "import importlib.metadata as m, json, platform\n"
@@ -77,19 +77,6 @@ class EnvResult:
 
 class InstallFailed(Exception):
     """The environment could not be built; the message is the resolver's or installer's reason."""
-
-
-def uv_binary() -> str:
-    """The uv that came with the orchestrator's environment, else the one on PATH."""
-    try:
-        from uv import find_uv_bin
-
-        return find_uv_bin()
-    except (ImportError, FileNotFoundError):
-        found = shutil.which("uv")
-        if not found:
-            raise FileNotFoundError("uv is not installed; pip install -e . (the project depends on it)") from None
-        return found
 
 
 def index_flags(
@@ -213,16 +200,6 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
         overlaid=result.overlaid,
         left_out=result.left_out,
     )
-
-
-def discard(target: Path) -> None:
-    """Remove an environment directory that must not be reused. It is renamed first (atomic), so a new build
-    starts on an empty path even if something still writes into the old tree; leftovers of earlier discards
-    are removed too."""
-    if target.exists():
-        target.rename(target.with_name(f"{DISCARD_PREFIX}{target.name}-{os.getpid()}-{time.monotonic_ns()}"))
-    for old in target.parent.glob(f"{DISCARD_PREFIX}{target.name}-*"):
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -351,7 +328,7 @@ def _build_overlay(cell: Cell, profile: Profile, options: InstallOptions, target
         overlay = target / "site"
         links = ["--find-links", str(options.wheelhouse)] if options.wheelhouse else []
         index = ["--no-index"] if options.offline or options.wheelhouse else []
-        _run([*_pip_install(python), "--quiet", "--no-deps", "--target", str(overlay), *index, *links, *wanted], build)
+        _run(install_argv(installer(python), overlay, wanted, [*index, *links]), build)
         left_out |= _leave_out_unimportable(python, overlay, profile.optional)
         wanted = [w for w in wanted if Requirement(w).name.lower() not in left_out]
         _check_overlay_closure(python, str(overlay), [Requirement(w).name for w in wanted])
@@ -455,14 +432,6 @@ def _check_overlay_closure(python: Path, overlay: str, names: list[str]) -> None
             + "; ".join(problems)
             + " (add them to [install] overlay_support and the wheelhouse)"
         )
-
-
-def _pip_install(python: Path) -> list[str]:
-    """The node's own pip (air-gapped nodes have no uv); uv's pip interface where the python has no pip."""
-    has_pip = subprocess.run([str(python), "-c", "import pip"], capture_output=True).returncode == 0
-    if has_pip:
-        return [str(python), "-m", "pip", "--disable-pip-version-check", "install"]
-    return [uv_binary(), "pip", "install", "--python", str(python)]
 
 
 def installed_versions(python: Path, pythonpath: str | None = None) -> dict[str, str]:

@@ -30,6 +30,7 @@ from harness.define.cells import Cell, expand
 from harness.define.packages import AXIS_PACKAGES
 from harness.define.profile import DATE_AXIS, Profile
 from harness.environments import envs
+from harness.environments import overlay as target_overlay
 from harness.environments.envs import InstallOptions
 
 OVERLAY_MARKER = ".compat-matrix-overlay.json"
@@ -201,18 +202,15 @@ def _install_overlay(base: Stack, wanted: dict[str, str], mode: str, label: str,
             mode=mode, overlaid=wanted,
         )  # fmt: skip
     started = time.monotonic()
-    envs.discard(target)
+    target_overlay.discard(target)
     if wanted:
-        proc = subprocess.run(
-            [
-                envs.uv_binary(), "pip", "install", "--quiet", "--no-deps", "--python", str(base.python),
-                "--target", str(target / "site"), *envs.index_flags(options=options),
-                *(f"{n}=={v}" for n, v in sorted(wanted.items())),
-            ],
-            capture_output=True, text=True,
-        )  # fmt: skip
+        # uv's pip interface, whose flags `index_flags` writes (an atlas environment has no pip of its own).
+        uv_pip = [target_overlay.uv_binary(), "pip", "install", "--python", str(base.python)]
+        requirements = [f"{n}=={v}" for n, v in sorted(wanted.items())]
+        argv = target_overlay.install_argv(uv_pip, target / "site", requirements, envs.index_flags(options=options))
+        proc = subprocess.run(argv, capture_output=True, text=True)
         if proc.returncode != 0:
-            envs.discard(target)
+            target_overlay.discard(target)
             return Stack(label, None, {}, "overlay", failure=envs.summarise_install_error(proc.stderr), mode=mode)
     else:
         (target / "site").mkdir(parents=True)
