@@ -132,3 +132,14 @@ def test_every_committed_flip_file_reads_into_the_one_type_and_writes_back_the_s
             assert _same_layout(Flip.from_json(entry).as_script_json(), entry, {"untried"}), path
             seen += 1
     assert seen >= 30
+
+
+def test_a_move_reproduces_only_the_newer_sides_state_in_either_vocabulary() -> None:
+    from harness.tools.flip_search import reproduces
+
+    # The atlas: probes say fail/pass, the sides are target/not-reproduced.
+    assert reproduces("fail", "target") and reproduces("pass", "not-reproduced")
+    assert not reproduces("pass", "target") and not reproduces("fail", "not-reproduced")
+    # A script: probes and sides say target/pass; a run that failed another way or could not run says nothing.
+    assert reproduces("target", "target") and reproduces("pass", "pass")
+    assert not any(reproduces(s, side) for s in ("other", "unusable") for side in ("target", "pass"))

@@ -55,3 +55,16 @@ def spread(items: list[str], count: int) -> list[str]:
     if len(items) <= count:
         return items
     return [items[round((i + 1) * len(items) / (count + 1)) - 1] for i in range(count)]
+
+
+#: A probe's state that means "the failure shows" / "it does not", in the words each bisector's probes use.
+_SHOWS, _ABSENT = {"fail", "target"}, {"pass", "not-reproduced"}
+
+
+def reproduces(state: str, newer_state: str) -> bool:
+    """Whether a move's state is the newer side's: the failure shows where the newer side shows it, or passes where
+    the newer side passes. A move that could not run or failed another way reproduces nothing. (The atlas's probes
+    say fail/pass of sides that are target/not-reproduced; a script's say target/pass/other of sides alike.)"""
+    if newer_state in _SHOWS:
+        return state in _SHOWS
+    return newer_state in _ABSENT and state in _ABSENT

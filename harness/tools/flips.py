@@ -28,7 +28,7 @@ from harness.publishing.atlas import dated_verdicts, failure_family, family_stat
 from harness.recording.flip import Flip
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
-from harness.tools import bisection
+from harness.tools import bisection, flip_search
 
 #: Target states that say something about the target (not a skip, not a broken environment).
 KNOWN_STATES = ("target", "not-reproduced")
@@ -138,7 +138,6 @@ def name_flip(
 ) -> Flip:
     """Move each changed package alone; bisect the one whose move reproduces the newer outcome. The probes run
     only the configs that showed the target (a config that never showed it says nothing about the change)."""
-    newer_fails = flip.newer_state == "target"
     if flip.config_ids:
         options = replace(options, config_ids=tuple(flip.config_ids))
     held_for: dict[str, Profile] = {}
@@ -158,7 +157,7 @@ def name_flip(
             if result.state != "unusable":
                 held_for[package] = held
                 break
-        if result.state != "unusable" and (result.state == "fail") == newer_fails:
+        if flip_search.reproduces(result.state, flip.newer_state):
             flip.reproducing.append(package)
     if len(flip.reproducing) != 1:
         return flip  # none alone (a combination did it), or several alone: the probes say which

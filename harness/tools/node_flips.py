@@ -76,7 +76,7 @@ def step(flip: Flip, states: dict[str, str], release_list: list[str]) -> list[st
     if needed:
         return needed
     flip.reproducing = [
-        p["package"] for p in flip.moves if p["state"] != "unusable" and (p["state"] == "fail") == newer_fails
+        p["package"] for p in flip.moves if flip_search.reproduces(p["state"], flip.newer_state)
     ]
     if len(flip.reproducing) != 1 or not release_list:
         return []  # none alone (a combination did it) or several (the probes say which), or not bisected yet

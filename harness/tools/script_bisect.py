@@ -389,7 +389,7 @@ def _name_flip(bisect: ScriptBisect, flip: Flip, older_stack: Stack, older: End,
         version = flip.changed[package][1]
         found = bisect.observe("move", bisect.moved(older_stack, package, version, older, newer))
         flip.moves.append({"package": package, "version": version, **_brief(found)})
-        if found.state == flip.newer_state:
+        if flip_search.reproduces(found.state, flip.newer_state):
             reproducing.append(package)
             if not all_moves:
                 break
