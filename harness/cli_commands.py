@@ -186,7 +186,7 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dir: Path) -> int:
     flips, by_scenario = plan_round(run_dir, profile, args.results_dir / "flips")
     for flip in flips:
         masked = " (masked: another failure or configs that could not run hide it; not probed)"
-        print(describe(flip).split(", by ")[0] + masked if not flip.probes else describe(flip), flush=True)
+        print(describe(flip).split(", by ")[0] + masked if not flip.moves else describe(flip), flush=True)
     if not by_scenario:
         print(f"every flip of {run_dir.name} is as named as its probes allow")
         return 0

@@ -448,10 +448,12 @@ class _TrainerTrained(_Trained):
         from scenarios.kit import fsdp
 
         ran = fsdp.fsdp_that_ran(self.engine)
-        plugin = self.trainer.accelerator.state.fsdp_plugin
-        state_dict_type = str(getattr(plugin, "state_dict_type", "")).rsplit(".", 1)[-1]
-        measured.note(fsdp=ran if ran != "not-wrapped" else None, fsdp_state_dict_type=state_dict_type)
+        measured.note(fsdp=ran if ran != "not-wrapped" else None)
         measured.require(ran == self.config["engine"], f"the config declared {self.config['engine']}, {ran} ran")
+        # accelerate sets its FSDP plugin only where FSDP is the distributed type: read it once FSDP is known to run.
+        plugin = getattr(self.trainer.accelerator.state, "fsdp_plugin", None)
+        state_dict_type = str(getattr(plugin, "state_dict_type", "")).rsplit(".", 1)[-1]
+        measured.note(fsdp_state_dict_type=state_dict_type)
         declared = _STATE_DICT_TYPE[self.config["context"]]
         measured.require(state_dict_type == declared, f"{declared} was declared, accelerate used {state_dict_type}")
 

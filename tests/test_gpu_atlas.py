@@ -469,3 +469,25 @@ def test_disagreements_markdown_needs_both_sides() -> None:
     assert "## Where the CPU and GPU atlases disagree" in text
     assert "2.11.0+cu130" in text
     assert text.count(f"| {S2} |") == 2
+
+
+def test_the_flips_command_prints_a_gpu_runs_flips_probed_or_masked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`compat-matrix flips` on a GPU history run prints each flip of the planning round: a flip its round
+    probed names what its moves found; one with no move (masked) says why it was not probed."""
+    import argparse
+
+    from harness import cli_commands
+    from harness.tools import node_flips
+
+    probed, masked = s2_flip(), s2_flip()
+    probed.moves = [{"package": "transformers", "version": "5.5.4", "probe_day": day("transformers", "5.5.4"),
+                     "state": "pass"}]  # fmt: skip
+    monkeypatch.setattr(node_flips, "plan_round", lambda run_dir, profile, out_root: ([probed, masked], {}))
+    args = argparse.Namespace(results_dir=tmp_path)
+    assert cli_commands._node_flips(args, None, tmp_path / "gpu-history-x") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "by no single package (transformers 5.5.4: pass)" in lines[0]
+    assert lines[1].endswith("(masked: another failure or configs that could not run hide it; not probed)")
+    assert lines[2] == "every flip of gpu-history-x is as named as its probes allow"

@@ -32,7 +32,6 @@ from harness.processes import guard
 from harness.processes.proctree import ORCHESTRATOR_VAR
 
 MARKER = ".compat-matrix-cell.json"
-#: Where a half-built environment is moved before it is deleted (see `discard`).
 #: Prints {distribution: version} for the environment it runs in; the first one on sys.path wins.
 LIST_VERSIONS = (
     "import importlib.metadata as m, json, platform\n"

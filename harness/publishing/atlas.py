@@ -10,6 +10,7 @@ from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES, public_version, short_name
 from harness.define.profile import DATE_AXIS
+from harness.publishing.glance import fullest_versions
 from harness.recording.flip import Flip
 from harness.recording.verdicts import variant_kinds, verdict
 from harness.textsafe import code, md
@@ -32,14 +33,15 @@ def dated_verdicts(
 ) -> tuple[list[str], dict[str, dict[str, Any]], dict[str, Any]]:
     """(dates, {date: versions}, {scenario: {date: Verdict}}) of the records that carry a date pin."""
     grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    stacks: dict[str, dict[str, Any]] = {}
+    by_date: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         date = (record.get("pins") or {}).get(DATE_AXIS)
         if not date:
             continue
         grouped[(record["scenario"], date)].append(record)
-        if record.get("versions"):
-            stacks.setdefault(date, record["versions"])
+        by_date[date].append(record)
+    # As the glance does: a run that left an optional package out does not drop it from the day's stack.
+    stacks = {date: fullest_versions(day) for date, day in by_date.items() if fullest_versions(day)}
     verdicts: dict[str, dict[str, Any]] = defaultdict(dict)
     for (scenario, date), group in grouped.items():
         verdicts[scenario][date] = verdict(group, specs.get(scenario))
