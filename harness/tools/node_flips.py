@@ -75,9 +75,7 @@ def step(flip: Flip, states: dict[str, str], release_list: list[str]) -> list[st
     needed = [probe_day(flip.older, p, v) for p, v in moves.items() if probe_day(flip.older, p, v) not in states]
     if needed:
         return needed
-    flip.reproducing = [
-        p["package"] for p in flip.moves if flip_search.reproduces(p["state"], flip.newer_state)
-    ]
+    flip.reproducing = [p["package"] for p in flip.moves if flip_search.reproduces(p["state"], flip.newer_state)]
     if len(flip.reproducing) != 1 or not release_list:
         return []  # none alone (a combination did it) or several (the probes say which), or not bisected yet
     package = flip.package = flip.reproducing[0]
