@@ -223,17 +223,18 @@ def _provenance(selection: Selection) -> list[str]:
     for meta in selection.metas:
         hw = meta.get("hardware", {})
         gpus = f"{hw.get('gpu_count', 0)} x {hw.get('gpu_name')}" if hw.get("gpu_count") else "0"
+        # Each cell made safe by what it is, never by how its text starts (a profile named "`..." is text too).
         cells = [
-            f"{code(meta.get('run_id'))}",
-            meta.get("profile"),
-            hw.get("device"),
-            gpus,
-            hw.get("host", ""),
-            meta.get("started_at", ""),
-            meta.get("status", ""),
-            f"{code((meta.get('harness_commit') or '')[:10])}",
+            code(meta.get("run_id")),
+            md(meta.get("profile")),
+            md(hw.get("device")),
+            md(gpus),
+            md(hw.get("host", "")),
+            md(meta.get("started_at", "")),
+            md(meta.get("status", "")),
+            code((meta.get("harness_commit") or "")[:10]),
         ]
-        lines.append("| " + " | ".join(c if str(c).startswith("`") else md(c) for c in cells) + " |")
+        lines.append("| " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 
