@@ -66,6 +66,10 @@ SPEC = {
     "world_size": 2,
     # A saving path that fails raises on rank 0 only (rank 1 waits at the barrier): restart the group after it.
     "restart_after_failure": True,
+    # ... but the reload checks run on rank 0 after the ranks' last collective of the save, and every refusal
+    # (`measured.require`) is made by every rank alike, before a collective or on facts every rank measures: after
+    # those both ranks meet at run()'s final barrier, and the same group runs the next job.
+    "in_step_failures": ["check:saved_adapter_", "not-applicable"],
     "device": "any",
     "requires": ["torch", "transformers", "peft"],
     "target": ["check-saved_adapter_*"],

@@ -324,6 +324,7 @@ def _launch_spec(scenario: Scenario, cell: Cell, env: envs.EnvResult, per_node: 
         job_timeout_s=profile.settings_for(scenario.id).job_timeout_s or profile.job_timeout_s,
         start_timeout_s=profile.worker_start_timeout_s,
         stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
+        in_step_failures=tuple(scenario.spec.get("in_step_failures", ())),
         memory_limit_mb=profile.worker_memory_mb,
         nnodes=options.nnodes if scenario.distributed else 1,
         rdzv_endpoint=options.rdzv_endpoint,

@@ -62,6 +62,8 @@ class LaunchSpec:
     start_timeout_s: float
     #: Restart the worker group after a failed distributed job (collectives may be out of step).
     stop_after_failure: bool = True
+    #: Checks (name prefixes) whose failure the scenario ends on every rank at one point: no restart after them.
+    in_step_failures: tuple[str, ...] = ()
     #: RLIMIT_AS for the worker tree, in MiB (CPU only; None: no limit).
     memory_limit_mb: int | None = None
     #: Multi-node: `srun` starts one torchrun agent on each of this many nodes of the Slurm allocation and
@@ -233,6 +235,7 @@ def _start(spec: LaunchSpec, queue: JobQueue, attempt: int) -> Launch:
                 "preload": list(spec.preload),
                 "device": spec.device,
                 "stop_after_failure": spec.stop_after_failure,
+                "in_step_failures": list(spec.in_step_failures),
                 "distributed": spec.distributed,
                 "jobs": [_job_json(j, token) for j in jobs],
                 "feed": str(feed.path),

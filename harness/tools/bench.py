@@ -97,6 +97,7 @@ def bench_worker(
             job_timeout_s=300,
             start_timeout_s=300,
             stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
+            in_step_failures=tuple(scenario.spec.get("in_step_failures", ())),
         )
 
     def check(results) -> None:

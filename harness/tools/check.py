@@ -128,6 +128,7 @@ def _launch_spec(scenario: Scenario, device: str, workdir: Path, gpus: int) -> L
         job_timeout_s=JOB_TIMEOUT_S,
         start_timeout_s=JOB_TIMEOUT_S,
         stop_after_failure=bool(scenario.spec.get("restart_after_failure", True)),
+        in_step_failures=tuple(scenario.spec.get("in_step_failures", ())),
     )
 
 
