@@ -116,9 +116,8 @@ def bisect(args: argparse.Namespace) -> int:
         print(f"stepped over (could not install or import): {', '.join(verdict.stepped_over)}")
     flip = verdict.release or "none in range"
     print(f"outcome at {verdict.candidates[0]}: {verdict.older_state}; first release where it flips: {flip}")
-    written = verdict.as_bisect_json()
-    bound = written["bound_ceil_log2_n_plus_1"]
-    print(f"cell runs: {written['cell_runs']} (bound ceil(log2 {len(verdict.candidates)}) + 1 = {bound})")
+    runs, bound = len(verdict.bisect_runs), verdict.search_bound
+    print(f"cell runs: {runs} (bound ceil(log2 {len(verdict.candidates)}) + 1 = {bound})")
     return 0
 
 

@@ -89,22 +89,27 @@ def _as_tuple(value: Any, args: argparse.Namespace) -> tuple[Any, ...]:
     return tuple(value)
 
 
+def _shard_numbers(text: str) -> tuple[int, int] | None:
+    """`--shard` text as (I, N), or None where it is not two integers around a slash."""
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        return None
+    return index, count
+
+
 def shard_problem(text: str | None) -> str | None:
     """Why `--shard` text is not I/N with 1 <= I <= N (None when it is, or when none was given)."""
     if not text:
         return None
-    try:
-        index, count = (int(x) for x in text.split("/"))
-    except ValueError:
+    numbers = _shard_numbers(text)
+    if numbers is None:
         return f"--shard {text!r}: expected I/N, e.g. 2/4"
-    return None if 1 <= index <= count else f"--shard {text!r}: I must be between 1 and N"
+    return None if 1 <= numbers[0] <= numbers[1] else f"--shard {text!r}: I must be between 1 and N"
 
 
 def _shard(text: str | None, args: argparse.Namespace) -> tuple[int, int] | None:
-    if not text:
-        return None
-    index, count = (int(x) for x in text.split("/"))
-    return index, count
+    return _shard_numbers(text) if text else None
 
 
 def _example_db(value: Path | None, args: argparse.Namespace) -> Path | None:
@@ -676,6 +681,6 @@ def flag_of(dest: str) -> str | None:
     """The flag that sets a setting (an option's dest), as lower floors' `OptionError`s name it."""
     for command in COMMANDS:
         for option in command.options:
-            if option.settings.get("dest", option.flags[0].lstrip("-").replace("-", "_")) == dest:
+            if option.dest == dest:
                 return option.flags[0]
     return None

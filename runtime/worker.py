@@ -75,10 +75,9 @@ def main(jobs_file: str, out_dir: str) -> int:
         if world_size > 1 and not owns_group and spec.get("stop_after_failure", True):
             # A job can fail on some ranks only (a check rank 0 makes alone): every rank learns it, so none goes on
             # to the next job without its peers (that job would fail for want of them, and read as a crash).
-            failed = _any_rank_failed(failed)
-            out_of_step = _any_rank_failed(out_of_step) if spec.get("in_step_failures") else failed
+            failed, out_of_step = _on_any_rank(failed, out_of_step)
         if failed and world_size > 1:
-            if owns_group and str(result.get("exc_type", "")).endswith(".NotApplicable"):
+            if owns_group and _refused(result):
                 continue  # raised by every rank at the same point, after the scenario ended its own group
             if spec.get("stop_after_failure", True) and out_of_step:
                 # A failure can leave collectives out of step between ranks: let the launcher restart us.
@@ -101,23 +100,27 @@ def _ends_in_step(result: dict[str, Any], in_step_failures: list[str] | tuple[st
         return any(
             str(check).startswith(kind[len("check:") :]) for kind in in_step_failures if kind.startswith("check:")
         )
-    refused = str(result.get("exc_type", "")).endswith(".NotApplicable")
-    return refused and "not-applicable" in in_step_failures
+    return _refused(result) and "not-applicable" in in_step_failures
 
 
-def _any_rank_failed(failed: bool) -> bool:
-    """Whether this job failed on any rank (True too when the peers cannot be reached any more)."""
+def _refused(result: dict[str, Any]) -> bool:
+    """The scenario refused the job as not applicable here (a skip, not a failure of the stack)."""
+    return str(result.get("exc_type", "")).endswith(".NotApplicable")
+
+
+def _on_any_rank(*flags: bool) -> tuple[bool, ...]:
+    """Each flag as any rank has it, in one collective (all True where the peers cannot be reached any more)."""
     try:
         import torch
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            return failed
-        flag = torch.tensor([1 if failed else 0], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+            return flags
+        tensor = torch.tensor([1 if flag else 0 for flag in flags], dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tuple(bool(x) for x in tensor.tolist())
     except Exception:
-        return True
+        return tuple(True for _ in flags)
 
 
 def _freeze_heap() -> None:

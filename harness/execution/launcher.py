@@ -588,39 +588,25 @@ def _job_timeout_result(state: _WatchState, spec: LaunchSpec, launch: Launch, no
     )
 
 
+def _tail_result(state: _WatchState, launch: Launch, status: str, message: str, duration_s: float = 0.0) -> JobResult:
+    """The current job ended as the launcher saw it: what happened, and the tail of every rank's stderr."""
+    detail = {"message": message, "stderr_tail": _stderr_tail(launch.out_dir, state.ranks)}
+    return JobResult(state.current, status, detail, duration_s)
+
+
 def _start_timeout_result(state: _WatchState, spec: LaunchSpec, launch: Launch, now: float) -> JobResult:
-    return JobResult(
-        state.current,
-        "timeout",
-        {
-            "message": f"worker did not become ready within {spec.start_timeout_s:.0f} s",
-            "stderr_tail": _stderr_tail(launch.out_dir, state.ranks),
-        },
-        now - state.launched,
-    )
+    message = f"worker did not become ready within {spec.start_timeout_s:.0f} s"
+    return _tail_result(state, launch, "timeout", message, now - state.launched)
 
 
 def _died_in_job_result(state: _WatchState, spec: LaunchSpec, launch: Launch, now: float) -> JobResult:
-    return JobResult(
-        state.current,
-        "crash",
-        {
-            "message": f"worker exited with {_exit_text(launch.proc.returncode)} during the job",
-            "stderr_tail": _stderr_tail(launch.out_dir, state.ranks),
-        },
-        now - state.started.get(state.current, now),
-    )
+    message = f"worker exited with {_exit_text(launch.proc.returncode)} during the job"
+    return _tail_result(state, launch, "crash", message, now - state.started.get(state.current, now))
 
 
 def _died_starting_result(state: _WatchState, spec: LaunchSpec, launch: Launch, now: float) -> JobResult:
-    return JobResult(
-        state.current,
-        "crash",
-        {
-            "message": f"worker exited with {_exit_text(launch.proc.returncode)} before it was ready",
-            "stderr_tail": _stderr_tail(launch.out_dir, state.ranks),
-        },
-    )
+    message = f"worker exited with {_exit_text(launch.proc.returncode)} before it was ready"
+    return _tail_result(state, launch, "crash", message)
 
 
 def _no_result(state: _WatchState, spec: LaunchSpec, launch: Launch, now: float) -> None:

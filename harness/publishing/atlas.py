@@ -41,7 +41,7 @@ def dated_verdicts(
         grouped[(record["scenario"], date)].append(record)
         by_date[date].append(record)
     # As the glance does: a run that left an optional package out does not drop it from the day's stack.
-    stacks = {date: fullest_versions(day) for date, day in by_date.items() if fullest_versions(day)}
+    stacks = {date: versions for date, day in by_date.items() if (versions := fullest_versions(day))}
     verdicts: dict[str, dict[str, Any]] = defaultdict(dict)
     for (scenario, date), group in grouped.items():
         verdicts[scenario][date] = verdict(group, specs.get(scenario))

@@ -4,7 +4,8 @@ The atlas's flips (between two install days of a dated run), the GPU node's (the
 script's (`bisect-script`, between two of its stacks) and the packaging bisect's (one package's releases over a
 base cell) all find the same thing: the older and the newer side and their states, the packages that changed,
 the moves of each changed package alone, which of them reproduce, and the first release of the one that does.
-The commands that find them write them; the table, the issue bodies and the site read them back as this type.
+The commands that find them write them; the table, the issue bodies and the verdict summaries read them back as
+this type.
 
 Each file keeps its own layout (flips.json, a script verdict, a bisect verdict): `as_atlas_json`,
 `as_script_json`, `as_bisect_json` write it key for key as before, and `from_json` reads any of them.
@@ -63,6 +64,11 @@ class Flip:
     def direction(self) -> str:
         return "started" if self.newer_state == "target" else "ended"
 
+    @property
+    def search_bound(self) -> int:
+        """The most runs a binary search over the candidates takes, the older end's included: ceil(log2 n) + 1."""
+        return math.ceil(math.log2(max(len(self.candidates), 1))) + 1
+
     def as_atlas_json(self) -> dict[str, Any]:
         """flips.json's layout."""
         return {
@@ -89,7 +95,7 @@ class Flip:
             "base_cell": self.base_cell, "candidates": self.candidates, "old_state": self.older_state,
             "first_flip": self.release, "stepped_over": self.stepped_over, "probes": self.bisect_runs,
             "cell_runs": len(self.bisect_runs),
-            "bound_ceil_log2_n_plus_1": math.ceil(math.log2(max(len(self.candidates), 1))) + 1,
+            "bound_ceil_log2_n_plus_1": self.search_bound,
         }  # fmt: skip
 
     @classmethod
@@ -106,8 +112,7 @@ class Flip:
                 stepped_over=data.get("stepped_over") or [], variant=data.get("variant"),
                 base_cell=data.get("base_cell"),
             )  # fmt: skip
-        names = {f for f in cls.__dataclass_fields__}
-        values = {k: v for k, v in data.items() if k in names}
+        values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         if "probes" in data:
             values["moves"] = data["probes"]
         if "first_release" in data:
