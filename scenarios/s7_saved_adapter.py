@@ -256,6 +256,9 @@ class _Trained:
         peft_config = LoraConfig(
             r=config["r"], lora_alpha=2 * config["r"], target_modules=targets, lora_dropout=0.0, **lora
         )
+        # lora_A's start comes from torch's global generator: seeded here, on every rank, so a job's adapter does not
+        # depend on the jobs its worker ran before it (S7 keeps its group after a failed check) nor differ by rank.
+        torch.manual_seed(config["seed"])
         self.peft_model = get_peft_model(base, peft_config)
         # lora_B starts at zero: give it a small random start, so an untrained save is told from a trained one and
         # every adapter tensor moves in the first step.
