@@ -323,9 +323,19 @@ def run_script(args: argparse.Namespace) -> int:
 
 
 def bisect_script(args: argparse.Namespace) -> int:
+    if args.device == "cuda":  # planned here in rounds, run on a GPU node
+        from harness.tools.node_script import gpu_command
+
+        return gpu_command(args)
     from harness.tools.script_bisect import command
 
     return command(args)
+
+
+def bisect_script_node(args: argparse.Namespace) -> int:
+    from harness.tools.node_script import node_command
+
+    return node_command(args)
 
 
 def upstream_report(args: argparse.Namespace) -> int:

@@ -530,9 +530,55 @@ COMMANDS: tuple[Command, ...] = (
                 help=("move every changed package (not only until one flips, and past the bound of 10 moves)"),
             ),
             Option(("--fresh",), action="store_true", help="ignore the runs an earlier invocation recorded"),
+            Option(
+                ("--device",),
+                choices=("cpu", "cuda"),
+                default="cpu",
+                help=(
+                    "cpu: run here (default). cuda: plan the runs for a GPU node over the GPU atlas's days "
+                    "(--profile), in rounds: each invocation imports the last call's runs (--node-runs), then "
+                    "writes the verdict or the next round's plan and wheel pack, and prints the node's command"
+                ),
+            ),
+            Option(
+                ("--profile",),
+                default="gpu-history-ws2",
+                help="--device cuda: the era-locked GPU profile whose days are scanned (default gpu-history-ws2)",
+            ),
+            Option(
+                ("--node-runs",),
+                type=Path,
+                metavar="DIR",
+                help="--device cuda: the folder a node call wrote ($OUT/<name>: runs.jsonl, call.json) to import",
+            ),
+            Option(
+                ("--pack",),
+                type=Path,
+                metavar="FILE.tar.xz",
+                help="--device cuda: where the round's wheels go (default .gpu-pack/<name>-round<N>.tar.xz)",
+            ),
             RESULTS_OPTION,
             OFFLINE_OPTION.but(help="install only from --wheelhouse (air-gapped nodes)"),
             WHEELHOUSE_OPTION,
+        ),
+    ),
+    Command(
+        "bisect-script-node",
+        "bisect_script_node",
+        help="on a GPU node: run a bisect-script round that `bisect-script --device cuda` planned",
+        description=(
+            "Reads FOLDER/node-plan.json (results/script-bisect/<name>, planned on a connected machine), installs "
+            "each planned stack's wheels from --wheels (the round's pack) as an overlay over this python, and runs "
+            "the same search as the planner: scan, moves, bisect, as far as the plan and --time-limit allow. "
+            "Writes OUT/<name>/runs.jsonl and call.json; bring that folder back and pass it to "
+            "`bisect-script --device cuda --node-runs`. scripts/gpu-script-bisect.sh wraps it."
+        ),
+        options=(
+            Option(("folder",), type=Path, help="the verdict folder holding node-plan.json"),
+            Option(("--wheels",), type=Path, required=True, metavar="PACK", help="the round's pack or wheel folder"),
+            Option(("--out",), type=Path, required=True, metavar="DIR", help="where the runs go ($OUT)"),
+            Option(("--python",), help="the node's interpreter, whose torch the runs use (default python3)"),
+            Option(("--time-limit",), type=float, default=540.0, help="seconds this call may run (540)"),
         ),
     ),
     Command(

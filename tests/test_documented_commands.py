@@ -148,6 +148,11 @@ def _check(command: str) -> None:
     elif argv[0].endswith("gpu-script-run.sh"):
         assert (REPO_ROOT / argv[1]).is_file(), f"{command!r}: no script {argv[1]}"
         assert all(n.isdigit() for n in argv[4:]) and argv[4:], f"{command!r}: world sizes must be numbers"
+    elif argv[0].endswith("gpu-script-bisect.sh"):
+        assert len(argv) == 4, f"{command!r}: FOLDER PACK OUT"
+        if argv[1] != "FOLDER":  # a real folder: it holds the plan the node reads
+            assert (REPO_ROOT / argv[1] / "node-plan.json").is_file(), f"{command!r}: no {argv[1]}/node-plan.json"
+        _harness(["bisect-script-node", argv[1], "--wheels", argv[2], "--out", argv[3]], command)
     else:
         pytest.fail(f"{command!r}: no rule for this command")
 
@@ -171,6 +176,7 @@ def test_the_node_scripts_stop_at_their_first_error_with_one_line(tmp_path: Path
         ("scripts/gpu-node-run.sh", ["no-such-profile", str(tmp_path), str(tmp_path / "out")]),
         ("scripts/gpu-node-run.sh", ["gpu-history", str(tmp_path / "no-wheels"), str(tmp_path / "out")]),
         ("scripts/gpu-script-run.sh", ["no-such-script.py", str(tmp_path), str(tmp_path / "out"), "1"]),
+        ("scripts/gpu-script-bisect.sh", [str(tmp_path), str(tmp_path / "pack.tar.xz"), str(tmp_path / "out")]),
     ):
         done = subprocess.run(["bash", script, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, (script, done.stdout, done.stderr)

@@ -177,7 +177,9 @@ def _classify(code: int | None, timed_out: bool, seconds: float, stderr: str, ra
         found = last_traceback(text)
         if found:
             traceback, exc_type, message = found
-            signature = exception_signature(exc_type, message, traceback)
+            # The failure's name may be below the message's first line (bitsandbytes' banner): the names look at
+            # the whole text, the unclassified hash at the first line only, as before.
+            signature = exception_signature(exc_type, message, f"{traceback}\n{text[-TAIL_CHARS:]}")
             line = f"{exc_type}: {message}" if message else exc_type
             return ScriptRun("fail", code, seconds, signature, line, traceback[-TAIL_CHARS:], tail)
     crash = f"crash-exit-{code}" if code is not None and code >= 0 else f"crash-{_signal_name(code)}"

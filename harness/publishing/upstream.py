@@ -7,6 +7,7 @@ Everything comes from the run's own record and the reproducer file; nothing is t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,7 @@ def script_issue_body(verdict: dict[str, Any], script: str, flip: Flip, runs: li
         "",
         "### System Info\n",
         *system_info(failing, passing, script),
-        f"- launched as `{launch}{verdict['script']}` on CPU (world size {verdict['nproc']})",
+        f"- launched as `{launch}{verdict['script']}` on {_machine(verdict)} (world size {verdict['nproc']})",
         "",
         "### Reproduction\n",
         f"`{launch}{verdict['script']}`:",
@@ -167,6 +168,14 @@ def script_issue_body(verdict: dict[str, Any], script: str, flip: Flip, runs: li
     return "\n".join(lines) + "\n"
 
 
+def _machine(verdict: dict[str, Any]) -> str:
+    """Where the runs ran, in the words of an issue's System Info: CPU, or the node's GPUs and CUDA."""
+    device = verdict.get("device") or {}
+    if device.get("kind") != "cuda":
+        return "CPU"
+    return f"{device.get('name')} GPUs (CUDA {device.get('cuda')}, torch {device.get('torch')})"
+
+
 #: Outcomes of a script run that count as the failure side of a flip.
 _FAILED = ("fail", "timeout")
 
@@ -184,7 +193,8 @@ def ran_pair(flip: Flip, runs: list[dict[str, Any]]) -> tuple[dict[str, Any] | N
         fits = [
             r for r in runs if versions(r).get(package or "") == version and (r.get("outcome") in _FAILED) == failed
         ]
-        moved = [r for r in fits if r.get("phase") in ("move", "bisect") and r["label"].endswith(f"=={version}")]
+        at = re.compile(rf"=={re.escape(version or '')}(?: \(with .*\))?$")
+        moved = [r for r in fits if r.get("phase") in ("move", "bisect") and at.search(r["label"])]
         ends = [r for r in fits if r.get("label") in (flip.older, flip.newer)]
         return (moved or ends or fits or [None])[0]
 
@@ -198,8 +208,12 @@ def system_info(failing: dict[str, Any] | None, passing: dict[str, Any] | None, 
     good = ((passing or {}).get("stack") or {}).get("versions") or {}
     names = [n for n in ("python", *PINNED_PACKAGES) if n in bad or n in good]
     names += [n for n in _imported_distributions(script, bad) if n not in names]
-    said = f"First failing run (`{(failing or {}).get('label', '?')}`)"
-    said += f" and the last passing one (`{passing['label']}`):" if passing else " (no passing run of that release):"
+    said = f"First failing run (`{_shown((failing or {}).get('label', '?'))}`)"
+    said += (
+        f" and the last passing one (`{_shown(passing['label'])}`):"
+        if passing
+        else " (no passing run of that release):"
+    )
     lines = [said, "", "| package | failing | passing |", "|---|---|---|"]
     lines += [f"| `{n}` | {bad.get(n, '-')} | {good.get(n, '-')} |" for n in names]
     if bad:
@@ -215,6 +229,14 @@ def system_info(failing: dict[str, Any] | None, passing: dict[str, Any] | None, 
             "",
         ]
     return lines
+
+
+def _shown(label: str) -> str:
+    """A run's label as an issue shows it: a long list of what moved with a package is counted, not listed
+    (every package is in the table and the folded freeze below)."""
+    head, sep, rest = label.partition(" (with ")
+    moved = rest.rstrip(")").split(", ") if sep else []
+    return f"{head} (with {len(moved)} other packages)" if len(moved) > 6 else label
 
 
 def _imported_distributions(script: str, versions: dict[str, str]) -> list[str]:

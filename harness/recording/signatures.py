@@ -155,11 +155,23 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
         return Classified("error", "scenario-bug-" + _short_type(detail.get("exc_type", "")), classified=False)
     signature = exception_signature(detail.get("exc_type", ""), detail.get("message", ""), detail.get("traceback", ""))
     known = failure_names.upstream(signature)
-    if signature in failure_names.CANNOT_RUN_HERE:
+    if cannot_run_here(signature):
         # The stack cannot load over this torch (or on this machine): the environment is broken, not the
         # scenario's failure mode.
         return Classified("env-broken", signature, known)
     return Classified("fail", signature, known, classified=not signature.startswith("unclassified-"))
+
+
+def cannot_run_here(signature: str | None, error: str | None = None, text: str = "") -> bool:
+    """Whether a failure says the stack cannot run over this torch or on this machine at all (an environment
+    that is broken, whatever was about to be tested): by its signature, or by its error line ('Type: message')
+    and the text around it (an exception whose message runs over many lines names its cause below the first)."""
+    if signature in failure_names.CANNOT_RUN_HERE:
+        return True
+    if not error:
+        return False
+    exc_type, _, message = error.partition(": ")
+    return failure_names.name(exc_type, message, text) in failure_names.CANNOT_RUN_HERE
 
 
 def exception_signature(exc_type: str, message: str, traceback: str = "") -> str:

@@ -41,8 +41,9 @@ from harness.errors import UsageError
 from harness.execution.script_launch import CLASSIFIER_VERSION, ScriptRun, run_script, script_dependencies
 from harness.recording.flip import Flip
 from harness.recording.runs import now_iso
+from harness.recording.signatures import cannot_run_here
 from harness.tools import flip_search, script_stacks
-from harness.tools.script_stacks import Stack
+from harness.tools.script_stacks import LocalStacks, Stack
 from harness.versions import releases
 
 KNOWN = ("target", "pass")
@@ -50,6 +51,10 @@ KNOWN = ("target", "pass")
 #: atlas packages come first, so the tail is packages that rarely explain a flip (the verdict lists them).
 MOVE_BOUND = 10
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+#: A move's label lists at most this many packages that moved with it by name.
+DRAGGED_SHOWN = 6
+#: Libraries whose release moves with the stack under test (named in a long label, as the atlas packages are).
+ERA_LIBRARIES = ("tokenizers", "huggingface-hub", "safetensors")
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,15 @@ def parse_end(option: str, text: str) -> End:
     if not pins:
         raise UsageError(f"{option}: empty")
     return End(pins=pins)
+
+
+class Unplanned(Exception):
+    """The search needs a run that a GPU round has not made yet (its stack is not planned, or planned and not run):
+    the connected machine plans it into the next round, the node stops there."""
+
+    def __init__(self, request: dict[str, str]) -> None:
+        super().__init__(f"not run yet: {request}")
+        self.request = request
 
 
 @dataclass
@@ -136,6 +150,8 @@ class ScriptBisect:
         match: str | None = None,
         fresh: bool = False,
         say: Callable[[str], None] = print,
+        source: Any = None,
+        device: dict[str, Any] | None = None,
     ) -> None:
         if not script.is_file():
             raise UsageError(f"{script}: no such file")
@@ -159,6 +175,15 @@ class ScriptBisect:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.runs_path = out_dir / "runs.jsonl"
         self.earlier = {} if fresh else _earlier_runs(self.runs_path)
+        #: Where stacks come from: this machine's environments, or a GPU round's plan (tools/node_script.py).
+        self.source = source or LocalStacks(history, self.extras, options)
+        #: The machine the runs happen on ({"kind": "cpu"} here; a node's GPUs), written into each run's facts.
+        self.device = device or {"kind": "cpu"}
+        #: The runs the search expects to need next, most likely first (what a GPU round carries beyond the one
+        #: it must): set by the moves and the bisect as they start.
+        self.expected: list[dict[str, str]] = []
+        #: A GPU node's calls that made the runs (tools/node_script.py), for the verdict's cost.
+        self.device_calls: list[dict[str, Any]] = []
         if fresh and self.runs_path.exists():
             self.runs_path.rename(out_dir / f"runs-{now_iso().replace(':', '')}.jsonl")
 
@@ -174,21 +199,15 @@ class ScriptBisect:
             "reused": stack.reused,
             "build_seconds": round(stack.seconds, 1),
             "failure": stack.failure,
+            "left_out": stack.left_out,
+            "device": self.device,
         }
-        key = hashlib.sha256(
-            json.dumps(
-                [
-                    CLASSIFIER_VERSION,
-                    self.script_sha,
-                    self.nproc,
-                    self.torchrun,
-                    stack.failure or sorted(stack.versions.items()),
-                ]
-            ).encode()
-        ).hexdigest()[:16]
+        key = self.key_of(stack)
         if key in self.earlier:
             found = Observation(**{**self.earlier[key], "phase": phase, "label": stack.label, "reused": True})
             self.cost.runs_reused += 1
+        elif stack.identity is not None and stack.python is None and not stack.failure:
+            raise Unplanned(stack.request or {"label": stack.label})
         elif stack.failure or stack.python is None:
             found = Observation(
                 phase, stack.label, "install-failed", None, (stack.failure or "")[:600], 0.0, facts, key
@@ -204,7 +223,8 @@ class ScriptBisect:
             )
             self.cost.runs += 1
             found = _from_run(phase, stack.label, run, facts, key)
-        found.stack = facts
+        if not (found.reused and stack.identity is not None):
+            found.stack = facts  # (a planned stack's run keeps the facts of the node that ran it)
         if not found.reused:
             with open(self.runs_path, "a") as handle:
                 handle.write(
@@ -219,9 +239,18 @@ class ScriptBisect:
         )
         return found
 
+    def key_of(self, stack: Stack) -> str:
+        """A run's key: the script, its launch and the stack (a planned stack's identity, else its versions)."""
+        what = stack.failure or stack.identity or sorted(stack.versions.items())
+        return hashlib.sha256(
+            json.dumps([CLASSIFIER_VERSION, self.script_sha, self.nproc, self.torchrun, what]).encode()
+        ).hexdigest()[:16]
+
     def state_of(self, found: Observation) -> str:
         if found.outcome in ("install-failed", "skip"):
             return "unusable"
+        if _cannot_run(found) or _needs_left_out(found):
+            return "unusable"  # the stack cannot run on this machine at all: no evidence either way
         if found.outcome == "pass":
             return "pass"
         if self.match is not None:
@@ -254,25 +283,18 @@ class ScriptBisect:
 
     # -- stacks ----------------------------------------------------------------------------------------------
     def stack_for(self, end: End) -> Stack:
-        if end.day:
-            return script_stacks.dated_stack(self.history, end.day, self.extras, self.options)
-        return script_stacks.pinned_stack(self.history, end.label, end.pins, self.extras, self.options)
+        return self.source.scan(end)
 
     def moved(self, base: Stack, package: str, version: str, older: End, newer: End) -> Stack:
         """`base` with `package` moved to `version`; the label says what had to move with it."""
-        stack = script_stacks.overlay(
-            base,
-            [f"{package}=={version}"],
-            older_day=older.day,
-            newer_day=newer.day,
-            moving=(package,),
-            options=self.options,
-            label=f"{base.label} + {package}=={version}",
-        )
+        stack = self.source.move(base, package, version, older, newer)
         dragged = sorted(
             f"{n}=={v}" for n, v in stack.overlaid.items() if n != package and not script_stacks.is_torch_runtime(n)
         )
         runtime = any(script_stacks.is_torch_runtime(n) for n in stack.overlaid)
+        if len(dragged) > DRAGGED_SHOWN:  # the atlas packages by name, the rest counted (runs.jsonl has them all)
+            named = [d for d in dragged if d.split("==")[0] in AXIS_PACKAGES + ERA_LIBRARIES]
+            dragged = [*named, f"{len(dragged) - len(named)} other dependencies"]
         with_it = [*dragged, *(["its CUDA libraries"] if runtime else [])]
         return replace(stack, label=f"{stack.label} (with {', '.join(with_it)})") if with_it else stack
 
@@ -385,6 +407,11 @@ def _name_flip(bisect: ScriptBisect, flip: Flip, older_stack: Stack, older: End,
     reproducing: list[str] = []
     order = move_order(flip.changed, failing)
     bound = len(order) if all_moves else MOVE_BOUND
+    bisect.expected = [
+        {"day": older.label, "package": p, "version": flip.changed[p][1], "newer": newer.label, "phase": "move"}
+        | ({"old": flip.changed[p][0]} if flip.changed[p][0] else {})
+        for p in order[:bound]
+    ]
     for package in order[:bound]:
         version = flip.changed[package][1]
         found = bisect.observe("move", bisect.moved(older_stack, package, version, older, newer))
@@ -435,9 +462,7 @@ def _bisect_releases(
     if old is None:
         flip.release, flip.note = new, f"{package} is absent from the older stack"
         return
-    wheelhouse = bisect.options.wheelhouse if bisect.options.offline else None
-    available = releases.releases(package, bisect.history.python, wheelhouse)
-    after = [str(v) for v in releases.between(available, old, new) if str(v) != str(Version(old))]
+    after = bisect.source.releases(package, old, new)
     if not after or after[-1] != str(Version(new)):
         after.append(new)  # the newer stack's own release, where the index no longer lists it (yanked)
     flip.candidates = after
@@ -446,6 +471,10 @@ def _bisect_releases(
     known = {candidates[0]: flip.older_state, after[-1]: flip.newer_state}
     step = flip_search.next_step(candidates, known, flip.older_state, flip.newer_state)
     while not step.done:
+        bisect.expected = [
+            {"day": older.label, "package": package, "version": v, "newer": newer.label, "phase": "bisect"}
+            for v in search_order(candidates, known, flip.older_state, flip.newer_state)
+        ]
         version = step.probes[0]
         found = bisect.observe("bisect", bisect.moved(base, package, version, older, newer))
         entry = {"version": version, **_brief(found)}
@@ -455,10 +484,9 @@ def _bisect_releases(
         known[version] = found.state
         step = flip_search.next_step(candidates, known, flip.older_state, flip.newer_state)
     flip.release, flip.last_release_before = step.first, step.last_before
-    if not bisect.options.offline:
-        gone = [str(v) for v in releases.yanked(package) if _between(str(v), flip.last_release_before, flip.release)]
-        if gone:
-            flip.note = f"{', '.join(gone)} (yanked from the index) lies between and was not tried. "
+    gone = [v for v in bisect.source.yanked(package) if _between(v, flip.last_release_before, flip.release)]
+    if gone:
+        flip.note = f"{', '.join(gone)} (yanked from the index) lies between and was not tried. "
     skipped = [s for s in flip.stepped_over if _between(s["version"], flip.last_release_before, flip.release)]
     if skipped:
         how = "fail differently" if any(s["state"] == "other" for s in skipped) else "could not run"
@@ -466,6 +494,38 @@ def _bisect_releases(
             f"{', '.join(s['version'] for s in skipped)} (between {flip.last_release_before} and "
             f"{flip.release}) {how}: the change may be in one of them, masked"
         )
+
+
+def search_order(candidates: list[str], known: dict[str, str], before: str, after: str, limit: int = 16) -> list[str]:
+    """The releases the binary search may probe next, the likeliest first: its next probe, then the next probe
+    of either outcome, level by level (what a GPU round carries so that the node can go on without coming back)."""
+    order: list[str] = []
+    level = [dict(known)]
+    while level and len(order) < limit:
+        following = []
+        for states in level:
+            step = flip_search.next_step(candidates, states, before, after)
+            if step.done:
+                continue
+            probe = step.probes[0]
+            if probe not in order:
+                order.append(probe)
+            following += [{**states, probe: before}, {**states, probe: after}]
+        level = following
+    return order[:limit]
+
+
+def _cannot_run(found: Observation) -> bool:
+    """Whether the run's failure says its stack cannot run here at all (bitsandbytes with no library for the
+    node's CUDA, deepspeed with no CPU accelerator): judged on the whole stderr, since such messages run long."""
+    return cannot_run_here(found.signature, found.error, f"{found.traceback}\n{found.stderr_tail}")
+
+
+def _needs_left_out(found: Observation) -> bool:
+    """Whether the run failed importing a package its stack had to leave out (it cannot be imported there)."""
+    left_out = (found.stack or {}).get("left_out") or {}
+    text = f"{found.error or ''}\n{found.traceback}"
+    return any(f"No module named '{import_name(name)}" in text for name in left_out)
 
 
 def _between(version: str, low: str, high: str) -> bool:
@@ -487,7 +547,7 @@ def _verdict(bisect: ScriptBisect, scan: list[Observation], flips: list[Flip]) -
     others = sorted(
         {(o.signature or "", o.error or "") for o in bisect.observations if o.state == "other"}, key=lambda x: x[0]
     )
-    return {
+    verdict = {
         "script": bisect.script.name,
         "script_sha256": bisect.script_sha,
         "nproc": bisect.nproc,
@@ -508,6 +568,21 @@ def _verdict(bisect: ScriptBisect, scan: list[Observation], flips: list[Flip]) -
         },
         "runs": "runs.jsonl",
     }
+    verdict |= _device_facts(bisect)
+    if bisect.device_calls:  # the node's calls made the runs; this side only read them back
+        verdict["cost"] |= {"runs": sum(c["runs"] for c in bisect.device_calls), "runs_reused": 0}
+    return verdict
+
+
+def _device_facts(bisect: ScriptBisect) -> dict[str, Any]:
+    """Where the runs ran: this machine, or a GPU node (its GPUs, and each device call's seconds and runs)."""
+    devices = [o.stack.get("device") for o in bisect.observations if o.stack.get("device")]
+    device = next((d for d in devices if d.get("kind") == "cuda"), devices[0] if devices else bisect.device)
+    facts: dict[str, Any] = {"device": device}
+    if bisect.device_calls:
+        facts["device_calls"] = bisect.device_calls
+        facts["device_seconds"] = round(sum(c["wall_s"] for c in bisect.device_calls), 1)
+    return facts
 
 
 def _key_versions(versions: dict[str, str]) -> dict[str, str]:
@@ -562,6 +637,11 @@ def summary_lines(verdict: dict[str, Any]) -> list[str]:
         f"built / {cost['environments_reused']} reused, overlays {cost['overlays_built']} built / "
         f"{cost['overlays_reused']} reused; {cost['runs_after_scan']} runs after the scan; {phases}"
     )
+    calls = verdict.get("device_calls") or []
+    if calls:
+        per_call = ", ".join(f"{c['wall_s']:.0f} s / {c['runs']} runs" for c in calls)
+        name = (verdict.get("device") or {}).get("name") or "the node"
+        lines.append(f"  on {name}: {len(calls)} device call(s), {verdict['device_seconds']:.0f} s in all ({per_call})")
     return lines
 
 
@@ -600,13 +680,8 @@ def atlas_days(results_dir: Path, history: Profile) -> list[str]:
     return sorted(resolved.axes[DATE_AXIS])
 
 
-def command(args: Any) -> int:
-    """`compat-matrix bisect-script`: validate the input, pick the stacks, run, write the issue body."""
-    from harness.define.profile import load_profile
-    from harness.environments.envs import default_envs_dir
-    from harness.paths import MATRIX_DIR
-    from harness.publishing.upstream import script_issue_body
-
+def checked_ends(args: Any) -> tuple[End | None, End | None]:
+    """The command's input checked as a user gave it (one-line errors): the --good and --bad ends, if given."""
     if args.nproc < 1:
         raise UsageError("--nproc must be at least 1")
     if args.timeout <= 0:
@@ -622,13 +697,24 @@ def command(args: Any) -> int:
     for option, value in (("--from", args.from_day), ("--to", args.to_day)):
         if value and not parse_end(option, value).day:
             raise UsageError(f"{option} {value!r}: give a day, YYYY-MM-DD")
+    return good, bad
+
+
+def command(args: Any) -> int:
+    """`compat-matrix bisect-script` here: pick the stacks, run, write the issue body."""
+    from harness.define.profile import load_profile
+    from harness.environments.envs import default_envs_dir
+    from harness.paths import MATRIX_DIR
+    from harness.publishing.upstream import script_issue_body
+
+    good, bad = checked_ends(args)
+    out_dir = args.results_dir / "script-bisect" / (args.name or args.script.stem)
     history = load_profile("history", MATRIX_DIR)
     options = InstallOptions(
         envs_dir=default_envs_dir(),
         offline=args.offline,
         wheelhouse=args.wheelhouse.resolve() if args.wheelhouse else None,
     )
-    out_dir = args.results_dir / "script-bisect" / (args.name or args.script.stem)
     bisect = ScriptBisect(
         args.script, out_dir, history, options, nproc=args.nproc, torchrun=args.torchrun, timeout_s=args.timeout,
         match=args.match,

@@ -22,9 +22,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from harness.define.cells import Cell, expand
 from harness.define.packages import AXIS_PACKAGES
@@ -32,6 +34,7 @@ from harness.define.profile import DATE_AXIS, Profile
 from harness.environments import envs
 from harness.environments import overlay as target_overlay
 from harness.environments.envs import InstallOptions
+from harness.versions import releases
 
 OVERLAY_MARKER = ".compat-matrix-overlay.json"
 #: What a stack's versions exclude when two stacks are compared (the interpreter is not a release).
@@ -57,9 +60,44 @@ class Stack:
     overlaid: dict[str, str] = field(default_factory=dict)
     #: Whether the environment under it (a dated or pinned one) was reused or built; None when none was.
     environment_reused: bool | None = None
+    #: A planned stack's identity (a GPU node's: its label and the wheels it installs), which keys its run in place
+    #: of the versions a node reads only once it has installed them; None for a stack built here.
+    identity: str | None = None
+    #: What a planned stack answers ({"day", "package", "version", "newer"}), for the next round's plan.
+    request: dict[str, str] | None = None
+    #: Optional packages that could not be imported over this interpreter and were left out (a GPU node's old
+    #: bitsandbytes over CUDA 13), name -> why.
+    left_out: dict[str, str] = field(default_factory=dict)
 
     def packages(self) -> dict[str, str]:
         return {k: v for k, v in self.versions.items() if k not in NOT_PACKAGES}
+
+
+class LocalStacks:
+    """The stacks of this machine: the atlas's environments, a user's pins, and uv overlays over them."""
+
+    def __init__(self, history: Profile, extras: list[str], options: InstallOptions) -> None:
+        self.history, self.extras, self.options = history, extras, options
+
+    def scan(self, end: Any) -> Stack:
+        if end.day:
+            return dated_stack(self.history, end.day, self.extras, self.options)
+        return pinned_stack(self.history, end.label, end.pins, self.extras, self.options)
+
+    def move(self, base: Stack, package: str, version: str, older: Any, newer: Any) -> Stack:
+        return overlay(
+            base, [f"{package}=={version}"], older_day=older.day, newer_day=newer.day, moving=(package,),
+            options=self.options, label=f"{base.label} + {package}=={version}",
+        )  # fmt: skip
+
+    def releases(self, package: str, old: str, new: str) -> list[str]:
+        """`package`'s releases after `old` up to `new` (the index's, or the wheelhouse's offline)."""
+        wheelhouse = self.options.wheelhouse if self.options.offline else None
+        available = releases.releases(package, self.history.python, wheelhouse)
+        return [str(v) for v in releases.between(available, old, new) if str(v) != str(Version(old))]
+
+    def yanked(self, package: str) -> list[str]:
+        return [] if self.options.offline else [str(v) for v in releases.yanked(package)]
 
 
 def dated_stack(history: Profile, day: str, extras: list[str], options: InstallOptions) -> Stack:

@@ -191,6 +191,17 @@ def _sdist_requires(name: str, version: str, files: list[dict[str, Any]]) -> lis
     return lines
 
 
+def _wheel_version(filename: str) -> Version | None:
+    """The version of a wheel's file name; None for other files and for names no tool accepts today (an
+    old 'pydantic-0.18-py36+-none-any.whl' on the index must not stop a lock)."""
+    if not filename.endswith(".whl"):
+        return None
+    try:
+        return parse_wheel_filename(filename)[1]
+    except ValueError:  # InvalidWheelFilename and InvalidVersion are ValueErrors
+        return None
+
+
 def _fetch_requires(index: str, name: str, version: str) -> list[str]:
     """From the wheel's metadata file where the index serves one (PEP 658), else from the smallest wheel."""
     from harness.versions.releases import ACCEPT
@@ -198,11 +209,7 @@ def _fetch_requires(index: str, name: str, version: str) -> list[str]:
     request = urllib.request.Request(f"{index}/{canonicalize_name(name)}/", headers={"Accept": ACCEPT})
     with urllib.request.urlopen(request, timeout=60) as response:
         files = json.load(response).get("files", [])
-    wheels = [
-        item
-        for item in files
-        if item.get("filename", "").endswith(".whl") and parse_wheel_filename(item["filename"])[1] == Version(version)
-    ]
+    wheels = [item for item in files if _wheel_version(item.get("filename", "")) == Version(version)]
     if not wheels:
         return _sdist_requires(name, version, files)
     served = [item for item in wheels if item.get("core-metadata") or item.get("data-dist-info-metadata")]

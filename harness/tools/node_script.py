@@ -1,0 +1,526 @@
+"""`bisect-script --device cuda`: a user's script bisected over the GPU atlas's days on an air-gapped node, in rounds.
+
+A node has its own torch (2.11.0+cu130) and no index. So the connected machine plans and the node runs, and both
+run the *same* search (`script_bisect.run`) over the same plan:
+- **plan** (connected): every stack is a GPU era-lock entry over the node's torch: a scan day is the lock's own
+  day (`matrix/locks/<profile>.json`), a move or a bisect probe is the older day with one package moved, resolved
+  here as the atlas's node flips resolve theirs (`versions.lock.resolve_probe`, the node's torch held). The search
+  is replayed over the runs imported so far; where it needs a run no round has made, it stops (`Unplanned`), and
+  that run goes into the next round, with what the search expects to need after it (the remaining moves in
+  order, the bisect's next probes of either outcome) as far as one call's wheels allow (64 MiB, a solid pack).
+- **node** (`bisect-script-node`, `scripts/gpu-script-bisect.sh`): the search again, each planned stack a
+  `pip --target` overlay of its wheels over the node's python, the script run as it would be here; it stops at
+  the first run the plan lacks or when the call's time is nearly spent, and its runs come back to be imported.
+The node decides nothing the connected side would decide differently: both read the same plan and the same runs,
+so the runs a verdict counts are the runs a sequential search makes (moves, then ceil(log2 n) bisect probes), and a
+round only changes how many device calls it takes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from harness.define.profile import Profile
+from harness.environments import envs
+from harness.environments import overlay as target_overlay
+from harness.errors import UsageError
+from harness.paths import REPO_ROOT
+from harness.tools.script_bisect import End, ScriptBisect, Unplanned, checked_ends, run
+from harness.tools.script_stacks import Stack
+
+PLAN = "node-plan.json"
+CALLS = "device-calls.jsonl"
+#: Stacks one round resolves beyond the one it must (each a uv resolution here, about 20 s), and how many at once.
+LOOKAHEAD = 28
+RESOLVERS = 4
+#: Seconds a node keeps in hand at the end of its call to copy its runs back.
+RESERVE_S = 60.0
+
+
+@dataclass(frozen=True)
+class NodeAtlas:
+    """The GPU atlas a script is scanned over: the era lock of a profile (its days' stacks over the node's torch)
+    and the node image it was made for."""
+
+    profile: Profile
+    lock: dict[str, Any]
+    image: dict[str, Any]
+
+    @property
+    def days(self) -> list[str]:
+        return sorted(d for d in self.lock["days"])
+
+    @property
+    def axis(self) -> list[str]:
+        """The packages a day pins (what a probe holds at the older day's release)."""
+        return [p for p in self.profile.era_packages if p in self.lock.get("requirements", [])]
+
+    @classmethod
+    def of(cls, profile: Profile) -> NodeAtlas:
+        from harness.tools.locking import node_image
+        from harness.versions import lock_file
+
+        if not profile.era_packages:
+            raise UsageError(f"--profile {profile.name}: not an era-locked GPU profile (no [install] era_packages)")
+        matrix_dir = profile.path.parent  # the profile's own folder holds its locks/ and nodes/
+        path = lock_file.lock_path(matrix_dir, profile.name)
+        if not path.is_file():
+            raise UsageError(f"--profile {profile.name}: no era lock {path} (python -m harness lock --profile ...)")
+        return cls(profile, lock_file.read_lock(path), node_image(matrix_dir, profile))
+
+
+def stack_label(request: dict[str, str]) -> str:
+    """A planned stack's name: the day, or the day with one package moved ('2025-11-14 + peft==0.18.1')."""
+    if request.get("package"):
+        return f"{request['day']} + {request['package']}=={request['version']}"
+    return request["day"]
+
+
+def identity(label: str, entry: dict[str, Any]) -> str:
+    """What a planned stack is, on both sides: its name and the wheels it installs over the node's python."""
+    return json.dumps([label, sorted(entry.get("overlay", {}).items()), entry.get("error")])
+
+
+class PlannedStacks:
+    """The stacks of a round's plan. On the connected machine (no `node`) a stack is only its plan entry and the
+    runs imported so far; on the node (`node` given) a stack not yet run is installed as an overlay and run."""
+
+    def __init__(self, plan: dict[str, Any], bisect: ScriptBisect, node: NodeOverlays | None = None) -> None:
+        self.plan, self.bisect, self.node = plan, bisect, node
+
+    def scan(self, end: Any) -> Stack:
+        if not end.day:
+            raise UsageError("--device cuda scans the GPU atlas's days: give days, not pins")
+        return self._stack({"day": end.day}, None)
+
+    def move(self, base: Stack, package: str, version: str, older: Any, newer: Any) -> Stack:
+        request = {"day": older.day, "package": package, "version": version, "newer": newer.day}
+        return self._stack(request, package)
+
+    def releases(self, package: str, old: str, new: str) -> list[str]:
+        key = f"{package} {old} {new}"
+        if key not in self.plan["releases"]:
+            if self.node is not None:
+                raise Unplanned({"releases": key})
+            from packaging.version import Version
+
+            from harness.versions import releases
+
+            available = releases.releases(package, self.bisect.history.python)
+            found = [str(v) for v in releases.between(available, old, new) if str(v) != str(Version(old))]
+            self.plan["releases"][key] = found
+        return list(self.plan["releases"][key])
+
+    def yanked(self, package: str) -> list[str]:
+        if package not in self.plan["yanked"] and self.node is None:
+            from harness.versions import releases
+
+            self.plan["yanked"][package] = [str(v) for v in releases.yanked(package)]
+        return list(self.plan["yanked"].get(package, []))
+
+    def _stack(self, request: dict[str, str], package: str | None) -> Stack:
+        label = stack_label(request)
+        entry = self.plan["stacks"].get(label)
+        if entry is None:
+            raise Unplanned(request)
+        moved: dict[str, str] = {}
+        if package:  # what the node installs that the older day's stack did not have at that version
+            older = self.plan["stacks"].get(request["day"], {}).get("overlay", {})
+            moved = {n: v for n, v in entry.get("overlay", {}).items() if n == package or older.get(n) != v}
+        planned = Stack(label, None, {}, "planned", identity=identity(label, entry), request=request, overlaid=moved)
+        if entry.get("error"):
+            return replace(planned, failure=entry["error"])
+        earlier = self.bisect.earlier.get(self.bisect.key_of(planned))
+        if earlier is not None:
+            return replace(planned, versions=earlier["stack"].get("versions") or {})
+        if self.node is None:
+            return planned  # observe() stops here: the next round runs it
+        return self.node.install(planned, entry)
+
+
+class NodeOverlays:
+    """On the node: each planned stack's wheels installed (no dependencies, nothing from an index) into a
+    `--target` overlay over the node's python, optional packages that cannot import there left out."""
+
+    def __init__(self, python: Path, wheelhouse: Path, work: Path, optional: tuple[str, ...], deadline: float):
+        self.python, self.wheelhouse, self.work, self.optional = python, wheelhouse, work, optional
+        self.deadline = deadline
+        self.longest_run = 0.0
+
+    def install(self, planned: Stack, entry: dict[str, Any]) -> Stack:
+        if time.monotonic() + max(RESERVE_S, 1.5 * self.longest_run) > self.deadline:
+            raise Unplanned({**(planned.request or {}), "stopped": "the call's time is spent"})
+        target = self.work / hashlib.sha256((planned.identity or "").encode()).hexdigest()[:16]
+        started = time.monotonic()
+        target_overlay.discard(target)
+        site = target / "site"
+        site.mkdir(parents=True)
+        pins = [f"{n}=={v}" for n, v in sorted(entry.get("overlay", {}).items())]
+        if pins:
+            flags = ["--no-index", "--find-links", str(self.wheelhouse)]
+            argv = target_overlay.install_argv(target_overlay.installer(self.python), site, pins, flags)
+            proc = subprocess.run(argv, capture_output=True, text=True)
+            if proc.returncode != 0:
+                return replace(planned, failure=envs.summarise_install_error(proc.stderr or proc.stdout))
+        left_out = envs._leave_out_unimportable(self.python, site, self.optional)
+        versions = envs.installed_versions(self.python, pythonpath=str(site))
+        return replace(
+            planned, python=self.python, pythonpath=str(site), versions=versions, left_out=left_out,
+            seconds=time.monotonic() - started,
+        )  # fmt: skip
+
+
+def new_plan(bisect: ScriptBisect, atlas: NodeAtlas, script: Path, ends: list[str], bad: str | None) -> dict[str, Any]:
+    return {
+        "script": str(script),
+        "script_sha256": bisect.script_sha,
+        "nproc": bisect.nproc,
+        "torchrun": bisect.torchrun,
+        "timeout_s": bisect.timeout_s,
+        "match": bisect.match.pattern if bisect.match else None,
+        "profile": atlas.profile.name,
+        "profile_path": _relative(atlas.profile.path, REPO_ROOT),
+        "ends": ends,
+        "bad": bad,
+        "round": 0,
+        "stacks": {},
+        "releases": {},
+        "yanked": {},
+    }
+
+
+def plan_round(bisect: ScriptBisect, atlas: NodeAtlas, plan: dict[str, Any], needed: dict[str, str]) -> list[str]:
+    """Add to `plan` the stack the search stopped at and what it expects next (resolved here); returns the labels
+    of every planned stack no round has run yet, the one it must run first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    needed = {k: v for k, v in needed.items() if k != "stopped"}
+    if needed.get("package"):
+        # The run it stopped at, then the bisect the likeliest move would need (every level of it), the next move
+        # and its bisect, then the other moves in order: a round whose first or second move is the right package
+        # finishes its flip without coming back.
+        moves = [e for e in bisect.expected if e.get("phase") == "move"]
+        wanted = [needed, *_bisect_of(bisect, moves[:1]), *moves[1:2], *_bisect_of(bisect, moves[1:2]), *moves]
+    elif "releases" in needed:
+        wanted = []
+    else:
+        wanted = [{"day": d} for d in plan["ends"]]
+    new: dict[str, dict[str, str]] = {}
+    for request in wanted:
+        label = stack_label(request)
+        if label not in plan["stacks"] and label not in new:
+            new[label] = request
+    days = {label: r for label, r in new.items() if not r.get("package")}
+    moves = dict(list((label, r) for label, r in new.items() if r.get("package"))[: 1 + LOOKAHEAD])
+    resolve = _probe_resolver(atlas)
+    with ThreadPoolExecutor(max_workers=RESOLVERS) as pool:  # uv and the index, not this machine's cores
+        entries = dict(zip(moves, pool.map(resolve, moves.values()), strict=True))
+    entries |= {label: dict(atlas.lock["days"][r["day"]]) for label, r in days.items()}
+    for label in new:
+        if label in entries:
+            plan["stacks"][label] = entries[label] | {"round": plan["round"] + 1}
+            bisect.say(f"  planned {label}")
+    return [label for label, entry in plan["stacks"].items() if not _ran(bisect, label, entry)]
+
+
+def _probe_resolver(atlas: NodeAtlas) -> Any:
+    """request -> the era-lock entry of the older day with one package moved, over the node's torch (as the
+    atlas's own node flips resolve their probes), or an entry saying why none resolves."""
+    from harness.environments.envs import uv_binary
+    from harness.versions import lock as era_lock
+    from harness.versions.releases import index_url
+
+    uv, requires = uv_binary(), era_lock.index_requires(index_url())
+
+    def resolve(request: dict[str, str]) -> dict[str, Any]:
+        older = atlas.lock["days"][request["day"]]["resolved"]
+        pins = {p: older[p] for p in atlas.axis if p in older}
+        try:
+            resolved, way = era_lock.resolve_probe(
+                uv, pins, request["day"], request["newer"], request["package"], request["version"],
+                atlas.profile.python, {"torch": atlas.image["torch"]},
+            )  # fmt: skip
+        except era_lock.ResolutionFailed as exc:
+            return era_lock.unresolved_entry(stack_label(request), atlas.image, exc)
+        entry = era_lock.lock_entry(resolved, list(atlas.profile.era_packages), atlas.image, requires)
+        return entry | {"dependencies": way}
+
+    return resolve
+
+
+def _bisect_of(bisect: ScriptBisect, moves: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The bisect probes a move would need if it reproduced the flip, in the order the search may take them."""
+    from harness.tools.script_bisect import search_order
+
+    probes: list[dict[str, str]] = []
+    for move in (m for m in moves if m.get("old")):
+        after = bisect.source.releases(move["package"], move["old"], move["version"])
+        candidates = [move["old"], *after]
+        order = search_order(candidates, {candidates[0]: "before", candidates[-1]: "after"}, "before", "after")
+        probes += [move | {"version": v, "phase": "bisect"} for v in order]
+    return probes
+
+
+def _ran(bisect: ScriptBisect, label: str, entry: dict[str, Any]) -> bool:
+    if entry.get("error"):
+        return True  # nothing to install: an install failure on both sides
+    probe = Stack(label, None, {}, "planned", identity=identity(label, entry))
+    return bisect.key_of(probe) in bisect.earlier
+
+
+def pack_round(atlas: NodeAtlas, plan: dict[str, Any], labels: list[str], dest: Path, budget: int) -> list[str]:
+    """The wheels of `labels` (the first must go; the rest while the pack fits `budget` bytes) in one solid pack;
+    returns the labels it carries."""
+    from harness.environments import era_wheels
+    from harness.environments.wheel_pack import pack
+    from harness.environments.wheelhouse import DEFAULT_PLATFORMS
+
+    cache = Path(os.environ.get("COMPAT_MATRIX_WHEEL_CACHE", Path.home() / ".cache" / "compat-matrix" / "wheels"))
+    cache.mkdir(parents=True, exist_ok=True)
+    chosen = list(labels)
+    while True:
+        lock = {"node": atlas.lock["node"], "days": {label: plan["stacks"][label] for label in chosen}}
+        wheels = era_wheels.build(lock, chosen, atlas.profile.python, DEFAULT_PLATFORMS, cache)
+        files = sorted({path for found in wheels.values() for path in found.values()})
+        pack(files, dest)
+        if dest.stat().st_size <= budget or len(chosen) == 1:
+            return chosen
+        chosen = chosen[: max(1, len(chosen) * 2 // 3)]
+
+
+def import_node_runs(out_dir: Path, returned: Path) -> tuple[int, dict[str, Any] | None]:
+    """Append the runs a node call made (its runs.jsonl beside call.json) to the verdict folder's runs, skipping
+    any already there; record the call. Returns (runs added, the call)."""
+    runs_file = returned / "runs.jsonl"
+    if not runs_file.is_file() and not (returned / "call.json").is_file():
+        raise UsageError(f"--node-runs {returned}: no runs.jsonl or call.json (the folder a node call wrote in $OUT)")
+    have = set()
+    local = out_dir / "runs.jsonl"
+    if local.is_file():
+        have = {json.loads(line)["key"] for line in local.read_text().splitlines() if line.strip()}
+    added = 0
+    with open(local, "a") as handle:
+        for line in runs_file.read_text().splitlines() if runs_file.is_file() else []:
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line of a killed call
+            if data["key"] not in have:
+                handle.write(json.dumps(data) + "\n")
+                have.add(data["key"])
+                added += 1
+    call = None
+    call_file = returned / "call.json"
+    if call_file.is_file():
+        call = json.loads(call_file.read_text())
+        calls = out_dir / CALLS
+        seen = (
+            {json.loads(x)["call_id"] for x in calls.read_text().splitlines() if x.strip()}
+            if calls.is_file()
+            else set()
+        )
+        if call["call_id"] not in seen:
+            with open(calls, "a") as handle:
+                handle.write(json.dumps(call) + "\n")
+    return added, call
+
+
+def device_calls(out_dir: Path) -> list[dict[str, Any]]:
+    calls = out_dir / CALLS
+    return [json.loads(x) for x in calls.read_text().splitlines() if x.strip()] if calls.is_file() else []
+
+
+def node_device(python: Path) -> dict[str, Any]:
+    """What the node's python sees: CUDA and its GPUs (the run's facts say where it ran)."""
+    probe = (
+        "import json, torch\n"
+        "n = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
+        "print(json.dumps({'kind': 'cuda' if n else 'cpu', 'gpus': n, 'torch': torch.__version__,"
+        " 'name': torch.cuda.get_device_name(0) if n else None, 'cuda': torch.version.cuda}))"
+    )
+    proc = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"kind": "unknown", "error": (proc.stderr or "").strip().splitlines()[-1:]}
+    return json.loads(proc.stdout)
+
+
+def unpack_wheels(pack_or_dir: Path) -> Path:
+    """A pack unpacked into a temporary folder (a folder of wheels is used as it is)."""
+    if pack_or_dir.is_dir():
+        return pack_or_dir
+    from harness.environments.wheel_pack import unpack
+
+    dest = Path(tempfile.mkdtemp(prefix="script-wheels-"))
+    unpack(pack_or_dir, dest)
+    return dest
+
+
+def python_of(text: str | None) -> Path:
+    return Path(shutil.which(text) or text) if text else Path(sys.executable)
+
+
+def gpu_command(args: Any) -> int:
+    """`bisect-script --device cuda`: import the last call's runs, replay the search over every run so far, then
+    write the verdict, or the next round's plan and pack and the node's command."""
+    from harness.define.profile import load_profile
+    from harness.environments import era_wheels
+    from harness.environments.envs import InstallOptions, default_envs_dir
+    from harness.paths import MATRIX_DIR
+
+    good, bad = checked_ends(args)
+    out_dir = args.results_dir / "script-bisect" / (args.name or args.script.stem)
+
+    if (good is not None and not good.day) or (bad is not None and not bad.day):
+        raise UsageError("--device cuda scans the GPU atlas's days: --good and --bad must be days")
+    atlas = NodeAtlas.of(load_profile(args.profile, MATRIX_DIR))
+    first = args.from_day or (min(good.day, bad.day) if good and bad else None)  # type: ignore[type-var]
+    last = args.to_day or (max(good.day, bad.day) if good and bad else None)  # type: ignore[type-var]
+    days = [d for d in atlas.days if (not first or d >= first) and (not last or d <= last)]
+    for end in (good, bad):
+        if end is not None and end.day not in atlas.days:
+            raise UsageError(f"{end.day}: not a day of {atlas.profile.name}'s era lock ({', '.join(atlas.days)})")
+    if len(days) < 2:
+        raise UsageError(
+            f"fewer than two days of {atlas.profile.name} between {first or 'the first'} and {last or 'the last'}"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.node_runs is not None:
+        added, call = import_node_runs(out_dir, args.node_runs)
+        wall = f", {call['wall_s']:.0f} s on {call['device'].get('name') or call['device'].get('kind')}" if call else ""
+        print(f"imported {added} new run(s) from {args.node_runs}{wall}")
+    bisect = ScriptBisect(
+        args.script, out_dir, atlas.profile, InstallOptions(envs_dir=default_envs_dir()), nproc=args.nproc,
+        torchrun=args.torchrun, timeout_s=args.timeout, match=args.match, fresh=args.fresh,
+    )  # fmt: skip
+    plan_path = out_dir / PLAN
+    plan = json.loads(plan_path.read_text()) if plan_path.is_file() else None
+    launch = [bisect.script_sha, bisect.nproc, bisect.torchrun, bisect.timeout_s, atlas.profile.name]
+    if (
+        plan is None
+        or [plan["script_sha256"], plan["nproc"], plan["torchrun"], plan["timeout_s"], plan["profile"]] != launch
+    ):
+        plan = new_plan(bisect, atlas, _relative(args.script, REPO_ROOT), days, bad.day if bad else None)
+    plan["ends"], plan["bad"] = days, bad.day if bad else None
+    bisect.source = PlannedStacks(plan, bisect)
+    bisect.device_calls = device_calls(out_dir)
+    try:
+        verdict = run(bisect, [End(day=d) for d in days], bad, all_moves=args.all_moves)
+    except Unplanned as stop:
+        pending = plan_round(bisect, atlas, plan, stop.request)
+        plan["round"] += 1
+        pack = args.pack or REPO_ROOT / ".gpu-pack" / f"{out_dir.name}-round{plan['round']}.tar.xz"
+        free = era_wheels.CALL_LIMIT_BYTES - era_wheels.travelling_bytes(REPO_ROOT) - era_wheels.MARGIN_BYTES
+        carried = pack_round(atlas, plan, pending, pack, free)
+        plan["pack"] = {"file": _relative(pack, REPO_ROOT), "bytes": pack.stat().st_size, "stacks": carried}
+        plan_path.write_text(json.dumps(plan, indent=1) + "\n")
+        shown = _relative(out_dir, REPO_ROOT)
+        print(
+            f"\nround {plan['round']}: {len(carried)} stack(s) for the node ({', '.join(carried)}), wheels "
+            f"{pack.stat().st_size / 2**20:.1f} MiB in {_relative(pack, REPO_ROOT)}; "
+            f"plan {_relative(plan_path, REPO_ROOT)}"
+        )
+        print("on the node (carry the pack; the plan travels with the tree):")
+        print(f'  scripts/gpu-script-bisect.sh {shown} {_relative(pack, REPO_ROOT)} "$OUT"')
+        print("then here, with the folder it wrote:")
+        print(f"  compat-matrix bisect-script {args.script} --device cuda --nproc {bisect.nproc} "
+              f"--name {out_dir.name}{_span(args)} --node-runs OUT/{out_dir.name}")  # fmt: skip
+        return 0
+    plan_path.write_text(json.dumps(plan, indent=1) + "\n")
+    return _write_issue(verdict, args.script, out_dir, bisect)
+
+
+def _span(args: Any) -> str:
+    parts = [f" --{flag} {value}" for flag, value in (("from", args.from_day), ("to", args.to_day)) if value]
+    parts += [f" --{flag} {value}" for flag, value in (("good", args.good), ("bad", args.bad)) if value]
+    parts += [f" --timeout {args.timeout:g}"] if args.timeout != 600 else []
+    parts += [f" --match {shlex.quote(args.match)}"] if args.match else []
+    parts += [" --torchrun"] if args.torchrun else []
+    return "".join(parts) + (f" --profile {args.profile}" if args.profile != "gpu-history-ws2" else "")
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def _write_issue(verdict: dict[str, Any], script: Path, out_dir: Path, bisect: ScriptBisect) -> int:
+    from harness.publishing.upstream import script_issue_body
+    from harness.recording.flip import Flip
+
+    named = [f for f in (Flip.from_json(x) for x in verdict["flips"]) if f.package and f.release]
+    if named:
+        runs = [json.loads(line) for line in (out_dir / "runs.jsonl").read_text().splitlines() if line.strip()]
+        (out_dir / "issue.md").write_text(script_issue_body(verdict, script.read_text(), named[0], runs))
+        bisect.say(f"  issue body for {named[0].package}: {out_dir / 'issue.md'}")
+    bisect.say(f"  verdict: {out_dir / 'verdict.json'}; every run: {out_dir / 'runs.jsonl'}")
+    return 0
+
+
+def node_command(args: Any) -> int:
+    """`bisect-script-node`: one round on the node, as far as its plan and its time go."""
+    import uuid
+
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions
+    from harness.paths import MATRIX_DIR
+    from harness.recording.runs import now_iso
+
+    started = time.monotonic()
+    plan_path = args.folder / PLAN
+    if not plan_path.is_file():
+        raise UsageError(f"{args.folder}: no {PLAN} (plan a round with bisect-script --device cuda first)")
+    plan = json.loads(plan_path.read_text())
+    script = Path(plan["script"])
+    if not script.is_file() or hashlib.sha256(script.read_bytes()).hexdigest() != plan["script_sha256"]:
+        raise UsageError(f"{script}: missing or not the script the plan was made for")
+    out_dir = args.out / args.folder.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if (args.folder / "runs.jsonl").is_file() and not (out_dir / "runs.jsonl").is_file():
+        shutil.copy2(args.folder / "runs.jsonl", out_dir / "runs.jsonl")
+    wheels = unpack_wheels(args.wheels)
+    python = python_of(args.python or "python3")
+    device = node_device(python)
+    profile = load_profile(plan["profile_path"], MATRIX_DIR)
+    work = Path(tempfile.mkdtemp(prefix="script-overlays-"))
+    bisect = ScriptBisect(
+        script, out_dir, profile, InstallOptions(envs_dir=work), nproc=plan["nproc"], torchrun=plan["torchrun"],
+        timeout_s=plan["timeout_s"], match=plan["match"], device=device,
+    )  # fmt: skip
+    node = NodeOverlays(python, wheels, work, profile.optional, started + args.time_limit)
+    bisect.source = PlannedStacks(plan, bisect, node)
+    print(f"bisect-script-node: round {plan['round']} of {args.folder.name} on {device.get('name') or device['kind']}"
+          f" x {device.get('gpus', 0)}, {len(plan['stacks'])} planned stack(s)")  # fmt: skip
+    stopped: dict[str, str] | None = None
+    try:
+        run(bisect, [End(day=d) for d in plan["ends"]], End(day=plan["bad"]) if plan["bad"] else None)
+    except Unplanned as stop:
+        stopped = stop.request
+        print(f"stopped before {stack_label(stop.request) if 'day' in stop.request else stop.request}: "
+              f"{stop.request.get('stopped', 'not in this round: plan the next one')}")  # fmt: skip
+    call = {
+        "call_id": uuid.uuid4().hex[:12],
+        "round": plan["round"],
+        "finished": now_iso(),
+        "wall_s": round(time.monotonic() - started, 1),
+        "runs": bisect.cost.runs,
+        "runs_reused": bisect.cost.runs_reused,
+        "pack_bytes": args.wheels.stat().st_size if args.wheels.is_file() else None,
+        "device": device,
+        "stopped_before": stopped,
+    }
+    (out_dir / "call.json").write_text(json.dumps(call, indent=1) + "\n")
+    print(f"{call['runs']} run(s) in {call['wall_s']:.0f} s; bring back {out_dir}")
+    return 0

@@ -1,0 +1,114 @@
+"""`bisect-script --device cuda` end to end on this machine: the connected side plans rounds over an era-locked
+profile (real uv resolutions, real wheels in a real pack), a "node" (this python, nothing from an index) runs each
+round with `bisect-script-node`, and the runs come back with `--node-runs` until the verdict.
+
+The script fails from packaging 22.0 (parse() of a non-PEP 440 string), the lock's days hold packaging 21.3 and 23.0.
+What the GPU flow adds is checked as a user sees it: the release named, the rounds it took, a round cut short by its
+time limit and finished by the next, runs never repeated, the device calls in the verdict's cost.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_script_bisect import BREAKS_AT_22
+
+pytestmark = pytest.mark.matrix
+
+PROFILE = """
+[profile]
+description = "a stand-in GPU atlas: two days of packaging over this machine's python"
+python = "{python}"
+device = "cpu"
+world_size = 1
+scenarios = ["S3-*"]
+examples_per_scenario = 0
+hypothesis_seed = 1
+hypothesis_profile = "ci"
+
+[axes]
+date = ["2022-06-01", "2023-02-01"]
+
+[stacks.era]
+peft = "latest"
+
+[install]
+mode = "system"
+node_image = "here"
+era_packages = ["packaging"]
+"""
+
+
+def _atlas(tmp_path: Path) -> Path:
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    matrix = tmp_path / "matrix"
+    (matrix / "locks").mkdir(parents=True)
+    (matrix / "nodes").mkdir()
+    (matrix / "standin.toml").write_text(PROFILE.format(python=python))
+    image = {"python": f"{python}.0", "torch": "2.4.1", "cuda": "", "packages": {}}
+    (matrix / "nodes" / "here.json").write_text(json.dumps(image))
+    day = {
+        "2022-06-01": {"packaging": "21.3", "pyparsing": "3.0.9"},
+        "2023-02-01": {"packaging": "23.0"},
+    }
+    lock = {
+        "lock_version": 1,
+        "requirements": ["packaging"],
+        "era_packages": ["packaging"],
+        "held": {"torch": "2.4.1"},
+        "node": {"python": image["python"], "torch": "2.4.1", "cuda": ""},
+        "days": {d: {"resolved": r, "overlay": r} for d, r in day.items()},
+    }
+    (matrix / "locks" / "standin.json").write_text(json.dumps(lock))
+    return matrix / "standin.toml"
+
+
+def _harness(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_a_gpu_bisect_runs_in_planned_rounds_and_names_the_release(tmp_path: Path) -> None:
+    profile = _atlas(tmp_path)
+    script = tmp_path / "parse_legacy.py"
+    script.write_text(BREAKS_AT_22)
+    results = tmp_path / "results"
+    folder = results / "script-bisect" / "legacy"
+    plan_args = ["bisect-script", str(script), "--device", "cuda", "--profile", str(profile), "--name", "legacy",
+                 "--results-dir", str(results)]  # fmt: skip
+    rounds = []
+    out = None
+    for number in range(1, 6):
+        pack = tmp_path / f"round{number}.tar.xz"
+        said = _harness(*plan_args, "--pack", str(pack), *(["--node-runs", str(out)] if out else [])).stdout
+        if (folder / "verdict.json").is_file():
+            break
+        plan = json.loads((folder / "node-plan.json").read_text())
+        rounds.append(plan["pack"]["stacks"])
+        assert "scripts/gpu-script-bisect.sh" in said and "--node-runs" in said
+        out = tmp_path / f"out{number}"
+        limit = ["--time-limit", "0"] if number == 1 else []  # the first call's time is spent before it starts
+        node = _harness("bisect-script-node", str(folder), "--wheels", str(pack), "--out", str(out), *limit)
+        out = out / "legacy"
+        call = json.loads((out / "call.json").read_text())
+        if number == 1:
+            assert call["runs"] == 0 and "time is spent" in node.stdout
+    verdict = json.loads((folder / "verdict.json").read_text())
+    flip = verdict["flips"][0]
+    assert (flip["package"], flip["first_release"], flip["last_release_before"]) == ("packaging", "22.0", "21.3")
+    assert rounds[0] == rounds[1] == ["2022-06-01", "2023-02-01"]  # the cut-short round planned again, as it was
+    assert len(rounds) == 3, rounds  # scan; the move and the bisect it is likely to need, in one round
+    runs = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines()]
+    assert len({r["key"] for r in runs}) == len(runs) == 4  # 2 days, 1 move, 1 bisect probe: nothing twice
+    n = len(flip["candidates"])
+    assert verdict["cost"]["runs_after_scan"] <= math.ceil(math.log2(n)) + 3
+    assert len(verdict["device_calls"]) == 3 and verdict["device_seconds"] > 0
+    assert verdict["device"]["kind"] in ("cpu", "unknown", "cuda")
+    assert "since packaging 22.0 (last good: 21.3)" in (folder / "issue.md").read_text()
