@@ -142,6 +142,8 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         return "bnb-no-library-for-this-cuda"  # bitsandbytes < 0.43 ships no library for torch's CUDA (13.0)
     if "Configured CUDA binary not found at" in message + traceback and "libbitsandbytes_cuda" in message + traceback:
         return "bnb-no-library-for-this-cuda"  # bitsandbytes 0.46-0.47: no libbitsandbytes_cuda130.so to call
+    if "Forgot to compile the bitsandbytes library" in message:
+        return "bnb-no-library-for-this-cuda"  # bitsandbytes >= 0.46's banner when its native library is missing
     if re.search(r"libbitsandbytes_cpu\.\w+: undefined symbol: c\w*quantize", message):
         return "bnb-no-library-for-this-cuda"  # bitsandbytes 0.45 fell back to its CPU library for CUDA tensors
     if "CPU_Accelerator requires intel_extension_for_pytorch" in message:

@@ -19,8 +19,6 @@ import pytest
 
 from tests.test_script_bisect import BREAKS_AT_22
 
-pytestmark = pytest.mark.matrix
-
 PROFILE = """
 [profile]
 description = "a stand-in GPU atlas: two days of packaging over this machine's python"
@@ -75,6 +73,7 @@ def _harness(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.matrix
 def test_a_gpu_bisect_runs_in_planned_rounds_and_names_the_release(tmp_path: Path) -> None:
     profile = _atlas(tmp_path)
     script = tmp_path / "parse_legacy.py"
@@ -112,3 +111,26 @@ def test_a_gpu_bisect_runs_in_planned_rounds_and_names_the_release(tmp_path: Pat
     assert len(verdict["device_calls"]) == 3 and verdict["device_seconds"] > 0
     assert verdict["device"]["kind"] in ("cpu", "unknown", "cuda")
     assert "since packaging 22.0 (last good: 21.3)" in (folder / "issue.md").read_text()
+
+
+def test_committed_gpu_verdicts_ran_on_a_node_and_name_a_release() -> None:
+    """The GPU verdicts under results/script-bisect/: their runs ran on CUDA, each names a package and release
+    within ceil(log2 n) + 3 runs after the scan, and the device calls' time is in the verdict."""
+    root = Path(__file__).resolve().parent.parent / "results" / "script-bisect"
+    named = []
+    for path in sorted(root.glob("*/verdict.json")):
+        verdict = json.loads(path.read_text())
+        if (verdict.get("device") or {}).get("kind") != "cuda":
+            continue
+        runs = [json.loads(line) for line in (path.parent / "runs.jsonl").read_text().splitlines()]
+        assert all(r["stack"]["device"]["kind"] == "cuda" for r in runs if r["outcome"] != "install-failed")
+        calls = verdict["device_calls"]
+        assert verdict["device_seconds"] == round(sum(c["wall_s"] for c in calls), 1) > 0
+        assert sum(c["runs"] for c in calls) == verdict["cost"]["runs"] == len(runs)
+        for flip in verdict["flips"]:
+            if flip["package"]:
+                assert flip["first_release"]
+                n = len(flip["candidates"])
+                assert verdict["cost"]["runs_after_scan"] <= math.ceil(math.log2(n)) + 3
+                named.append(path.parent.name)
+    assert len(named) >= 2, named

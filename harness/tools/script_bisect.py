@@ -569,8 +569,14 @@ def _verdict(bisect: ScriptBisect, scan: list[Observation], flips: list[Flip]) -
         "runs": "runs.jsonl",
     }
     verdict |= _device_facts(bisect)
-    if bisect.device_calls:  # the node's calls made the runs; this side only read them back
-        verdict["cost"] |= {"runs": sum(c["runs"] for c in bisect.device_calls), "runs_reused": 0}
+    if bisect.device_calls:  # the node's calls made the runs (and timed them); this side only read them back
+        seconds: dict[str, float] = {}
+        for o in bisect.observations:
+            phase = {"move": "moves"}.get(o.phase, o.phase)  # the phases' names as a run here times them
+            seconds[phase] = round(seconds.get(phase, 0.0) + o.seconds, 1)
+        verdict["cost"] |= {
+            "runs": sum(c["runs"] for c in bisect.device_calls), "runs_reused": 0, "phase_seconds": seconds,
+        }  # fmt: skip
     return verdict
 
 
