@@ -333,7 +333,7 @@ def bisect_script(args: argparse.Namespace) -> int:
 
 
 def bisect_script_node(args: argparse.Namespace) -> int:
-    from harness.tools.node_script import node_command
+    from harness.tools.node_round import node_command
 
     return node_command(args)
 

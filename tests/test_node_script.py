@@ -134,3 +134,35 @@ def test_committed_gpu_verdicts_ran_on_a_node_and_name_a_release() -> None:
                 assert verdict["cost"]["runs_after_scan"] <= math.ceil(math.log2(n)) + 3
                 named.append(path.parent.name)
     assert len(named) >= 2, named
+
+
+def test_a_script_whose_own_dependencies_no_gpu_day_holds_is_refused_in_one_line(tmp_path: Path) -> None:
+    profile = _atlas(tmp_path)
+    script = tmp_path / "needs_more.py"
+    script.write_text('# /// script\n# dependencies = ["packaging==24.0"]\n# ///\nprint("hi")\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "bisect-script", str(script), "--device", "cuda", "--profile", str(profile),
+         "--results-dir", str(tmp_path / "results")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "packaging==24.0" in lines[0] and "--device cuda" in lines[0], proc.stderr
+
+
+def test_a_bitsandbytes_without_a_library_for_this_cuda_is_unusable_not_a_different_failure(tmp_path: Path) -> None:
+    """bitsandbytes >= 0.46 raises with a banner whose first line names no cause: a run is named on its whole text,
+    and a run recorded before that is judged on its whole text again (unusable, never a different failure)."""
+    from harness.execution.script_launch import run_script
+    from harness.recording.signatures import cannot_run_here
+
+    script = tmp_path / "bnb_banner.py"
+    script.write_text(
+        'raise RuntimeError("\\n🚨 Forgot to compile the bitsandbytes library? 🚨\\n"\n'
+        '                   "Original error: Configured CUDA binary not found at /x/libbitsandbytes_cuda130.so")\n'
+    )
+    run = run_script(Path(sys.executable), script, timeout_s=60)
+    assert (run.outcome, run.signature) == ("fail", "bnb-no-library-for-this-cuda"), (run.signature, run.error)
+    error = "RuntimeError: 🚨 Forgot to compile the bitsandbytes library? 🚨"
+    assert cannot_run_here("unclassified-RuntimeError-eb206b44", error, run.stderr_tail)
+    assert not cannot_run_here(None, "RuntimeError: element 0 of tensors does not require grad", "Traceback ...")

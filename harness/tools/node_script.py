@@ -18,34 +18,26 @@ round only changes how many device calls it takes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from harness.define.profile import Profile
-from harness.environments import envs
-from harness.environments import overlay as target_overlay
 from harness.errors import UsageError
 from harness.paths import REPO_ROOT
-from harness.tools.script_bisect import End, ScriptBisect, Unplanned, checked_ends, run
+from harness.tools.script_bisect import End, ScriptBisect, Unplanned, checked_ends, run, write_issue
 from harness.tools.script_stacks import Stack
 
 PLAN = "node-plan.json"
+#: What a plan is for, besides its days: a change of any of them plans anew.
+LAUNCH_KEYS = ("script", "nproc", "torchrun", "timeout", "profile")
 CALLS = "device-calls.jsonl"
 #: Stacks one round resolves beyond the one it must (each a uv resolution here, about 20 s), and how many at once.
 LOOKAHEAD = 28
 RESOLVERS = 4
-#: Seconds a node keeps in hand at the end of its call to copy its runs back.
-RESERVE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -94,9 +86,10 @@ def identity(label: str, entry: dict[str, Any]) -> str:
 
 class PlannedStacks:
     """The stacks of a round's plan. On the connected machine (no `node`) a stack is only its plan entry and the
-    runs imported so far; on the node (`node` given) a stack not yet run is installed as an overlay and run."""
+    runs imported so far; on the node (`node`: tools/node_round.NodeOverlays) a stack not yet run is installed as an
+    overlay and run."""
 
-    def __init__(self, plan: dict[str, Any], bisect: ScriptBisect, node: NodeOverlays | None = None) -> None:
+    def __init__(self, plan: dict[str, Any], bisect: ScriptBisect, node: Any = None) -> None:
         self.plan, self.bisect, self.node = plan, bisect, node
 
     def scan(self, end: Any) -> Stack:
@@ -146,39 +139,7 @@ class PlannedStacks:
             return replace(planned, versions=earlier["stack"].get("versions") or {})
         if self.node is None:
             return planned  # observe() stops here: the next round runs it
-        return self.node.install(planned, entry)
-
-
-class NodeOverlays:
-    """On the node: each planned stack's wheels installed (no dependencies, nothing from an index) into a
-    `--target` overlay over the node's python, optional packages that cannot import there left out."""
-
-    def __init__(self, python: Path, wheelhouse: Path, work: Path, optional: tuple[str, ...], deadline: float):
-        self.python, self.wheelhouse, self.work, self.optional = python, wheelhouse, work, optional
-        self.deadline = deadline
-        self.longest_run = 0.0
-
-    def install(self, planned: Stack, entry: dict[str, Any]) -> Stack:
-        if time.monotonic() + max(RESERVE_S, 1.5 * self.longest_run) > self.deadline:
-            raise Unplanned({**(planned.request or {}), "stopped": "the call's time is spent"})
-        target = self.work / hashlib.sha256((planned.identity or "").encode()).hexdigest()[:16]
-        started = time.monotonic()
-        target_overlay.discard(target)
-        site = target / "site"
-        site.mkdir(parents=True)
-        pins = [f"{n}=={v}" for n, v in sorted(entry.get("overlay", {}).items())]
-        if pins:
-            flags = ["--no-index", "--find-links", str(self.wheelhouse)]
-            argv = target_overlay.install_argv(target_overlay.installer(self.python), site, pins, flags)
-            proc = subprocess.run(argv, capture_output=True, text=True)
-            if proc.returncode != 0:
-                return replace(planned, failure=envs.summarise_install_error(proc.stderr or proc.stdout))
-        left_out = envs._leave_out_unimportable(self.python, site, self.optional)
-        versions = envs.installed_versions(self.python, pythonpath=str(site))
-        return replace(
-            planned, python=self.python, pythonpath=str(site), versions=versions, left_out=left_out,
-            seconds=time.monotonic() - started,
-        )  # fmt: skip
+        return self.node.install(planned, entry, max((o.seconds for o in self.bisect.observations), default=0.0))
 
 
 def new_plan(bisect: ScriptBisect, atlas: NodeAtlas, script: Path, ends: list[str], bad: str | None) -> dict[str, Any]:
@@ -341,35 +302,6 @@ def device_calls(out_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in calls.read_text().splitlines() if x.strip()] if calls.is_file() else []
 
 
-def node_device(python: Path) -> dict[str, Any]:
-    """What the node's python sees: CUDA and its GPUs (the run's facts say where it ran)."""
-    probe = (
-        "import json, torch\n"
-        "n = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
-        "print(json.dumps({'kind': 'cuda' if n else 'cpu', 'gpus': n, 'torch': torch.__version__,"
-        " 'name': torch.cuda.get_device_name(0) if n else None, 'cuda': torch.version.cuda}))"
-    )
-    proc = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
-    if proc.returncode != 0:
-        return {"kind": "unknown", "error": (proc.stderr or "").strip().splitlines()[-1:]}
-    return json.loads(proc.stdout)
-
-
-def unpack_wheels(pack_or_dir: Path) -> Path:
-    """A pack unpacked into a temporary folder (a folder of wheels is used as it is)."""
-    if pack_or_dir.is_dir():
-        return pack_or_dir
-    from harness.environments.wheel_pack import unpack
-
-    dest = Path(tempfile.mkdtemp(prefix="script-wheels-"))
-    unpack(pack_or_dir, dest)
-    return dest
-
-
-def python_of(text: str | None) -> Path:
-    return Path(shutil.which(text) or text) if text else Path(sys.executable)
-
-
 def gpu_command(args: Any) -> int:
     """`bisect-script --device cuda`: import the last call's runs, replay the search over every run so far, then
     write the verdict, or the next round's plan and pack and the node's command."""
@@ -403,14 +335,28 @@ def gpu_command(args: Any) -> int:
         args.script, out_dir, atlas.profile, InstallOptions(envs_dir=default_envs_dir()), nproc=args.nproc,
         torchrun=args.torchrun, timeout_s=args.timeout, match=args.match, fresh=args.fresh,
     )  # fmt: skip
+    unmet = _own_dependencies(bisect.extras, atlas, days)
+    if unmet:
+        raise UsageError(
+            f"{args.script}: --device cuda runs the GPU atlas's stacks as they are, and its PEP 723 dependencies "
+            f"{', '.join(unmet)} are not in them (a script's own dependencies are installed only on CPU)"
+        )
     plan_path = out_dir / PLAN
     plan = json.loads(plan_path.read_text()) if plan_path.is_file() else None
     launch = [bisect.script_sha, bisect.nproc, bisect.torchrun, bisect.timeout_s, atlas.profile.name]
-    if (
-        plan is None
-        or [plan["script_sha256"], plan["nproc"], plan["torchrun"], plan["timeout_s"], plan["profile"]] != launch
-    ):
-        plan = new_plan(bisect, atlas, _relative(args.script, REPO_ROOT), days, bad.day if bad else None)
+    planned = (
+        [plan["script_sha256"], plan["nproc"], plan["torchrun"], plan["timeout_s"], plan["profile"]] if plan else []
+    )
+    if plan is None or planned != launch:
+        if plan is not None:
+            said = ", ".join(f"{k} {a} -> {b}" for k, a, b in zip(LAUNCH_KEYS, planned, launch, strict=True) if a != b)
+            print(
+                f"the launch changed since round {plan['round']} ({said}): planning anew (runs already made are kept)"
+            )
+        # The node runs the copy beside the plan: it travels with the tree wherever the script itself lives.
+        copy = out_dir / "script.py"
+        copy.write_bytes(args.script.read_bytes())
+        plan = new_plan(bisect, atlas, _relative(copy, REPO_ROOT), days, bad.day if bad else None)
     plan["ends"], plan["bad"] = days, bad.day if bad else None
     bisect.source = PlannedStacks(plan, bisect)
     bisect.device_calls = device_calls(out_dir)
@@ -437,7 +383,25 @@ def gpu_command(args: Any) -> int:
               f"--name {out_dir.name}{_span(args)} --node-runs OUT/{out_dir.name}")  # fmt: skip
         return 0
     plan_path.write_text(json.dumps(plan, indent=1) + "\n")
-    return _write_issue(verdict, args.script, out_dir, bisect)
+    return write_issue(verdict, bisect)
+
+
+def _own_dependencies(extras: list[str], atlas: NodeAtlas, days: list[str]) -> list[str]:
+    """The script's PEP 723 dependencies that some scanned day's stack (or the node) does not hold."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    node = {str(canonicalize_name(n)): v for n, v in atlas.image.get("packages", {}).items()}
+    unmet = []
+    for line in extras:
+        wanted = Requirement(line)
+        name = str(canonicalize_name(wanted.name))
+        for day in days:
+            have = atlas.lock["days"][day].get("resolved", {}).get(name) or node.get(name)
+            if have is None or not wanted.specifier.contains(have, prereleases=True):
+                unmet.append(line)
+                break
+    return unmet
 
 
 def _span(args: Any) -> str:
@@ -454,73 +418,3 @@ def _relative(path: Path, root: Path) -> str:
         return str(path.resolve().relative_to(root))
     except ValueError:
         return str(path)
-
-
-def _write_issue(verdict: dict[str, Any], script: Path, out_dir: Path, bisect: ScriptBisect) -> int:
-    from harness.publishing.upstream import script_issue_body
-    from harness.recording.flip import Flip
-
-    named = [f for f in (Flip.from_json(x) for x in verdict["flips"]) if f.package and f.release]
-    if named:
-        runs = [json.loads(line) for line in (out_dir / "runs.jsonl").read_text().splitlines() if line.strip()]
-        (out_dir / "issue.md").write_text(script_issue_body(verdict, script.read_text(), named[0], runs))
-        bisect.say(f"  issue body for {named[0].package}: {out_dir / 'issue.md'}")
-    bisect.say(f"  verdict: {out_dir / 'verdict.json'}; every run: {out_dir / 'runs.jsonl'}")
-    return 0
-
-
-def node_command(args: Any) -> int:
-    """`bisect-script-node`: one round on the node, as far as its plan and its time go."""
-    import uuid
-
-    from harness.define.profile import load_profile
-    from harness.environments.envs import InstallOptions
-    from harness.paths import MATRIX_DIR
-    from harness.recording.runs import now_iso
-
-    started = time.monotonic()
-    plan_path = args.folder / PLAN
-    if not plan_path.is_file():
-        raise UsageError(f"{args.folder}: no {PLAN} (plan a round with bisect-script --device cuda first)")
-    plan = json.loads(plan_path.read_text())
-    script = Path(plan["script"])
-    if not script.is_file() or hashlib.sha256(script.read_bytes()).hexdigest() != plan["script_sha256"]:
-        raise UsageError(f"{script}: missing or not the script the plan was made for")
-    out_dir = args.out / args.folder.name
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if (args.folder / "runs.jsonl").is_file() and not (out_dir / "runs.jsonl").is_file():
-        shutil.copy2(args.folder / "runs.jsonl", out_dir / "runs.jsonl")
-    wheels = unpack_wheels(args.wheels)
-    python = python_of(args.python or "python3")
-    device = node_device(python)
-    profile = load_profile(plan["profile_path"], MATRIX_DIR)
-    work = Path(tempfile.mkdtemp(prefix="script-overlays-"))
-    bisect = ScriptBisect(
-        script, out_dir, profile, InstallOptions(envs_dir=work), nproc=plan["nproc"], torchrun=plan["torchrun"],
-        timeout_s=plan["timeout_s"], match=plan["match"], device=device,
-    )  # fmt: skip
-    node = NodeOverlays(python, wheels, work, profile.optional, started + args.time_limit)
-    bisect.source = PlannedStacks(plan, bisect, node)
-    print(f"bisect-script-node: round {plan['round']} of {args.folder.name} on {device.get('name') or device['kind']}"
-          f" x {device.get('gpus', 0)}, {len(plan['stacks'])} planned stack(s)")  # fmt: skip
-    stopped: dict[str, str] | None = None
-    try:
-        run(bisect, [End(day=d) for d in plan["ends"]], End(day=plan["bad"]) if plan["bad"] else None)
-    except Unplanned as stop:
-        stopped = stop.request
-        print(f"stopped before {stack_label(stop.request) if 'day' in stop.request else stop.request}: "
-              f"{stop.request.get('stopped', 'not in this round: plan the next one')}")  # fmt: skip
-    call = {
-        "call_id": uuid.uuid4().hex[:12],
-        "round": plan["round"],
-        "finished": now_iso(),
-        "wall_s": round(time.monotonic() - started, 1),
-        "runs": bisect.cost.runs,
-        "runs_reused": bisect.cost.runs_reused,
-        "pack_bytes": args.wheels.stat().st_size if args.wheels.is_file() else None,
-        "device": device,
-        "stopped_before": stopped,
-    }
-    (out_dir / "call.json").write_text(json.dumps(call, indent=1) + "\n")
-    print(f"{call['runs']} run(s) in {call['wall_s']:.0f} s; bring back {out_dir}")
-    return 0

@@ -711,7 +711,6 @@ def command(args: Any) -> int:
     from harness.define.profile import load_profile
     from harness.environments.envs import default_envs_dir
     from harness.paths import MATRIX_DIR
-    from harness.publishing.upstream import script_issue_body
 
     good, bad = checked_ends(args)
     out_dir = args.results_dir / "script-bisect" / (args.name or args.script.stem)
@@ -742,10 +741,18 @@ def command(args: Any) -> int:
             raise UsageError(f"no atlas day between {first or 'the first'} and {last or 'the last'}")
         ends = [End(day=d) for d in days]
     verdict = run(bisect, ends, bad, all_moves=args.all_moves)
+    return write_issue(verdict, bisect)
+
+
+def write_issue(verdict: dict[str, Any], bisect: ScriptBisect) -> int:
+    """The issue body of the first named flip (`issue.md`, from the runs that really ran), and where it all is."""
+    from harness.publishing.upstream import script_issue_body
+
+    out_dir = bisect.out_dir
     named = [f for f in (Flip.from_json(x) for x in verdict["flips"]) if f.package and f.release]
     if named:
         runs = [json.loads(line) for line in (out_dir / "runs.jsonl").read_text().splitlines() if line.strip()]
-        (out_dir / "issue.md").write_text(script_issue_body(verdict, args.script.read_text(), named[0], runs))
+        (out_dir / "issue.md").write_text(script_issue_body(verdict, bisect.script.read_text(), named[0], runs))
         bisect.say(f"  issue body for {named[0].package}: {out_dir / 'issue.md'}")
     bisect.say(f"  verdict: {out_dir / 'verdict.json'}; every run: {out_dir / 'runs.jsonl'}")
     return 0
