@@ -506,8 +506,11 @@ COMMANDS: tuple[Command, ...] = (
             "neighbouring days whose outcome differs, it moves one package at a time from the older "
             "day's release to the newer one's (the failing traceback's packages first), then bisects "
             "that package's releases. Writes results/script-bisect/<name>/verdict.json, runs.jsonl "
-            "(every run, reused by the next invocation) and issue.md (an upstream issue body). Exit 0 "
-            "with a verdict, 2 on bad input."
+            "(every run, reused by the next invocation) and issue.md (an upstream issue body). With --device "
+            "cuda the stacks are the GPU atlas's days over a node's own torch, and the runs happen on the node in "
+            "rounds: each invocation imports the last round (--node-runs), then writes the verdict or plans the "
+            "next round and prints the node's command (scripts/gpu-script-bisect.sh). Exit 0 with a verdict or a "
+            "planned round, 2 on bad input."
         ),
         options=(
             Option(("script",), type=Path, help="the script to run"),
