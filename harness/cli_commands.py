@@ -332,6 +332,12 @@ def bisect_script(args: argparse.Namespace) -> int:
     return command(args)
 
 
+def bisect_script_pack(args: argparse.Namespace) -> int:
+    from harness.tools.node_script import pack_folders
+
+    return pack_folders(args.folders, args.pack)
+
+
 def bisect_script_node(args: argparse.Namespace) -> int:
     from harness.tools.node_round import node_command
 

@@ -566,6 +566,21 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     Command(
+        "bisect-script-pack",
+        "bisect_script_pack",
+        help="pack the planned rounds of several bisect-script --device cuda folders for one device call",
+        description=(
+            "Writes one solid wheel pack holding the wheels of the round each FOLDER planned last "
+            "(results/script-bisect/<name>, planned by bisect-script --device cuda): one device call then runs "
+            "them all, scripts/gpu-script-bisect.sh once per folder with the same pack. Refused (exit 2) if the "
+            "pack and the tree do not fit the 64 MiB a call carries."
+        ),
+        options=(
+            Option(("pack",), type=Path, metavar="FILE.tar.xz", help="the pack to write"),
+            Option(("folders",), type=Path, nargs="+", metavar="FOLDER", help="verdict folders with a planned round"),
+        ),
+    ),
+    Command(
         "bisect-script-node",
         "bisect_script_node",
         help="on a GPU node: run a bisect-script round that `bisect-script --device cuda` planned",

@@ -166,3 +166,33 @@ def test_a_bitsandbytes_without_a_library_for_this_cuda_is_unusable_not_a_differ
     error = "RuntimeError: 🚨 Forgot to compile the bitsandbytes library? 🚨"
     assert cannot_run_here("unclassified-RuntimeError-eb206b44", error, run.stderr_tail)
     assert not cannot_run_here(None, "RuntimeError: element 0 of tensors does not require grad", "Traceback ...")
+
+
+@pytest.mark.matrix
+def test_one_pack_carries_the_rounds_of_two_folders_for_one_call(tmp_path: Path) -> None:
+    """bisect-script-pack: two scripts' planned rounds in one pack; the node runs each folder from it."""
+    profile = _atlas(tmp_path)
+    results = tmp_path / "results"
+    folders = []
+    for name, text in (("legacy", BREAKS_AT_22), ("passes", "print('fine')\n")):
+        script = tmp_path / f"{name}.py"
+        script.write_text(text)
+        _harness("bisect-script", str(script), "--device", "cuda", "--profile", str(profile), "--name", name,
+                 "--results-dir", str(results), "--pack", str(tmp_path / f"{name}.tar.xz"))  # fmt: skip
+        folders.append(results / "script-bisect" / name)
+    pack = tmp_path / "both.tar.xz"
+    said = _harness("bisect-script-pack", str(pack), *map(str, folders)).stdout
+    assert said.count("scripts/gpu-script-bisect.sh") == 2
+    for folder in folders:
+        _harness("bisect-script-node", str(folder), "--wheels", str(pack), "--out", str(tmp_path / "out"))
+        runs = (tmp_path / "out" / folder.name / "runs.jsonl").read_text().splitlines()
+        assert {json.loads(r)["label"] for r in runs} == {"2022-06-01", "2023-02-01"}
+        assert all(json.loads(r)["outcome"] != "install-failed" for r in runs)
+    missing = _harness_fails("bisect-script-pack", str(pack), str(tmp_path / "nowhere"))
+    assert "no node-plan.json" in missing
+
+
+def _harness_fails(*args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    return proc.stderr

@@ -243,21 +243,54 @@ def _ran(bisect: ScriptBisect, label: str, entry: dict[str, Any]) -> bool:
 def pack_round(atlas: NodeAtlas, plan: dict[str, Any], labels: list[str], dest: Path, budget: int) -> list[str]:
     """The wheels of `labels` (the first must go; the rest while the pack fits `budget` bytes) in one solid pack;
     returns the labels it carries."""
-    from harness.environments import era_wheels
     from harness.environments.wheel_pack import pack
+
+    chosen = list(labels)
+    while True:
+        pack(round_wheels(atlas, {label: plan["stacks"][label] for label in chosen}), dest)
+        if dest.stat().st_size <= budget or len(chosen) == 1:
+            return chosen
+        chosen = chosen[: max(1, len(chosen) * 2 // 3)]
+
+
+def round_wheels(atlas: NodeAtlas, stacks: dict[str, dict[str, Any]]) -> list[Path]:
+    """The wheel files the node installs for `stacks` (era-lock entries), trimmed for its CUDA, from the cache."""
+    from harness.environments import era_wheels
     from harness.environments.wheelhouse import DEFAULT_PLATFORMS
 
     cache = Path(os.environ.get("COMPAT_MATRIX_WHEEL_CACHE", Path.home() / ".cache" / "compat-matrix" / "wheels"))
     cache.mkdir(parents=True, exist_ok=True)
-    chosen = list(labels)
-    while True:
-        lock = {"node": atlas.lock["node"], "days": {label: plan["stacks"][label] for label in chosen}}
-        wheels = era_wheels.build(lock, chosen, atlas.profile.python, DEFAULT_PLATFORMS, cache)
-        files = sorted({path for found in wheels.values() for path in found.values()})
-        pack(files, dest)
-        if dest.stat().st_size <= budget or len(chosen) == 1:
-            return chosen
-        chosen = chosen[: max(1, len(chosen) * 2 // 3)]
+    lock = {"node": atlas.lock["node"], "days": stacks}
+    wheels = era_wheels.build(lock, list(stacks), atlas.profile.python, DEFAULT_PLATFORMS, cache)
+    return sorted({path for found in wheels.values() for path in found.values()})
+
+
+def pack_folders(folders: list[Path], dest: Path) -> int:
+    """`bisect-script-pack`: one pack carrying the planned round of several verdict folders, so that one device
+    call runs them all (one `scripts/gpu-script-bisect.sh` per folder, the same pack). Refused if it does not fit."""
+    from harness.define.profile import load_profile
+    from harness.environments import era_wheels
+    from harness.environments.wheel_pack import pack
+    from harness.paths import MATRIX_DIR
+
+    files: set[Path] = set()
+    for folder in folders:
+        if not (folder / PLAN).is_file():
+            raise UsageError(f"{folder}: no {PLAN} (plan a round with bisect-script --device cuda first)")
+        plan = json.loads((folder / PLAN).read_text())
+        atlas = NodeAtlas.of(load_profile(plan["profile_path"], MATRIX_DIR))
+        files |= set(round_wheels(atlas, {label: plan["stacks"][label] for label in plan["pack"]["stacks"]}))
+    pack(sorted(files), dest)
+    free = era_wheels.CALL_LIMIT_BYTES - era_wheels.travelling_bytes(REPO_ROOT) - era_wheels.MARGIN_BYTES
+    size = dest.stat().st_size
+    print(f"packed the planned rounds of {len(folders)} folder(s): {len(files)} wheels, {size / 2**20:.1f} MiB "
+          f"in {_relative(dest, REPO_ROOT)} ({free / 2**20:.1f} MiB may travel beside the tree)")  # fmt: skip
+    if size > free:
+        raise UsageError(f"{dest} does not fit one device call: pack fewer folders")
+    print("on the node, one after the other in one call:")
+    for folder in folders:
+        print(f'  scripts/gpu-script-bisect.sh {_relative(folder, REPO_ROOT)} {_relative(dest, REPO_ROOT)} "$OUT"')
+    return 0
 
 
 def import_node_runs(out_dir: Path, returned: Path) -> tuple[int, dict[str, Any] | None]:
