@@ -136,18 +136,36 @@ def test_committed_gpu_verdicts_ran_on_a_node_and_name_a_release() -> None:
     assert len(named) >= 2, named
 
 
-def test_a_script_whose_own_dependencies_no_gpu_day_holds_is_refused_in_one_line(tmp_path: Path) -> None:
+@pytest.mark.matrix
+def test_a_scripts_own_dependencies_are_resolved_into_every_planned_stack(tmp_path: Path) -> None:
+    """A PEP 723 dependency no GPU day holds (six) is resolved with each day's and each probe's stack, as the
+    index had it then, and installed on the node beside them."""
     profile = _atlas(tmp_path)
-    script = tmp_path / "needs_more.py"
-    script.write_text('# /// script\n# dependencies = ["packaging==24.0"]\n# ///\nprint("hi")\n')
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness", "bisect-script", str(script), "--device", "cuda", "--profile", str(profile),
-         "--results-dir", str(tmp_path / "results")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "packaging==24.0" in lines[0] and "--device cuda" in lines[0], proc.stderr
+    script = tmp_path / "with_six.py"
+    script.write_text(
+        BREAKS_AT_22.replace('["packaging"]', '["packaging", "six"]').replace(
+            "from packaging", "import six  # noqa\nfrom packaging"
+        )
+    )
+    results = tmp_path / "results"
+    folder = results / "script-bisect" / "six"
+    out = None
+    for number in range(1, 5):
+        plan_args = ["bisect-script", str(script), "--device", "cuda", "--profile", str(profile), "--name", "six",
+                     "--results-dir", str(results), "--pack", str(tmp_path / f"r{number}.tar.xz")]  # fmt: skip
+        _harness(*plan_args, *(["--node-runs", str(out)] if out else []))
+        if (folder / "verdict.json").is_file():
+            break
+        _harness("bisect-script-node", str(folder), "--wheels", str(tmp_path / f"r{number}.tar.xz"), "--out",
+                 str(tmp_path / f"o{number}"))  # fmt: skip
+        out = tmp_path / f"o{number}" / "six"
+    plan = json.loads((folder / "node-plan.json").read_text())
+    assert plan["extra"] == ["six"]
+    assert all("six" in entry["overlay"] for entry in plan["stacks"].values() if not entry.get("error"))
+    runs = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines()]
+    assert all("six" in r["stack"]["versions"] for r in runs)
+    flip = json.loads((folder / "verdict.json").read_text())["flips"][0]
+    assert (flip["package"], flip["first_release"]) == ("packaging", "22.0")
 
 
 def test_a_bitsandbytes_without_a_library_for_this_cuda_is_unusable_not_a_different_failure(tmp_path: Path) -> None:

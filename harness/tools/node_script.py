@@ -154,6 +154,8 @@ def new_plan(bisect: ScriptBisect, atlas: NodeAtlas, script: Path, ends: list[st
         "profile_path": _relative(atlas.profile.path, REPO_ROOT),
         "ends": ends,
         "bad": bad,
+        # The script's own dependencies no day meets: every stack of this plan is resolved with them.
+        "extra": own_dependencies(bisect.extras, atlas, ends),
         "round": 0,
         "stacks": {},
         "releases": {},
@@ -184,10 +186,12 @@ def plan_round(bisect: ScriptBisect, atlas: NodeAtlas, plan: dict[str, Any], nee
             new[label] = request
     days = {label: r for label, r in new.items() if not r.get("package")}
     moves = dict(list((label, r) for label, r in new.items() if r.get("package"))[: 1 + LOOKAHEAD])
-    resolve = _probe_resolver(atlas)
+    extra = tuple(plan.get("extra", ()))
+    resolve = _probe_resolver(atlas, extra)
+    todo = {**moves, **(days if extra else {})}  # a day is the lock's own entry unless the script needs more
     with ThreadPoolExecutor(max_workers=RESOLVERS) as pool:  # uv and the index, not this machine's cores
-        entries = dict(zip(moves, pool.map(resolve, moves.values()), strict=True))
-    entries |= {label: dict(atlas.lock["days"][r["day"]]) for label, r in days.items()}
+        entries = dict(zip(todo, pool.map(resolve, todo.values()), strict=True))
+    entries |= {label: dict(atlas.lock["days"][r["day"]]) for label, r in days.items() if label not in entries}
     for label in new:
         if label in entries:
             plan["stacks"][label] = entries[label] | {"round": plan["round"] + 1}
@@ -195,29 +199,44 @@ def plan_round(bisect: ScriptBisect, atlas: NodeAtlas, plan: dict[str, Any], nee
     return [label for label, entry in plan["stacks"].items() if not _ran(bisect, label, entry)]
 
 
-def _probe_resolver(atlas: NodeAtlas) -> Any:
-    """request -> the era-lock entry of the older day with one package moved, over the node's torch (as the
-    atlas's own node flips resolve their probes), or an entry saying why none resolves."""
+def _probe_resolver(atlas: NodeAtlas, extra: tuple[str, ...]) -> Any:
+    """request -> its era-lock entry over the node's torch: a day's own axis packages, or the older day with one
+    package moved (as the atlas's own node flips resolve their probes), with the script's `extra` dependencies;
+    or an entry saying why none resolves."""
     from harness.environments.envs import uv_binary
     from harness.versions import lock as era_lock
     from harness.versions.releases import index_url
 
     uv, requires = uv_binary(), era_lock.index_requires(index_url())
+    overlaid = [*atlas.profile.era_packages, *(_name(line) for line in extra)]
 
     def resolve(request: dict[str, str]) -> dict[str, Any]:
         older = atlas.lock["days"][request["day"]]["resolved"]
         pins = {p: older[p] for p in atlas.axis if p in older}
+        held = {"torch": atlas.image["torch"]}
         try:
-            resolved, way = era_lock.resolve_probe(
-                uv, pins, request["day"], request["newer"], request["package"], request["version"],
-                atlas.profile.python, {"torch": atlas.image["torch"]},
-            )  # fmt: skip
+            if request.get("package"):
+                resolved, way = era_lock.resolve_probe(
+                    uv, pins, request["day"], request["newer"], request["package"], request["version"],
+                    atlas.profile.python, held, extra,
+                )  # fmt: skip
+            else:
+                lines = [*(f"{p}=={v}" for p, v in pins.items()), *extra]
+                resolved = era_lock.resolve_day(uv, lines, request["day"], atlas.profile.python, held)
+                way = "the day's own, with the script's dependencies"
         except era_lock.ResolutionFailed as exc:
             return era_lock.unresolved_entry(stack_label(request), atlas.image, exc)
-        entry = era_lock.lock_entry(resolved, list(atlas.profile.era_packages), atlas.image, requires)
+        entry = era_lock.lock_entry(resolved, overlaid, atlas.image, requires)
         return entry | {"dependencies": way}
 
     return resolve
+
+
+def _name(line: str) -> str:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    return str(canonicalize_name(Requirement(line).name))
 
 
 def _bisect_of(bisect: ScriptBisect, moves: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -368,12 +387,7 @@ def gpu_command(args: Any) -> int:
         args.script, out_dir, atlas.profile, InstallOptions(envs_dir=default_envs_dir()), nproc=args.nproc,
         torchrun=args.torchrun, timeout_s=args.timeout, match=args.match, fresh=args.fresh,
     )  # fmt: skip
-    unmet = _own_dependencies(bisect.extras, atlas, days)
-    if unmet:
-        raise UsageError(
-            f"{args.script}: --device cuda runs the GPU atlas's stacks as they are, and its PEP 723 dependencies "
-            f"{', '.join(unmet)} are not in them (a script's own dependencies are installed only on CPU)"
-        )
+
     plan_path = out_dir / PLAN
     plan = json.loads(plan_path.read_text()) if plan_path.is_file() else None
     launch = [bisect.script_sha, bisect.nproc, bisect.torchrun, bisect.timeout_s, atlas.profile.name]
@@ -419,8 +433,9 @@ def gpu_command(args: Any) -> int:
     return write_issue(verdict, bisect)
 
 
-def _own_dependencies(extras: list[str], atlas: NodeAtlas, days: list[str]) -> list[str]:
-    """The script's PEP 723 dependencies that some scanned day's stack (or the node) does not hold."""
+def own_dependencies(extras: list[str], atlas: NodeAtlas, days: list[str]) -> list[str]:
+    """The script's PEP 723 dependencies that some scanned day's stack (with the node's own packages) does not
+    meet: those days and every probe are resolved again with them."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 

@@ -100,12 +100,15 @@ def resolve_day(
 
 
 def resolve_probe(
-    uv: str, pins: dict[str, str], older: str, newer: str, package: str, version: str, python: str, held: dict[str, str]
-) -> tuple[dict[str, str], str]:
-    """A probe of a flip: the older day's axis packages (`pins`) with `package` moved to `version`. First every
-    dependency as of the older day (only the moved package may be newer); where that has no solution (a newer
-    release needs newer dependencies), as of the newer day. Returns (the resolution, which way)."""
+    uv: str, pins: dict[str, str], older: str, newer: str, package: str, version: str, python: str,
+    held: dict[str, str], extra: tuple[str, ...] = (),
+) -> tuple[dict[str, str], str]:  # fmt: skip
+    """A probe of a flip: the older day's axis packages (`pins`) with `package` moved to `version` (and `extra`
+    requirement lines, a user script's own dependencies). First every dependency as of the older day (only the
+    moved package may be newer); where that has no solution (a newer release needs newer dependencies), as of the
+    newer day. Returns (the resolution, which way)."""
     lines = [f"{name}=={pinned}" for name, pinned in pins.items() if name != package] + [f"{package}=={version}"]
+    lines += list(extra)
     try:
         return resolve_day(uv, lines, older, python, held, moved={package: newer}), "older-dependencies"
     except ResolutionFailed:
