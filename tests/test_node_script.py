@@ -43,13 +43,23 @@ era_packages = ["packaging"]
 """
 
 
+def _node_torch() -> str:
+    """This python's torch, as the stand-in node's (a node refuses a plan resolved over another torch)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "2.4.1"
+
+
 def _atlas(tmp_path: Path) -> Path:
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     matrix = tmp_path / "matrix"
     (matrix / "locks").mkdir(parents=True)
     (matrix / "nodes").mkdir()
     (matrix / "standin.toml").write_text(PROFILE.format(python=python))
-    image = {"python": f"{python}.0", "torch": "2.4.1", "cuda": "", "packages": {}}
+    image = {"python": f"{python}.0", "torch": _node_torch(), "cuda": "", "packages": {}}
     (matrix / "nodes" / "here.json").write_text(json.dumps(image))
     day = {
         "2022-06-01": {"packaging": "21.3", "pyparsing": "3.0.9"},
@@ -59,8 +69,8 @@ def _atlas(tmp_path: Path) -> Path:
         "lock_version": 1,
         "requirements": ["packaging"],
         "era_packages": ["packaging"],
-        "held": {"torch": "2.4.1"},
-        "node": {"python": image["python"], "torch": "2.4.1", "cuda": ""},
+        "held": {"torch": image["torch"]},
+        "node": {"python": image["python"], "torch": image["torch"], "cuda": ""},
         "days": {d: {"resolved": r, "overlay": r} for d, r in day.items()},
     }
     (matrix / "locks" / "standin.json").write_text(json.dumps(lock))
@@ -214,3 +224,35 @@ def _harness_fails(*args: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     return proc.stderr
+
+
+@pytest.mark.matrix
+def test_a_failed_install_on_the_node_is_that_stacks_run_and_a_changed_launch_plans_anew(tmp_path: Path) -> None:
+    """A stack whose install fails on the node is recorded under its own identity: the planner takes it as run
+    (unusable) instead of asking for it again; a changed --match plans anew, and the old plan's node folder is
+    then refused."""
+    from harness.environments.wheel_pack import unpack
+
+    profile = _atlas(tmp_path)
+    script = tmp_path / "legacy.py"
+    script.write_text(BREAKS_AT_22)
+    results = tmp_path / "results"
+    folder = results / "script-bisect" / "legacy"
+    plan_args = ["bisect-script", str(script), "--device", "cuda", "--profile", str(profile), "--name", "legacy",
+                 "--results-dir", str(results)]  # fmt: skip
+    _harness(*plan_args, "--pack", str(tmp_path / "r1.tar.xz"))
+    wheels = tmp_path / "wheels"
+    unpack(tmp_path / "r1.tar.xz", wheels)
+    for wheel in wheels.glob("packaging-23.0-*.whl"):
+        wheel.unlink()  # the newer day cannot install on the node
+    _harness("bisect-script-node", str(folder), "--wheels", str(wheels), "--out", str(tmp_path / "o1"))
+    said = _harness(*plan_args, "--node-runs", str(tmp_path / "o1" / "legacy")).stdout
+    verdict = json.loads((folder / "verdict.json").read_text())
+    assert [s["state"] for s in verdict["scan"]] == ["pass", "unusable"], said
+    assert verdict["flips"] == [] and "round 2" not in said
+    first_plan = json.loads((folder / "node-plan.json").read_text())["plan_id"]
+    said = _harness(*plan_args, "--match", "InvalidVersion", "--pack", str(tmp_path / "r2.tar.xz")).stdout
+    assert "the launch changed" in said and "match None -> InvalidVersion" in said
+    assert json.loads((folder / "node-plan.json").read_text())["plan_id"] != first_plan
+    refused = _harness_fails(*plan_args, "--match", "InvalidVersion", "--node-runs", str(tmp_path / "o1" / "legacy"))
+    assert "another plan" in refused

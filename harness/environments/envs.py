@@ -328,7 +328,7 @@ def _build_overlay(cell: Cell, profile: Profile, options: InstallOptions, target
         links = ["--find-links", str(options.wheelhouse)] if options.wheelhouse else []
         index = ["--no-index"] if options.offline or options.wheelhouse else []
         _run(install_argv(installer(python), overlay, wanted, [*index, *links]), build)
-        left_out |= _leave_out_unimportable(python, overlay, profile.optional)
+        left_out |= leave_out_unimportable(python, overlay, profile.optional)
         wanted = [w for w in wanted if Requirement(w).name.lower() not in left_out]
         _check_overlay_closure(python, str(overlay), [Requirement(w).name for w in wanted])
         versions = installed_versions(python, pythonpath=str(overlay))
@@ -360,7 +360,7 @@ def _has_wheel(wheelhouse: Path, name: str, version: str) -> bool:
     return False
 
 
-def _leave_out_unimportable(python: Path, overlay: Path, optional: tuple[str, ...]) -> dict[str, str]:
+def leave_out_unimportable(python: Path, overlay: Path, optional: tuple[str, ...]) -> dict[str, str]:
     """Remove from the overlay each optional package that cannot be imported over the node's stack (measured
     here, not assumed: a bitsandbytes with no library for this CUDA), so that what needs none of them still runs.
     Returns name -> the import's last error line."""

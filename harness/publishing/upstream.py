@@ -171,8 +171,10 @@ def script_issue_body(verdict: dict[str, Any], script: str, flip: Flip, runs: li
 def _machine(verdict: dict[str, Any]) -> str:
     """Where the runs ran, in the words of an issue's System Info: CPU, or the node's GPUs and CUDA."""
     device = verdict.get("device") or {}
-    if device.get("kind") != "cuda":
+    if device.get("kind", "cpu") == "cpu":
         return "CPU"
+    if device.get("kind") != "cuda":
+        return "a machine whose torch could not say its device"
     return f"{device.get('name')} GPUs (CUDA {device.get('cuda')}, torch {device.get('torch')})"
 
 

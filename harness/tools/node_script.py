@@ -28,16 +28,16 @@ from typing import Any
 from harness.define.profile import Profile
 from harness.errors import UsageError
 from harness.paths import REPO_ROOT
-from harness.tools.script_bisect import End, ScriptBisect, Unplanned, checked_ends, run, write_issue
+from harness.tools.script_bisect import End, ScriptBisect, Unplanned, checked_ends, earlier_runs, run, write_issue
 from harness.tools.script_stacks import Stack
 
 PLAN = "node-plan.json"
-#: What a plan is for, besides its days: a change of any of them plans anew.
-LAUNCH_KEYS = ("script", "nproc", "torchrun", "timeout", "profile")
 CALLS = "device-calls.jsonl"
 #: Stacks one round resolves beyond the one it must (each a uv resolution here, about 20 s), and how many at once.
 LOOKAHEAD = 28
 RESOLVERS = 4
+#: Replays of the search in one invocation: each settles stacks that need no node (they cannot resolve).
+MAX_REPLAYS = 20
 
 
 @dataclass(frozen=True)
@@ -139,11 +139,43 @@ class PlannedStacks:
             return replace(planned, versions=earlier["stack"].get("versions") or {})
         if self.node is None:
             return planned  # observe() stops here: the next round runs it
+        if label not in self.plan.get("pack", {}).get("stacks", []):  # its wheels are not in this round's pack
+            raise Unplanned({**request, "stopped": "not carried in this round's pack"})
         return self.node.install(planned, entry, max((o.seconds for o in self.bisect.observations), default=0.0))
 
 
-def new_plan(bisect: ScriptBisect, atlas: NodeAtlas, script: Path, ends: list[str], bad: str | None) -> dict[str, Any]:
+def launch_of(bisect: ScriptBisect, atlas: NodeAtlas, all_moves: bool) -> dict[str, Any]:
+    """What a plan's runs depend on besides its days: a change of any of them plans anew (the node judges runs by
+    the plan's, so planner and node must agree on every one)."""
     return {
+        "script_sha256": bisect.script_sha,
+        "nproc": bisect.nproc,
+        "torchrun": bisect.torchrun,
+        "timeout_s": bisect.timeout_s,
+        "match": bisect.match.pattern if bisect.match else None,
+        "all_moves": all_moves,
+        "profile": atlas.profile.name,
+        "node_torch": atlas.lock["node"].get("torch"),
+    }
+
+
+def launch_planned(plan: dict[str, Any], atlas: NodeAtlas) -> dict[str, Any]:
+    """A plan's launch (a plan from before `launch` was recorded: its own fields, moves until one reproduces)."""
+    if "launch" in plan:
+        return plan["launch"]
+    keys = ("script_sha256", "nproc", "torchrun", "timeout_s", "match", "profile")
+    return {k: plan[k] for k in keys} | {"all_moves": False, "node_torch": atlas.lock["node"].get("torch")}
+
+
+def new_plan(
+    bisect: ScriptBisect, atlas: NodeAtlas, script: Path, ends: list[str], bad: str | None, launch: dict[str, Any]
+) -> dict[str, Any]:
+    """An empty plan: what the node needs to run the same search (the script's copy, the launch, the days)."""
+    import uuid
+
+    return {
+        "plan_id": uuid.uuid4().hex[:12],
+        "launch": launch,
         "script": str(script),
         "script_sha256": bisect.script_sha,
         "nproc": bisect.nproc,
@@ -168,15 +200,18 @@ def plan_round(bisect: ScriptBisect, atlas: NodeAtlas, plan: dict[str, Any], nee
     of every planned stack no round has run yet, the one it must run first."""
     from concurrent.futures import ThreadPoolExecutor
 
-    needed = {k: v for k, v in needed.items() if k != "stopped"}
-    if needed.get("package"):
-        # The run it stopped at, then the bisect the likeliest move would need (every level of it), the next move
-        # and its bisect, then the other moves in order: a round whose first or second move is the right package
+    label_needed = stack_label(needed) if "day" in needed else None
+    phase = next((e.get("phase") for e in bisect.expected if stack_label(e) == label_needed), None)
+    if phase == "bisect":
+        # The probe it stopped at, then the probes the search may take after it, level by level.
+        wanted = [needed, *bisect.expected]
+    elif needed.get("package"):
+        # The move it stopped at, then the bisect that move would need (every level of it), the next move and its
+        # bisect, then the other moves in order: a round whose first or second move left is the right package
         # finishes its flip without coming back.
         moves = [e for e in bisect.expected if e.get("phase") == "move"]
+        moves = moves[next((i for i, m in enumerate(moves) if stack_label(m) == label_needed), 0) :]
         wanted = [needed, *_bisect_of(bisect, moves[:1]), *moves[1:2], *_bisect_of(bisect, moves[1:2]), *moves]
-    elif "releases" in needed:
-        wanted = []
     else:
         wanted = [{"day": d} for d in plan["ends"]]
     new: dict[str, dict[str, str]] = {}
@@ -196,7 +231,10 @@ def plan_round(bisect: ScriptBisect, atlas: NodeAtlas, plan: dict[str, Any], nee
         if label in entries:
             plan["stacks"][label] = entries[label] | {"round": plan["round"] + 1}
             bisect.say(f"  planned {label}")
-    return [label for label, entry in plan["stacks"].items() if not _ran(bisect, label, entry)]
+    # The stack it must run first, then what it expects, in that order (lookahead of earlier rounds that the search
+    # has passed by stays in the plan, not in the pack).
+    order = dict.fromkeys(stack_label(r) for r in wanted)
+    return [label for label in order if label in plan["stacks"] and not _ran(bisect, label, plan["stacks"][label])]
 
 
 def _probe_resolver(atlas: NodeAtlas, extra: tuple[str, ...]) -> Any:
@@ -312,53 +350,59 @@ def pack_folders(folders: list[Path], dest: Path) -> int:
     return 0
 
 
-def import_node_runs(out_dir: Path, returned: Path) -> tuple[int, dict[str, Any] | None]:
+def import_node_runs(
+    out_dir: Path, returned: Path, plan: dict[str, Any], script_sha: str
+) -> tuple[int, dict[str, Any] | None]:
     """Append the runs a node call made (its runs.jsonl beside call.json) to the verdict folder's runs, skipping
-    any already there; record the call. Returns (runs added, the call)."""
-    runs_file = returned / "runs.jsonl"
-    if not runs_file.is_file() and not (returned / "call.json").is_file():
+    any already there and a torn last line; record the call. Refuses a folder of another script or plan.
+    Returns (runs added, the call)."""
+    runs_file, call_file = returned / "runs.jsonl", returned / "call.json"
+    if not runs_file.is_file() and not call_file.is_file():
         raise UsageError(f"--node-runs {returned}: no runs.jsonl or call.json (the folder a node call wrote in $OUT)")
-    have = set()
+    call = json.loads(call_file.read_text()) if call_file.is_file() else None
+    if call is not None and call.get("plan_id") != plan.get("plan_id"):
+        raise UsageError(f"--node-runs {returned}: that call ran another plan than {out_dir / PLAN}")
+    runs = [r for r in read_json_lines(runs_file)]
+    if any(r.get("script_sha256") != script_sha for r in runs):
+        raise UsageError(f"--node-runs {returned}: its runs are of another script")
     local = out_dir / "runs.jsonl"
-    if local.is_file():
-        have = {json.loads(line)["key"] for line in local.read_text().splitlines() if line.strip()}
+    have = {r["key"] for r in read_json_lines(local)}
     added = 0
     with open(local, "a") as handle:
-        for line in runs_file.read_text().splitlines() if runs_file.is_file() else []:
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line of a killed call
+        for data in runs:
             if data["key"] not in have:
                 handle.write(json.dumps(data) + "\n")
                 have.add(data["key"])
                 added += 1
-    call = None
-    call_file = returned / "call.json"
-    if call_file.is_file():
-        call = json.loads(call_file.read_text())
+    if call is not None:
         calls = out_dir / CALLS
-        seen = (
-            {json.loads(x)["call_id"] for x in calls.read_text().splitlines() if x.strip()}
-            if calls.is_file()
-            else set()
-        )
+        seen = {c["call_id"] for c in read_json_lines(calls)}
         if call["call_id"] not in seen:
             with open(calls, "a") as handle:
                 handle.write(json.dumps(call) + "\n")
     return added, call
 
 
-def device_calls(out_dir: Path) -> list[dict[str, Any]]:
-    calls = out_dir / CALLS
-    return [json.loads(x) for x in calls.read_text().splitlines() if x.strip()] if calls.is_file() else []
+def read_json_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of `path` (none if absent), a torn line of a killed writer skipped."""
+    found = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            found.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return found
+
+
+def device_calls(out_dir: Path, plan_id: str | None) -> list[dict[str, Any]]:
+    """The node calls that ran this plan (a plan made anew does not count the calls of the one before)."""
+    return [c for c in read_json_lines(out_dir / CALLS) if c.get("plan_id") == plan_id]
 
 
 def gpu_command(args: Any) -> int:
     """`bisect-script --device cuda`: import the last call's runs, replay the search over every run so far, then
     write the verdict, or the next round's plan and pack and the node's command."""
     from harness.define.profile import load_profile
-    from harness.environments import era_wheels
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.paths import MATRIX_DIR
 
@@ -378,59 +422,79 @@ def gpu_command(args: Any) -> int:
         raise UsageError(
             f"fewer than two days of {atlas.profile.name} between {first or 'the first'} and {last or 'the last'}"
         )
+    if args.fresh and args.node_runs is not None:
+        raise UsageError("--fresh sets aside the runs so far: import a node's runs (--node-runs) without it")
     out_dir.mkdir(parents=True, exist_ok=True)
-    if args.node_runs is not None:
-        added, call = import_node_runs(out_dir, args.node_runs)
-        wall = f", {call['wall_s']:.0f} s on {call['device'].get('name') or call['device'].get('kind')}" if call else ""
-        print(f"imported {added} new run(s) from {args.node_runs}{wall}")
     bisect = ScriptBisect(
         args.script, out_dir, atlas.profile, InstallOptions(envs_dir=default_envs_dir()), nproc=args.nproc,
         torchrun=args.torchrun, timeout_s=args.timeout, match=args.match, fresh=args.fresh,
     )  # fmt: skip
-
     plan_path = out_dir / PLAN
     plan = json.loads(plan_path.read_text()) if plan_path.is_file() else None
-    launch = [bisect.script_sha, bisect.nproc, bisect.torchrun, bisect.timeout_s, atlas.profile.name]
-    planned = (
-        [plan["script_sha256"], plan["nproc"], plan["torchrun"], plan["timeout_s"], plan["profile"]] if plan else []
-    )
-    if plan is None or planned != launch:
+    launch = launch_of(bisect, atlas, args.all_moves)
+    if plan is None or launch_planned(plan, atlas) != launch:
         if plan is not None:
-            said = ", ".join(f"{k} {a} -> {b}" for k, a, b in zip(LAUNCH_KEYS, planned, launch, strict=True) if a != b)
+            before = launch_planned(plan, atlas)
+            said = ", ".join(f"{k} {before.get(k)} -> {v}" for k, v in launch.items() if before.get(k) != v)
             print(
                 f"the launch changed since round {plan['round']} ({said}): planning anew (runs already made are kept)"
             )
         # The node runs the copy beside the plan: it travels with the tree wherever the script itself lives.
         copy = out_dir / "script.py"
         copy.write_bytes(args.script.read_bytes())
-        plan = new_plan(bisect, atlas, _relative(copy, REPO_ROOT), days, bad.day if bad else None)
+        plan = new_plan(bisect, atlas, _relative(copy, REPO_ROOT), days, bad.day if bad else None, launch)
+    if args.node_runs is not None:
+        added, call = import_node_runs(out_dir, args.node_runs, plan, bisect.script_sha)
+        bisect.earlier = earlier_runs(bisect.runs_path)
+        wall = f", {call['wall_s']:.0f} s on {call['device'].get('name') or call['device'].get('kind')}" if call else ""
+        print(f"imported {added} new run(s) from {args.node_runs}{wall}")
     plan["ends"], plan["bad"] = days, bad.day if bad else None
     bisect.source = PlannedStacks(plan, bisect)
-    bisect.device_calls = device_calls(out_dir)
-    try:
-        verdict = run(bisect, [End(day=d) for d in days], bad, all_moves=args.all_moves)
-    except Unplanned as stop:
-        pending = plan_round(bisect, atlas, plan, stop.request)
+    bisect.device_calls = device_calls(out_dir, plan.get("plan_id"))
+    for _ in range(MAX_REPLAYS):
+        try:
+            verdict = run(bisect, [End(day=d) for d in days], bad, all_moves=args.all_moves)
+        except Unplanned as stop:
+            pending = plan_round(bisect, atlas, plan, stop.request)
+            if pending:
+                return _next_round(args, bisect, atlas, plan, pending, out_dir)
+            bisect.observations.clear()  # what it stopped at needs no node (a stack that cannot resolve): again
+            continue
+        plan_path.write_text(json.dumps(plan, indent=1) + "\n")
+        return write_issue(verdict, bisect)
+    raise UsageError(f"the search did not settle in {MAX_REPLAYS} replays over {out_dir}: a harness bug, please report")
+
+
+def _next_round(
+    args: Any, bisect: ScriptBisect, atlas: NodeAtlas, plan: dict[str, Any], pending: list[str], out_dir: Path
+) -> int:
+    """Pack the round's wheels (unless the same round is packed already), write the plan, say what to run."""
+    from harness.environments import era_wheels
+
+    plan_path = out_dir / PLAN
+    packed = plan.get("pack") or {}
+    if plan.get("pending") == pending and (REPO_ROOT / packed.get("file", "")).is_file() and not args.pack:
+        pack = REPO_ROOT / packed["file"]  # asked again before the node ran it: the same round, not a new one
+        carried = packed["stacks"]
+    else:
         plan["round"] += 1
         pack = args.pack or REPO_ROOT / ".gpu-pack" / f"{out_dir.name}-round{plan['round']}.tar.xz"
         free = era_wheels.CALL_LIMIT_BYTES - era_wheels.travelling_bytes(REPO_ROOT) - era_wheels.MARGIN_BYTES
         carried = pack_round(atlas, plan, pending, pack, free)
         plan["pack"] = {"file": _relative(pack, REPO_ROOT), "bytes": pack.stat().st_size, "stacks": carried}
-        plan_path.write_text(json.dumps(plan, indent=1) + "\n")
-        shown = _relative(out_dir, REPO_ROOT)
-        print(
-            f"\nround {plan['round']}: {len(carried)} stack(s) for the node ({', '.join(carried)}), wheels "
-            f"{pack.stat().st_size / 2**20:.1f} MiB in {_relative(pack, REPO_ROOT)}; "
-            f"plan {_relative(plan_path, REPO_ROOT)}"
-        )
-        print("on the node (carry the pack; the plan travels with the tree):")
-        print(f'  scripts/gpu-script-bisect.sh {shown} {_relative(pack, REPO_ROOT)} "$OUT"')
-        print("then here, with the folder it wrote:")
-        print(f"  compat-matrix bisect-script {args.script} --device cuda --nproc {bisect.nproc} "
-              f"--name {out_dir.name}{_span(args)} --node-runs OUT/{out_dir.name}")  # fmt: skip
-        return 0
+        plan["pending"] = pending
     plan_path.write_text(json.dumps(plan, indent=1) + "\n")
-    return write_issue(verdict, bisect)
+    shown = _relative(out_dir, REPO_ROOT)
+    print(
+        f"\nround {plan['round']}: {len(carried)} stack(s) for the node ({', '.join(carried)}), wheels "
+        f"{pack.stat().st_size / 2**20:.1f} MiB in {_relative(pack, REPO_ROOT)}; plan {_relative(plan_path, REPO_ROOT)}"
+    )
+    print("on the node (carry the pack; the plan travels with the tree):")
+    print(f'  scripts/gpu-script-bisect.sh {shown} {_relative(pack, REPO_ROOT)} "$OUT"')
+    print("then here, with the folder it wrote:")
+    print(f"  compat-matrix bisect-script {args.script} --device cuda --nproc {bisect.nproc} "
+          f"--name {out_dir.name}{_span(args)} --node-runs OUT/{out_dir.name}")  # fmt: skip
+    return 0
 
 
 def own_dependencies(extras: list[str], atlas: NodeAtlas, days: list[str]) -> list[str]:

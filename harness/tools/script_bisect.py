@@ -174,7 +174,7 @@ class ScriptBisect:
         self.target_error: str | None = None
         out_dir.mkdir(parents=True, exist_ok=True)
         self.runs_path = out_dir / "runs.jsonl"
-        self.earlier = {} if fresh else _earlier_runs(self.runs_path)
+        self.earlier = {} if fresh else earlier_runs(self.runs_path)
         #: Where stacks come from: this machine's environments, or a GPU round's plan (tools/node_script.py).
         self.source = source or LocalStacks(history, self.extras, options)
         #: The machine the runs happen on ({"kind": "cpu"} here; a node's GPUs), written into each run's facts.
@@ -184,6 +184,8 @@ class ScriptBisect:
         self.expected: list[dict[str, str]] = []
         #: A GPU node's calls that made the runs (tools/node_script.py), for the verdict's cost.
         self.device_calls: list[dict[str, Any]] = []
+        #: Told of each run as it is recorded (a node keeps its call's account current: a killed call loses none).
+        self.after_run: Callable[[Observation], None] | None = None
         if fresh and self.runs_path.exists():
             self.runs_path.rename(out_dir / f"runs-{now_iso().replace(':', '')}.jsonl")
 
@@ -230,6 +232,8 @@ class ScriptBisect:
                 handle.write(
                     json.dumps({**asdict(found), "script_sha256": self.script_sha, "nproc": self.nproc}) + "\n"
                 )
+            if self.after_run is not None:
+                self.after_run(found)
         found.state = self.state_of(found)
         self.observations.append(found)
         what = found.error or ""
@@ -241,7 +245,9 @@ class ScriptBisect:
 
     def key_of(self, stack: Stack) -> str:
         """A run's key: the script, its launch and the stack (a planned stack's identity, else its versions)."""
-        what = stack.failure or stack.identity or sorted(stack.versions.items())
+        # A planned stack is its identity, whatever became of it (an install that failed is that stack's run, not
+        # a run of every stack that fails the same way).
+        what = stack.identity or stack.failure or sorted(stack.versions.items())
         return hashlib.sha256(
             json.dumps([CLASSIFIER_VERSION, self.script_sha, self.nproc, self.torchrun, what]).encode()
         ).hexdigest()[:16]
@@ -586,6 +592,9 @@ def _device_facts(bisect: ScriptBisect) -> dict[str, Any]:
     device = next((d for d in devices if d.get("kind") == "cuda"), devices[0] if devices else bisect.device)
     facts: dict[str, Any] = {"device": device}
     if bisect.device_calls:
+        names = sorted({str(c["device"].get("name")) for c in bisect.device_calls if c["device"].get("name")})
+        if len(names) > 1:  # calls may land on different cards: say so rather than name one for all
+            facts["device"] = {**device, "name": " / ".join(names)}
         facts["device_calls"] = bisect.device_calls
         facts["device_seconds"] = round(sum(c["wall_s"] for c in bisect.device_calls), 1)
     return facts
@@ -658,7 +667,7 @@ def _from_run(phase: str, label: str, run: ScriptRun, facts: dict[str, Any], key
     )  # fmt: skip
 
 
-def _earlier_runs(path: Path) -> dict[str, dict[str, Any]]:
+def earlier_runs(path: Path) -> dict[str, dict[str, Any]]:
     """Runs an earlier invocation made, by key (a torn last line from a kill is skipped)."""
     found: dict[str, dict[str, Any]] = {}
     if not path.is_file():
