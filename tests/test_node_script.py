@@ -101,6 +101,9 @@ def test_a_gpu_bisect_runs_in_planned_rounds_and_names_the_release(tmp_path: Pat
             break
         plan = json.loads((folder / "node-plan.json").read_text())
         rounds.append(plan["pack"]["stacks"])
+        if number == 1:  # asked again before the node ran: the same round and pack, not a new one
+            again = _harness(*plan_args, "--pack", str(pack)).stdout
+            assert "round 1:" in again and json.loads((folder / "node-plan.json").read_text())["round"] == 1
         assert "scripts/gpu-script-bisect.sh" in said and "--node-runs" in said
         out = tmp_path / f"out{number}"
         limit = ["--time-limit", "0"] if number == 1 else []  # the first call's time is spent before it starts

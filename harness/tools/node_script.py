@@ -473,9 +473,14 @@ def _next_round(
 
     plan_path = out_dir / PLAN
     packed = plan.get("pack") or {}
-    if plan.get("pending") == pending and (REPO_ROOT / packed.get("file", "")).is_file() and not args.pack:
-        pack = REPO_ROOT / packed["file"]  # asked again before the node ran it: the same round, not a new one
+    current = REPO_ROOT / packed.get("file", "")
+    still = bool(packed) and set(pending) <= set(packed["stacks"]) and current.is_file()
+    if still and (not args.pack or args.pack.resolve() == current.resolve()):
+        # Asked again before the node ran it, or after a call the round's time cut short: what is left of the
+        # round is in its pack already, so the same pack goes again (no new round).
+        pack = REPO_ROOT / packed["file"]
         carried = packed["stacks"]
+        plan["pending"] = pending
     else:
         plan["round"] += 1
         pack = args.pack or REPO_ROOT / ".gpu-pack" / f"{out_dir.name}-round{plan['round']}.tar.xz"
