@@ -23,7 +23,7 @@ from harness.environments import envs
 from harness.environments import overlay as target_overlay
 from harness.errors import UsageError
 from harness.tools.node_script import PLAN, PlannedStacks, stack_label
-from harness.tools.script_bisect import End, ScriptBisect, Unplanned, run
+from harness.tools.script_bisect import End, ScriptBisect, Unplanned, read_json_lines, run
 from harness.tools.script_stacks import Stack
 
 #: Seconds a node keeps in hand at the end of its call to copy its runs back, and an overlay's install.
@@ -176,7 +176,5 @@ def node_command(args: Any) -> int:
 def _merge_runs(planned: Path, here: Path) -> None:
     """The runs the plan's folder holds, and any this OUT holds already (a call before in the same OUT), in one
     file without duplicates or a torn line, so that no run is made again."""
-    from harness.tools.node_script import read_json_lines
-
     runs = {r["key"]: r for r in [*read_json_lines(planned), *read_json_lines(here)]}
     here.write_text("".join(json.dumps(r) + "\n" for r in runs.values()))

@@ -28,8 +28,17 @@ from typing import Any
 from harness.define.profile import Profile
 from harness.errors import UsageError
 from harness.paths import REPO_ROOT
-from harness.tools.script_bisect import End, ScriptBisect, Unplanned, checked_ends, earlier_runs, run, write_issue
-from harness.tools.script_stacks import Stack
+from harness.tools.script_bisect import (
+    End,
+    ScriptBisect,
+    Unplanned,
+    checked_ends,
+    earlier_runs,
+    read_json_lines,
+    run,
+    write_issue,
+)
+from harness.tools.script_stacks import Stack, releases_after
 
 PLAN = "node-plan.json"
 CALLS = "device-calls.jsonl"
@@ -106,13 +115,7 @@ class PlannedStacks:
         if key not in self.plan["releases"]:
             if self.node is not None:
                 raise Unplanned({"releases": key})
-            from packaging.version import Version
-
-            from harness.versions import releases
-
-            available = releases.releases(package, self.bisect.history.python)
-            found = [str(v) for v in releases.between(available, old, new) if str(v) != str(Version(old))]
-            self.plan["releases"][key] = found
+            self.plan["releases"][key] = releases_after(package, self.bisect.history.python, old, new)
         return list(self.plan["releases"][key])
 
     def yanked(self, package: str) -> list[str]:
@@ -362,7 +365,7 @@ def import_node_runs(
     call = json.loads(call_file.read_text()) if call_file.is_file() else None
     if call is not None and call.get("plan_id") != plan.get("plan_id"):
         raise UsageError(f"--node-runs {returned}: that call ran another plan than {out_dir / PLAN}")
-    runs = [r for r in read_json_lines(runs_file)]
+    runs = read_json_lines(runs_file)
     if any(r.get("script_sha256") != script_sha for r in runs):
         raise UsageError(f"--node-runs {returned}: its runs are of another script")
     local = out_dir / "runs.jsonl"
@@ -381,17 +384,6 @@ def import_node_runs(
             with open(calls, "a") as handle:
                 handle.write(json.dumps(call) + "\n")
     return added, call
-
-
-def read_json_lines(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines of `path` (none if absent), a torn line of a killed writer skipped."""
-    found = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            found.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return found
 
 
 def device_calls(out_dir: Path, plan_id: str | None) -> list[dict[str, Any]]:

@@ -670,16 +670,21 @@ def _from_run(phase: str, label: str, run: ScriptRun, facts: dict[str, Any], key
 def earlier_runs(path: Path) -> dict[str, dict[str, Any]]:
     """Runs an earlier invocation made, by key (a torn last line from a kill is skipped)."""
     found: dict[str, dict[str, Any]] = {}
-    if not path.is_file():
-        return found
-    for line in path.read_text().splitlines():
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for data in read_json_lines(path):
         data.pop("script_sha256", None)
         data.pop("nproc", None)
         found[data["key"]] = data
+    return found
+
+
+def read_json_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of `path` (none if absent), a torn line of a killed writer skipped."""
+    found = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            found.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
     return found
 
 

@@ -93,11 +93,16 @@ class LocalStacks:
     def releases(self, package: str, old: str, new: str) -> list[str]:
         """`package`'s releases after `old` up to `new` (the index's, or the wheelhouse's offline)."""
         wheelhouse = self.options.wheelhouse if self.options.offline else None
-        available = releases.releases(package, self.history.python, wheelhouse)
-        return [str(v) for v in releases.between(available, old, new) if str(v) != str(Version(old))]
+        return releases_after(package, self.history.python, old, new, wheelhouse)
 
     def yanked(self, package: str) -> list[str]:
         return [] if self.options.offline else [str(v) for v in releases.yanked(package)]
+
+
+def releases_after(package: str, python: str, old: str, new: str, wheelhouse: Path | None = None) -> list[str]:
+    """`package`'s releases after `old` up to `new`, oldest first: the candidates a flip's bisect goes over."""
+    available = releases.releases(package, python, wheelhouse)
+    return [str(v) for v in releases.between(available, old, new) if str(v) != str(Version(old))]
 
 
 def dated_stack(history: Profile, day: str, extras: list[str], options: InstallOptions) -> Stack:
