@@ -299,6 +299,7 @@ def run_script(args: argparse.Namespace) -> int:
 
     from harness.environments.envs import installed_versions
     from harness.execution.script_launch import run_script as launch
+    from harness.publishing.upstream import setup_words
 
     if not args.script.is_file():
         raise UsageError(f"{args.script}: no such file")
@@ -311,6 +312,7 @@ def run_script(args: argparse.Namespace) -> int:
         pythonpath=pythonpath,
     )  # fmt: skip
     print(f"{args.script.name} ({args.nproc} rank(s)): {found.outcome} {found.signature or ''} {found.error or ''}")
+    print(f"  measured: {setup_words(found.setup)}")
     if args.json:
         data = asdict(found) | {
             "script": args.script.name,

@@ -404,7 +404,7 @@ COMMANDS: tuple[Command, ...] = (
                 action="append",
                 dest="runs",
                 metavar="RUN_ID",
-                help="runs to include (repeatable; default: the newest run of each profile)",
+                help="runs to include (repeatable; default: the newest evidence of each profile, per GPU count)",
             ),
             RESULTS_OPTION,
             Option(("--output",), type=Path, help="default: <results-dir>/COMPATIBILITY.md"),

@@ -213,6 +213,14 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         return "needs-cuda"
     if short == "AssertionError" and not message.strip() and innermost_in(traceback, "bitsandbytes"):
         return "bnb-4bit-assert"  # bitsandbytes' own bare assert (no quant_state: nothing was quantized)
+    if "module 'numpy' has no attribute 'long'" in message:
+        # numpy removed the np.long alias in 1.24 (and brought it back in 2.0): a package on the import path (here
+        # transformers.trainer's, with deepspeed 0.14 and numpy 1.26) still uses it.
+        return "numpy-long-removed"
+    if short == "TypeError" and "str expected, not bool" in message and "training_args.py" in traceback:
+        # transformers 4.38 copies fsdp_config values into os.environ unconverted: a bool (use_orig_params=False,
+        # as the config's JSON form allows) cannot be an environment variable.
+        return "trainer-fsdp-config-bool-into-environ"
     if "setStorage:" in message and "storage of size 0" in message and "checkpoint" in traceback:
         # Recomputation in backward touches a parameter FSDP has already freed (resharded) after forward.
         return "recompute-uses-freed-fsdp-param"

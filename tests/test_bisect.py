@@ -24,7 +24,7 @@ VERSIONS = [f"0.19.{i}" for i in range(2, 9)]  # 7 releases, like deepspeed 0.19
 def run(monkeypatch, tmp_path: Path, states: dict[str, str]) -> bisect_module.Verdict:
     monkeypatch.setattr(bisect_module.releases, "releases", lambda *a, **k: [Version(v) for v in VERSIONS])
 
-    def fake_probe(profile, base, package, version, scenario_id, variant, options, out_dir, signature):
+    def fake_probe(profile, base, package, version, scenario_id, variant, options, out_dir, signature, **_):
         return bisect_module.Probe(version, states[version], [], f"run-{version}", 1)
 
     monkeypatch.setattr(bisect_module, "probe_cell", fake_probe)

@@ -114,18 +114,20 @@ def _same_layout(written: dict, entry: dict, added_since: set[str]) -> bool:
 
 def test_every_committed_flip_file_reads_into_the_one_type_and_writes_back_the_same() -> None:
     """flips.json, packaging bisect verdicts and bisect-script verdicts are all `Flip`s: each committed entry read
-    into it writes back key for key (older files lack the keys added since: `config_ids` and `family` of an atlas
-    flip, `untried` of a script's)."""
+    into it writes back key for key (older files lack the keys added since: `config_ids`, `family`,
+    `last_release_before` and `note` of an atlas flip, the last two of a packaging bisect's, `untried` of a
+    script's)."""
     from harness.recording.flip import Flip
 
     seen = 0
     for path in sorted(RESULTS.glob("flips/*/flips.json")):
         for entry in json.loads(path.read_text()):
-            assert _same_layout(Flip.from_json(entry).as_atlas_json(), entry, {"config_ids", "family"}), path
+            added = {"config_ids", "family", "last_release_before", "note"}
+            assert _same_layout(Flip.from_json(entry).as_atlas_json(), entry, added), path
             seen += 1
     for path in _packaging_verdicts():
         entry = json.loads(path.read_text())
-        assert _same_layout(Flip.from_json(entry).as_bisect_json(), entry, set()), path
+        assert _same_layout(Flip.from_json(entry).as_bisect_json(), entry, {"last_release_before", "note"}), path
         seen += 1
     for path in sorted(RESULTS.glob("script-bisect/*/verdict.json")):
         for entry in json.loads(path.read_text())["flips"]:

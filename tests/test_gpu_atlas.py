@@ -488,6 +488,6 @@ def test_the_flips_command_prints_a_gpu_runs_flips_probed_or_masked(
     args = argparse.Namespace(results_dir=tmp_path)
     assert cli_commands._node_flips(args, None, tmp_path / "gpu-history-x") == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "by no single package (transformers 5.5.4: pass)" in lines[0]
+    assert "by not named: no single package (transformers 5.5.4: passes)" in lines[0]
     assert lines[1].endswith("(masked: another failure or configs that could not run hide it; not probed)")
     assert lines[2] == "every flip of gpu-history-x is as named as its probes allow"

@@ -269,3 +269,14 @@ def test_committed_issue_bodies_name_a_stack_that_ran(repo_root: Path) -> None:
         good = (passing or {}).get("stack", {}).get("versions", {})
         for name in ("torch", "transformers", "peft", "accelerate"):
             assert f"| `{name}` | {versions[name]} | {good.get(name, '-')} |" in body, (folder.name, name)
+
+
+def test_every_committed_issue_title_reads_in_a_second(repo_root: Path) -> None:
+    """An issue body opens with the exception's first sentence and the release, in at most 120 characters (the
+    whole message is under "Actual behavior")."""
+    bodies = sorted((repo_root / "results" / "script-bisect").glob("*/issue.md"))
+    assert bodies
+    for body in bodies:
+        title = body.read_text().splitlines()[1]
+        assert title.startswith("**") and len(title) <= 120, (body.parent.name, len(title))
+        assert "/root/" not in title and "/work/" not in title, body.parent.name  # no machine path in a title

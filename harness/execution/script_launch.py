@@ -14,6 +14,7 @@ their signatures are equal, or, with `--match`, when their error text matches th
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -22,16 +23,20 @@ import tempfile
 import time
 import tomllib
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.execution.launcher import waiting_in
+from harness.paths import REPO_ROOT
 from harness.processes import guard
 from harness.processes.proctree import ORCHESTRATOR_VAR, TOKEN_VAR, kill_token, processes_with_token, send_signal
 from harness.recording.signatures import exception_signature
 
 #: Changes whenever how a run is judged changes: runs recorded under another one are not reused.
 CLASSIFIER_VERSION = 3
+#: The folder whose sitecustomize.py measures what a script ran, and where it writes its facts.
+PROBE_DIR = REPO_ROOT / "runtime" / "script_probe"
+SETUP_DIR_VAR = "COMPAT_MATRIX_SETUP_DIR"
 #: The exit code a script uses to say "this stack cannot run me" (automake's SKIP).
 SKIP_EXIT = 77
 #: How long the ranks get to write their stacks after SIGABRT before they are killed.
@@ -60,6 +65,10 @@ class ScriptRun:
     rank_stacks: dict[str, str] = field(default_factory=dict)
     #: rank -> the collective its main thread waited in, where its stack tells.
     waiting_in: dict[str, str | None] = field(default_factory=dict)
+    #: What really ran, measured inside the script's ranks (`measured_setup`): never what the script declares.
+    setup: dict[str, object] = field(default_factory=dict)
+    #: The failure's whole text: the exception line and every line of its message (`error` is its first line).
+    error_text: str | None = None
 
 
 def script_dependencies(path: Path) -> list[str]:
@@ -98,8 +107,13 @@ def run_script(
             ]  # fmt: skip
         env = dict(os.environ) | (extra_env or {})
         env.pop("PYTHONPATH", None)
-        if pythonpath:
-            env["PYTHONPATH"] = pythonpath
+        # The probe first: it only watches (runtime/script_probe/sitecustomize.py), the stack's overlay follows.
+        setup_dir = work / "setup"
+        setup_dir.mkdir()
+        env["PYTHONPATH"] = os.pathsep.join([str(PROBE_DIR), *([pythonpath] if pythonpath else [])])
+        env[SETUP_DIR_VAR] = str(setup_dir)
+        if distributed:
+            env["COMPAT_MATRIX_SETUP_RANKS_ONLY"] = "1"  # the launcher is no rank: it writes no facts
         token = uuid.uuid4().hex
         env |= {
             "PYTHONFAULTHANDLER": "1",
@@ -128,7 +142,8 @@ def run_script(
         seconds = time.monotonic() - start
         stderr = err_path.read_text(errors="replace")
         ranks = _rank_logs(logs) if distributed else {}
-        return _classify(proc.returncode, timed_out, seconds, stderr, ranks)
+        found = _classify(proc.returncode, timed_out, seconds, stderr, ranks)
+        return replace(found, setup=measured_setup(setup_dir))
 
 
 def _stop_with_stacks(proc: subprocess.Popen, token: str) -> None:
@@ -181,7 +196,10 @@ def _classify(code: int | None, timed_out: bool, seconds: float, stderr: str, ra
             # the whole text, the unclassified hash at the first line only, as before.
             signature = exception_signature(exc_type, message, f"{traceback}\n{text[-TAIL_CHARS:]}")
             line = f"{exc_type}: {message}" if message else exc_type
-            return ScriptRun("fail", code, seconds, signature, line, traceback[-TAIL_CHARS:], tail)
+            whole = exception_text(text)
+            return ScriptRun(
+                "fail", code, seconds, signature, line, traceback[-TAIL_CHARS:], tail, error_text=whole or line
+            )
     crash = f"crash-exit-{code}" if code is not None and code >= 0 else f"crash-{_signal_name(code)}"
     return ScriptRun("fail", code, seconds, crash, _last_line(stderr), stderr_tail=tail)
 
@@ -202,6 +220,65 @@ def last_traceback(text: str) -> tuple[str, str, str] | None:
             message = "\n".join([match.group("message") or "", *lines[index + 1 : index + 4]]).strip()
             return "\n".join(lines[: index + 1]), exc_type, message.splitlines()[0] if message else ""
     return None
+
+
+def exception_text(text: str) -> str | None:
+    """The last traceback's exception with its whole message (every line after the traceback's frames, up to the
+    next traceback or the end), as a user reads it at the bottom of their terminal."""
+    start = text.rfind(_TRACEBACK)
+    if start < 0:
+        return None
+    lines = text[start:].splitlines()[1:]
+    for index, line in enumerate(lines):
+        if line.startswith((" ", "\t")) or not line.strip():
+            continue
+        if _EXCEPTION_LINE.match(line.strip()):
+            body = []
+            for follower in lines[index:]:
+                if follower.startswith(("[W", "[E", "E1", "W1", "I1")) or "torch.distributed.elastic" in follower:
+                    break  # torchrun's own log lines, not the exception's
+                body.append(follower)
+            return "\n".join(body).strip()[:TAIL_CHARS] or None
+    return None
+
+
+def measured_setup(folder: Path) -> dict[str, object]:
+    """What the ranks measured (runtime/script_probe/sitecustomize.py), summed up over every rank that reported:
+    device, GPUs, world size and backend; where accelerate prepared the model, the distributed type, mixed
+    precision, the FSDP plugin's version, what really wrapped the model ('fsdp1', 'fsdp2', 'deepspeed', 'ddp'),
+    the state dict type when prepared and when saved, the ZeRO stage. A field the ranks disagree on lists every
+    value; one nobody measured is absent."""
+    ranks = []
+    for path in sorted(folder.glob("rank-*.json")):
+        try:
+            ranks.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    if not ranks:
+        return {}
+    summary: dict[str, object] = {"ranks_reporting": len(ranks)}
+    devices = [r.get("device") or {} for r in ranks]
+    prepares = [p for r in ranks for p in (r.get("accelerate") or {}).get("prepare", [])]
+    saves = [s for r in ranks for s in (r.get("accelerate") or {}).get("get_state_dict", [])]
+    fields = {
+        "device": [d.get("kind") for d in devices],
+        "gpu_count": [d.get("gpu_count") for d in devices],
+        "gpu_names": [", ".join(d.get("gpu_names") or []) or None for d in devices],
+        "world_size": [d.get("world_size") for d in devices],
+        "backend": [d.get("backend") for d in devices],
+        "distributed_type": [p.get("distributed_type") for p in prepares],
+        "mixed_precision": [p.get("mixed_precision") for p in prepares],
+        "fsdp_plugin_version": [p.get("fsdp_plugin_version") for p in prepares],
+        "wrapped_by": [w for p in prepares for w in p.get("wrapped_by") or []],
+        "state_dict_type": [p.get("state_dict_type") for p in prepares],
+        "state_dict_type_at_save": [s.get("state_dict_type") for s in saves],
+        "zero_stage": [p.get("zero_stage") for p in prepares],
+    }
+    for name, values in fields.items():
+        seen = sorted({v for v in values if v is not None}, key=str)
+        if seen:
+            summary[name] = seen[0] if len(seen) == 1 else seen
+    return summary
 
 
 def _stacks_in(text: str) -> str:

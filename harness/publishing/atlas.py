@@ -231,7 +231,9 @@ def flips_markdown(
         "",
         "Between neighbouring install dates where a scenario's target outcome changes, each changed package was "
         "moved alone (the rest held at the older date's releases) in a real one-cell run, then the one that "
-        "reproduces the change was bisected (`compat-matrix flips`; probes' records under `results/flips/`"
+        "reproduces the change was bisected. A probe is evidence only where the configs that showed the failure "
+        "ran and passed or showed it; a timeout, another failure or a stack that could not install is no evidence "
+        "and names nothing (`compat-matrix flips`; probes' records under `results/flips/`"
         + ("; on a GPU node in rounds of probe days, `harness/tools/node_flips.py`)." if "GPU" in where else ")."),
         "",
         "| scenario | failure | change | dates | package | first release | upstream record |",
@@ -256,9 +258,10 @@ def flips_markdown(
                 f"{md(states[0])} under today's rules"
             )
             continue
-        several = flip.reproducing or []
-        alone = f"each of {', '.join(several)} alone" if len(several) > 1 else "none alone"
-        package, release = md(flip.package or alone), md(flip.release or "-")
+        # A package only where one move alone reproduced the change; else "not named" and what each move showed
+        # (a timeout or another failure is no evidence either way).
+        package = md(flip.package) if flip.package else md(f"not named: {flip.why_not_named()}")
+        release = md(flip.release_words()) if flip.package else "-"
         others = masking(flip, verdicts) if verdicts else []
         if others:
             # A target hidden by another failure is not caused by a release: the cause columns stay empty.

@@ -29,7 +29,8 @@ SYMBOLS_LEGEND = (
     "✗ k/n: the failure shows on k of n configs, then the first change to try (fix, or workaround: w/a; "
     "'a fix per config': no one change fixes them all, each has its own, in the summary below); "
     "✓: not reproduced; (!): other failures there; n/a: not applicable on this machine; env/inst: the stack "
-    "could not run or install; -: not run."
+    "could not run or install; -: not run. A GPU table holds the runs made on that many GPUs (distributed scenarios "
+    "at that many ranks, single-process ones at one); each world size shows its own newest evidence."
 )
 LEGEND = (
     SYMBOLS_LEGEND + " A column's name links to its scenario's section (variants, reproducers, upstream links); "
@@ -100,7 +101,10 @@ def glance_tables(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]
         versions = fullest_versions(cell_records)
         hardware = [r.get("hardware") or {} for r in cell_records]
         device = "GPU" if any(h.get("device") == "cuda" for h in hardware) else "CPU"
-        ranks = max((int(h.get("world_size") or 1) for h in hardware), default=1)
+        # A GPU table holds the runs made on that many GPUs (their distributed scenarios at that many ranks): the
+        # newest evidence of each world size, never one world size's run hiding another's. On CPU, the most ranks.
+        gpus = max((int(h.get("gpu_count") or 0) for h in hardware), default=0)
+        ranks = gpus if device == "GPU" and gpus else max((int(h.get("world_size") or 1) for h in hardware), default=1)
         date = next(((r.get("pins") or {}).get("date") for r in cell_records if (r.get("pins") or {}).get("date")), "")
         shown = {p: public_version(str(versions[p])) for p in AXIS_PACKAGES if versions.get(p)}
         label = (version_label(versions) or cell) + (f" ({date})" if date else "")
@@ -120,7 +124,7 @@ def glance_tables(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]
             {
                 "device": device,
                 "ranks": ranks,
-                "title": f"{device}, up to {ranks} rank{'s' if ranks > 1 else ''}",
+                "title": _title(device, ranks),
                 "columns": [
                     {"scenario": s, "label": label}
                     for s, label in zip(scenarios, column_labels(scenarios), strict=True)
@@ -129,6 +133,12 @@ def glance_tables(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]
             }
         )
     return tables
+
+
+def _title(device: str, ranks: int) -> str:
+    """'CPU, up to 2 ranks'; 'GPU, 2 ranks' for the runs made on 2 GPUs (their single-process scenarios at one)."""
+    plural = "s" if ranks > 1 else ""
+    return f"CPU, up to {ranks} rank{plural}" if device == "CPU" else f"GPU, {ranks} rank{plural}"
 
 
 def glance_markdown(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> list[str]:

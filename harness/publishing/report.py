@@ -58,10 +58,10 @@ class Selection:
 
 
 def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Selection:
-    """The named runs (all their records), or by default the newest evidence per profile: runs of a profile
-    newest first, each contributing the (cell, scenario) pairs no newer run of that profile covers. A run
-    that re-checks one scenario on one cell then updates that entry without hiding the rest. Runs whose
-    meta.json says `superseded_by` are left out."""
+    """The named runs (all their records), or by default the newest evidence per profile and GPU count
+    (`evidence_group`): runs of a group newest first, each contributing the (cell, scenario) pairs no newer run of
+    that group covers. A run that re-checks one scenario on one cell then updates that entry without hiding the
+    rest. Runs whose meta.json says `superseded_by` are left out."""
     run_root = results_dir / "runs"
     metas = {d.name: _shown_meta(d) for d in sorted(run_root.glob("*")) if (d / "meta.json").is_file()}
     if run_ids:
@@ -76,7 +76,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
     by_profile: dict[str, list[str]] = defaultdict(list)
     for run_id, meta in metas.items():
         if not meta.get("superseded_by"):
-            by_profile[meta.get("profile", run_id)].append(run_id)
+            by_profile[evidence_group(run_id, metas)].append(run_id)
     chosen, records = [], []
     disagreeing: set[tuple[str, tuple[str, ...]]] = set()
     for profile in sorted(by_profile):
@@ -105,8 +105,22 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
     return Selection(chosen, records, [metas[r] for r in chosen], frozenset(conflicting))
 
 
+def evidence_group(run_id: str, metas: dict[str, dict[str, Any]]) -> str:
+    """What a run is evidence of: its profile, on as many GPUs as it ran on. A newer run of a group hides an older
+    one's entries only within the group: a profile run on 4 GPUs never hides what it found on 2. The GPU count is
+    named only where a profile's runs differ in it (`gpu-2gpus`, `gpu-4gpus`)."""
+    meta = metas.get(run_id, {})
+    profile = str(meta.get("profile", run_id))
+    counts = {_gpus(m) for m in metas.values() if m.get("profile") == profile and not m.get("superseded_by")}
+    return profile if len(counts) <= 1 else f"{profile}-{_gpus(meta)}gpus"
+
+
+def _gpus(meta: dict[str, Any]) -> int:
+    return int((meta.get("hardware") or {}).get("gpu_count") or 0)
+
+
 def _profile_of(record: dict[str, Any], metas: dict[str, dict[str, Any]]) -> str:
-    return str(metas.get(record["run_id"], {}).get("profile", record["run_id"]))
+    return evidence_group(record["run_id"], metas) if record["run_id"] in metas else str(record["run_id"])
 
 
 def shared_cells(records: list[dict[str, Any]], metas: dict[str, dict[str, Any]]) -> set[str]:

@@ -132,14 +132,17 @@ def script_issue_body(verdict: dict[str, Any], script: str, flip: Flip, runs: li
     project = PROJECTS.get(package or "")
     where = f"https://github.com/{project}/issues/new" if project else f"the {package} project's issue tracker"
     failing, passing = ran_pair(flip, runs)
+    change = f"since {package} {first} (last good: {last})" if started else f"until {package} {first} fixed it"
+    error = verdict["target"]["error"] or verdict["target"]["signature"] or "the failure"
     lines = [
         f"<!-- for {where} -->",
-        f"**{verdict['target']['error'] or verdict['target']['signature']}** "
-        + (f"since {package} {first} (last good: {last})" if started else f"until {package} {first} fixed it"),
+        f"**{issue_title(error, change)}**",
         "",
         "### System Info\n",
         *system_info(failing, passing, script),
-        f"- launched as `{launch}{verdict['script']}` on {_machine(verdict)} (world size {verdict['nproc']})",
+        f"- launched as `{launch}{verdict['script']}` on {_machine(verdict)}",
+        f"- measured in the failing run: {setup_words((failing or {}).get('setup'))}",
+        *([f"- measured in the passing run: {setup_words(passing.get('setup'))}"] if passing else []),
         "",
         "### Reproduction\n",
         f"`{launch}{verdict['script']}`:",
@@ -152,7 +155,11 @@ def script_issue_body(verdict: dict[str, Any], script: str, flip: Flip, runs: li
         f"The script exits 0, as it does with {package}=={last if started else first}.",
         "",
         "### Actual behavior\n",
-        f"With {package}=={first if started else last}: `{verdict['target']['error']}`",
+        f"With {package}=={first if started else last}:",
+        "",
+        "```",
+        str((failing or {}).get("error_text") or error),
+        "```",
         "",
         "### Which release\n",
         f"Found by `compat-matrix bisect-script`: between the stacks of {flip.older} and {flip.newer} only "
@@ -166,6 +173,60 @@ def script_issue_body(verdict: dict[str, Any], script: str, flip: Flip, runs: li
     if flip.note:
         lines += ["", f"Note: {flip.note}"]
     return "\n".join(lines) + "\n"
+
+
+#: The longest title an issue body opens with (what a maintainer reads in a second; the whole message is below).
+TITLE_LIMIT = 116
+
+
+def issue_title(error: str, change: str) -> str:
+    """The exception's first sentence and the release, at most TITLE_LIMIT characters: the exception's type
+    without its module path, a file path in parentheses dropped (it is the machine's, not the failure's)."""
+    first = error.strip().splitlines()[0] if error.strip() else error
+    kind, sep, message = first.partition(": ")
+    if sep and re.fullmatch(r"[\w.]+", kind):
+        first = f"{kind.rsplit('.', 1)[-1]}: {message}"
+    first = re.sub(r"\s*\((?:/|[A-Za-z]:\\)[^)]*\)", "", first)
+    first = re.split(r"(?<=[^.\s]{2})\.(?:\s|$)", first, maxsplit=1)[0]
+    room = TITLE_LIMIT - len(change) - 1
+    if len(first) > room:
+        first = first[: room - 1].rstrip() + "…"
+    return f"{first} {change}"
+
+
+def setup_words(setup: dict[str, Any] | None) -> str:
+    """What a script run measured inside its ranks, in a few words ('cuda, 2 x NVIDIA H200, world size 2 (nccl);
+    accelerate FSDP: wrapped by fsdp2, state dict FULL_STATE_DICT, mixed precision bf16'), or that it measured
+    nothing (runs made before the harness measured them say nothing about their setup)."""
+    if not setup:
+        return "setup not measured (the run predates measuring it)"
+
+    def one(value: Any) -> str:
+        return " / ".join(str(v) for v in value) if isinstance(value, list) else str(value)
+
+    parts = [one(setup.get("device") or "no torch imported")]
+    if setup.get("gpu_count"):
+        parts.append(f"{one(setup['gpu_count'])} x {one(setup.get('gpu_names') or 'GPU')} visible")
+    if setup.get("world_size"):
+        backend = f" ({one(setup['backend'])})" if setup.get("backend") else ""
+        parts.append(f"world size {one(setup['world_size'])}{backend}")
+    else:
+        parts.append("no process group")
+    text = ", ".join(parts)
+    if setup.get("distributed_type"):
+        details = [f"wrapped by {one(setup['wrapped_by'])}" if setup.get("wrapped_by") else "not wrapped"]
+        if setup.get("fsdp_plugin_version"):
+            details.append(f"FSDP plugin version {one(setup['fsdp_plugin_version'])}")
+        if setup.get("state_dict_type"):
+            details.append(f"state dict {one(setup['state_dict_type'])}")
+        if setup.get("state_dict_type_at_save"):
+            details.append(f"at save {one(setup['state_dict_type_at_save'])}")
+        if setup.get("zero_stage") is not None:
+            details.append(f"ZeRO stage {one(setup['zero_stage'])}")
+        if setup.get("mixed_precision"):
+            details.append(f"mixed precision {one(setup['mixed_precision'])}")
+        text += f"; accelerate {one(setup['distributed_type'])}: " + ", ".join(details)
+    return text
 
 
 def _machine(verdict: dict[str, Any]) -> str:

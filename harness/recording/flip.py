@@ -69,6 +69,27 @@ class Flip:
         """The most runs a binary search over the candidates takes, the older end's included: ceil(log2 n) + 1."""
         return math.ceil(math.log2(max(len(self.candidates), 1))) + 1
 
+    def why_not_named(self) -> str:
+        """Why no package is named, from the moves as they were judged: several reproduce alone, or none does
+        (each move's state, the reasons where it is no evidence); '' where a package is named."""
+        if self.package:
+            return ""
+        if len(self.reproducing) > 1:
+            return f"each of {', '.join(self.reproducing)} alone reproduces it"
+        last = {m["package"]: m for m in self.moves if "package" in m}  # a move tried twice counts as its last
+        if not last:
+            return "no probe ran"
+        moves = "; ".join(f"{p} {m.get('version')}: {move_words(m)}" for p, m in last.items())
+        return f"no single package ({moves})"
+
+    def release_words(self) -> str:
+        """The named release as the records show it: '0.12.0', or '0.12.0 (before it: another failure ...)' where
+        the release before it was no evidence (the failure first shows there; whether it was absent before is not
+        known), or '-' with the reason where the release is not named."""
+        if not self.release:
+            return "-" + (f" ({self.note})" if self.package and self.note else "")
+        return self.release + (f" ({self.note})" if self.note else "")
+
     def as_atlas_json(self) -> dict[str, Any]:
         """flips.json's layout."""
         return {
@@ -76,6 +97,7 @@ class Flip:
             "newer_state": self.newer_state, "signature": self.signature, "changed": self.changed,
             "probes": self.moves, "reproducing": self.reproducing, "package": self.package, "release": self.release,
             "bisect": self.bisect, "upstream": self.upstream, "config_ids": self.config_ids, "family": self.family,
+            "last_release_before": self.last_release_before, "note": self.note,
         }  # fmt: skip
 
     def as_script_json(self) -> dict[str, Any]:
@@ -95,7 +117,8 @@ class Flip:
             "base_cell": self.base_cell, "candidates": self.candidates, "old_state": self.older_state,
             "first_flip": self.release, "stepped_over": self.stepped_over, "probes": self.bisect_runs,
             "cell_runs": len(self.bisect_runs),
-            "bound_ceil_log2_n_plus_1": self.search_bound,
+            "bound_ceil_log2_n_plus_1": self.search_bound, "last_release_before": self.last_release_before,
+            "note": self.note,
         }  # fmt: skip
 
     @classmethod
@@ -110,7 +133,8 @@ class Flip:
                 scenario=data.get("scenario"), package=data.get("package"), release=data.get("first_flip"),
                 candidates=candidates, bisect_runs=data.get("probes") or [],
                 stepped_over=data.get("stepped_over") or [], variant=data.get("variant"),
-                base_cell=data.get("base_cell"),
+                base_cell=data.get("base_cell"), last_release_before=data.get("last_release_before"),
+                note=data.get("note") or "",
             )  # fmt: skip
         values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         if "probes" in data:
@@ -118,3 +142,17 @@ class Flip:
         if "first_release" in data:
             values["release"] = data["first_release"]
         return cls(**values)
+
+
+def move_words(move: dict[str, Any]) -> str:
+    """One move's state in words: 'the failure shows', 'passes', 'could not install or import', or 'no evidence
+    (timeout)' with the reasons its probe recorded."""
+    state = move.get("state")
+    if state in ("fail", "target"):
+        return "the failure shows"
+    if state in ("pass", "not-reproduced"):
+        return "passes"
+    if state == "unusable":
+        return "could not install or import"
+    reasons = move.get("signatures") or ([move["error"]] if move.get("error") else [])
+    return "no evidence" + (f" ({', '.join(str(r) for r in reasons)})" if reasons else "")

@@ -110,6 +110,13 @@ def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdi
     # over the node's torch) is no evidence about the target: not a candidate, but listed among the others.
     unusable = [r for r in base if r not in controls and r["outcome"] in UNUSABLE]
     candidates = [r for r in base if r not in controls and r["outcome"] != "skip" and r not in unusable]
+    if target and not candidates and not unusable:
+        # Nothing here can show the target: every config is not applicable, or a control that by the scenario's
+        # own statement cannot show it. Not "not reproduced 0/0": nothing was tried.
+        return Verdict(
+            "skip", inapplicable=inapplicable, inapplicable_ids=inapplicable_ids,
+            controls_total=len([r for r in controls if r["outcome"] not in ("skip", *UNUSABLE)]),
+        )  # fmt: skip
     failing = [r for r in candidates if r["outcome"] in BAD]
     hits = [r for r in failing if matches(r.get("signature"), target)] if target else failing
     result = Verdict(
@@ -150,7 +157,10 @@ def headline(v: Verdict, spec: dict[str, Any] | None, code: Format = str, text: 
     """The entry's lines, for the Markdown table (code spans, escaped text) or the site (plain text)."""
     simple = {"empty": "-", "no-baseline": "no baseline", "skip": "SKIP", "install-failed": "INSTALL-FAILED"}
     if v.state in simple:
-        return [simple[v.state]] + (_inapplicable_line(v, text) if v.state == "skip" else [])
+        lines = [simple[v.state]] + (_inapplicable_line(v, text) if v.state == "skip" else [])
+        if v.state == "skip" and v.controls_total:
+            lines.append(f"controls (cannot show the target): {v.controls_total} ran")
+        return lines
     if v.state == "env-broken":
         return [f"ENV-BROKEN {code(v.first_signature)}"]
     hits = v.target_records

@@ -4,13 +4,17 @@ Every other pin stays as in a base cell of the profile. Each probe is a real one
 scenario's explicit examples (and profile configs) under one variant, recorded under
 `results/bisect/<id>/`. The old end is probed first; then a binary search over the releases after it,
 with "beyond the new end" as a virtual candidate, so n releases take at most ceil(log2 n) + 1 cell runs
-(`flip_search`, the search every bisector shares). A probe that is `install-failed` or `env-broken` is stepped
-over (its neighbour is tried) and the verdict says so.
+(`flip_search`, the search every bisector shares). A probe is judged by the one rule (`probe_state`): only the
+failure asked about, or a pass of every config that showed it, is evidence; a probe that could not install, timed
+out or failed another way is stepped over (its neighbour is tried) and the verdict lists it. Where the old end
+itself is no evidence (another failure comes first there), the search looks for the first release that shows
+the failure, and the verdict says what came before it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,8 +30,10 @@ from harness.execution.matrix import run_matrix
 from harness.execution.options import MatrixOptions
 from harness.recording import runs
 from harness.recording.flip import Flip
-from harness.recording.outcomes import FAILING, UNUSABLE
+from harness.recording.outcomes import FAILING, NAMED
+from harness.recording.packing import run_dirs
 from harness.recording.records import read_records
+from harness.recording.signatures import rename_all
 from harness.tools import flip_search
 from harness.versions import releases
 
@@ -53,9 +59,14 @@ def bisect(
     cell_glob: str | None = None,
     signature: str | None = None,
     out_root: Path,
+    older_state: str | None = None,
+    reuse_root: Path | None = None,
 ) -> Flip:
     """Find the first release of `package` after `old` whose outcome differs from `old`'s: a flip whose sides are
-    the two ends' releases, its search runs the probes (the older end first)."""
+    the two ends' releases, its search runs the probes (the older end first). `older_state`: the state the old
+    end must have for the search to mean anything (a flip whose failure ends needs it to fail); where it has
+    another, the verdict holds that one probe and names no release. `reuse_root`: where earlier probe runs may be
+    judged again instead of run twice (`probe_cell`)."""
     if package not in AXIS_PACKAGES:
         raise UsageError(f"--package {package!r}: not one of {', '.join(AXIS_PACKAGES)}")
     scenario = select([scenario_id])[0]
@@ -81,7 +92,9 @@ def bisect(
     )  # fmt: skip
 
     def probe(version: str) -> Probe:
-        result = probe_cell(profile, base, package, version, scenario.id, variant, options, out_dir, signature)
+        result = probe_cell(
+            profile, base, package, version, scenario.id, variant, options, out_dir, signature, reuse_root=reuse_root
+        )
         verdict.bisect_runs.append(result.__dict__)
         print(f"bisect: {package}=={version}: {result.state} {' '.join(result.signatures)}", flush=True)
         return result
@@ -91,6 +104,9 @@ def bisect(
         raise UsageError(f"{package}=={old} cannot be installed or imported here; choose another --bad/--good bound")
     verdict.older_state = first.state
     newer_state = verdict.newer_state = "pass" if first.state == "fail" else "fail"
+    if older_state is not None and first.state != older_state:
+        _write(out_dir, verdict)
+        return verdict
     known = {first.version: first.state}
     step = flip_search.next_step(candidates, known, first.state, newer_state)
     while not step.done:
@@ -99,9 +115,19 @@ def bisect(
         step = flip_search.next_step(candidates, known, first.state, newer_state)
     verdict.stepped_over = step.stepped_over  # could not run: not the answer, and listed
     verdict.release, verdict.last_release_before = step.first, step.last_before
+    before = next((p for p in verdict.bisect_runs if p["version"] == step.last_before), None)
+    if first.state == "no-evidence" and verdict.release and before is not None:
+        # The failure first shows at the release; before it another outcome came first, so whether the failure
+        # was absent there is not known.
+        verdict.note = f"first shows; before it, {before['version']}: {', '.join(before['signatures'])}"
+    _write(out_dir, verdict)
+    return verdict
+
+
+def _write(out_dir: Path, verdict: Flip) -> None:
+    verdict.bisect = str(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "verdict.json").write_text(json.dumps(verdict.as_bisect_json(), indent=1) + "\n")
-    return verdict
 
 
 def _base_cell(profile: Profile, cell_glob: str | None) -> Cell:
@@ -130,9 +156,21 @@ def probe_cell(
     options: MatrixOptions,
     out_dir: Path,
     signature: str | None,
+    *,
+    reuse_root: Path | None = None,
 ) -> Probe:
-    """One real one-cell run: the base cell's pins, `package` at `version`, explicit configs only."""
+    """One real one-cell run: the base cell's pins, `package` at `version`, explicit configs only. Where an
+    earlier complete run of the same probe lies under `reuse_root` (a flip probed again, or an interrupted one
+    resumed), its records are judged again instead of running it twice."""
     pins = base.pins | {package: version}
+    earlier = None
+    for root in (out_dir, reuse_root) if reuse_root else ():  # its own earlier run first, then any of the flip's
+        earlier = earlier or earlier_probe(root, pins, scenario_id, variant, options.config_ids)
+    if earlier is not None:
+        records = rename_all(read_records(earlier / "records.jsonl"))
+        state, signatures = probe_state(records, signature, options.config_ids or ())
+        print(f"  (judged again from the earlier run {earlier.name})", flush=True)
+        return Probe(version, state, signatures, earlier.name, len(records))
     settings = profile.settings_for(scenario_id)
     single = replace(
         profile,
@@ -158,15 +196,80 @@ def probe_cell(
         # Ctrl-C or SIGTERM stopped the probe's run (which keeps its records): the search stops with it, and an
         # unfinished probe is no evidence.
         raise stopped_by(summary.signal)
-    records = read_records(summary.run_dir / "records.jsonl")
-    state, signatures = probe_state(records, signature)
+    records = rename_all(read_records(summary.run_dir / "records.jsonl"))  # named by today's rules, as the table
+    state, signatures = probe_state(records, signature, options.config_ids or ())
     return Probe(version, state, signatures, summary.run_id, len(records))
 
 
-def probe_state(records: list[dict[str, Any]], signature: str | None) -> tuple[str, list[str]]:
-    """A probe's state from its records: 'unusable' (nothing could install or run), 'fail' (the failure asked
-    about, or any failure when none is named), else 'pass'; with the signatures behind it."""
-    if records and all(r["outcome"] in UNUSABLE for r in records):
-        return "unusable", sorted({r["signature"] for r in records})
-    failing = [r for r in records if r["outcome"] in FAILING and (signature is None or r["signature"] == signature)]
-    return ("fail" if failing else "pass"), sorted({r["signature"] for r in failing})
+def earlier_probe(
+    root: Path, pins: dict[str, str], scenario_id: str, variant: str, config_ids: tuple[str, ...] | None
+) -> Path | None:
+    """The newest complete probe run under `root` of exactly these pins (the date among them, so a probe resolved
+    as of the older and one as of the newer day are two probes), this scenario and variant, that holds a record of
+    every config asked for (of the whole explicit set where none is named)."""
+    found = []
+    for run_dir in run_dirs(root):
+        meta = runs.read_meta(run_dir)
+        attempts = meta.get("attempts") or []
+        if not attempts or attempts[-1].get("status") != "complete":
+            continue
+        cells = list((meta.get("cells") or {}).values())
+        if len(cells) != 1 or cells[0].get("pins") != pins:
+            continue
+        if any((a.get("slice") or {}).get("config_ids") and not config_ids for a in attempts):
+            continue
+        wanted = (scenario_id, variant)
+        records = [r for r in read_records(run_dir / "records.jsonl") if (r["scenario"], r["variant"]) == wanted]
+        have = {r["config_id"] for r in records}
+        if records and (not config_ids or set(config_ids) <= have):
+            found.append((str(meta.get("started_at") or attempts[-1].get("started_at") or ""), run_dir))
+    return max(found)[1] if found else None
+
+
+def probe_state(
+    records: list[dict[str, Any]], signature: str | None, config_ids: Iterable[str] = ()
+) -> tuple[str, list[str]]:
+    """A probe's state from the records of the configs that showed the failure (`config_ids`; every config that
+    could run when none are named), by the one rule (`flip_search.run_evidence`):
+    - 'fail': the failure asked about (any named failure when none is) shows on one of them;
+    - 'pass': every one of them ran and passed;
+    - 'unusable': nothing could install or import;
+    - 'no-evidence': anything else (a timeout, a crash, another failure, a config that did not run), which says
+      nothing about the failure, so no flip is named from it.
+    Returns the state and what is behind it: the target's signatures, or the reasons it is no evidence."""
+    wanted = set(config_ids)
+    considered = [r for r in records if not wanted or r.get("config_id") in wanted]
+    judged = [(r, flip_search.run_evidence(r["outcome"], _is_target(r, signature))) for r in considered]
+    shown = sorted({str(r["signature"]) for r, state in judged if state == flip_search.SHOWS})
+    if shown:
+        return "fail", shown
+    if considered and all(state == flip_search.UNUSABLE for _, state in judged):
+        return "unusable", sorted({str(r["signature"]) for r in considered})
+    # A config that is not applicable by its scenario's own statement (a skip) is no candidate when the probe
+    # names none; a config that showed the failure must have run.
+    judged = [(r, state) for r, state in judged if wanted or r["outcome"] != "skip"]
+    missing = sorted(wanted - {r.get("config_id") for r in considered})
+    if judged and not missing and all(state == flip_search.ABSENT for _, state in judged):
+        return "pass", []
+    reasons = {_reason(r) for r, state in judged if state != flip_search.ABSENT}
+    others = sorted(r.removeprefix(_OTHER) for r in reasons if r.startswith(_OTHER))
+    reasons = {r for r in reasons if not r.startswith(_OTHER)} | ({_OTHER + ", ".join(others)} if others else set())
+    reasons |= {f"did not run: {config_id}" for config_id in missing}
+    return "no-evidence", sorted(reasons) or ["no record"]
+
+
+_OTHER = "another failure: "
+
+
+def _is_target(record: dict[str, Any], signature: str | None) -> bool:
+    if signature is None:
+        return record["outcome"] in NAMED  # no failure named: any failure of the stack's own
+    return record["outcome"] in FAILING and record.get("signature") == signature
+
+
+def _reason(record: dict[str, Any]) -> str:
+    """Why a record is no evidence, in a few words: 'timeout', 'another failure: <name>', 'skip: <name>'."""
+    outcome, signature = record["outcome"], record.get("signature") or ""
+    if outcome in NAMED:
+        return _OTHER + signature
+    return outcome if outcome in (signature, "") or not signature else f"{outcome}: {signature}"

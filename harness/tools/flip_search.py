@@ -60,6 +60,23 @@ def spread(items: list[str], count: int) -> list[str]:
 #: A probe's state that means "the failure shows" / "it does not", in the words each bisector's probes use.
 _SHOWS, _ABSENT = {"fail", "target"}, {"pass", "not-reproduced"}
 
+#: What one run says about the target failure. Only two answers are evidence: the target showed, or the run
+#: passed. A timeout, a crash, another failure, a skip or a stack that could not install or import says nothing
+#: about the target (it may be there, hidden behind what came first): the search steps over it, never names a
+#: flip from it. `UNUSABLE` is kept apart because a probe of a stack that cannot install may be tried another way.
+SHOWS, ABSENT, UNUSABLE, NO_EVIDENCE = "shows", "absent", "unusable", "no-evidence"
+_CANNOT_RUN = frozenset({"install-failed", "env-broken"})
+
+
+def run_evidence(outcome: str, is_target: bool) -> str:
+    """One run's evidence about the target, from its outcome and whether its failure is the target's (a hang
+    that is itself the target counts as showing it): the one rule every bisector judges its runs by."""
+    if is_target and outcome not in ("pass", "skip", *_CANNOT_RUN):
+        return SHOWS
+    if outcome == "pass":
+        return ABSENT
+    return UNUSABLE if outcome in _CANNOT_RUN else NO_EVIDENCE
+
 
 def reproduces(state: str, newer_state: str) -> bool:
     """Whether a move's state is the newer side's: the failure shows where the newer side shows it, or passes where

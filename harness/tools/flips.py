@@ -24,6 +24,7 @@ from harness.define.profile import DATE_AXIS, Profile
 from harness.define.registry import discover
 from harness.errors import UsageError
 from harness.execution.options import MatrixOptions
+from harness.paths import REPO_ROOT
 from harness.publishing.atlas import dated_verdicts, failure_family, family_state, upstream_verdict
 from harness.recording.flip import Flip
 from harness.recording.records import read_records
@@ -124,7 +125,7 @@ def _no_evidence_across(older: dict[str, Any], newer: dict[str, Any]) -> bool:
     return bool(shown) and shown <= set(other.get("no_evidence_ids") or [])
 
 
-Probe = Callable[[Profile, Cell, str, str, str, str, MatrixOptions, Path, str | None], bisection.Probe]
+Probe = Callable[..., bisection.Probe]
 
 
 def name_flip(
@@ -151,8 +152,9 @@ def name_flip(
             held = _moving(_held_profile(history, older_versions, flip, day), package, flip.newer)
             base = Cell(stack=None, choices=tuple((k, v[0]) for k, v in held.axes.items()), implied=())
             result = probe(
-                held, base, package, new, flip.scenario, "baseline", options, out_dir / package, flip.signature
-            )
+                held, base, package, new, flip.scenario, "baseline", options, out_dir / package, flip.signature,
+                reuse_root=out_dir,
+            )  # fmt: skip
             flip.moves.append({"package": package, "version": new, "dependencies": mode, **asdict(result)})
             if result.state != "unusable":
                 held_for[package] = held
@@ -160,9 +162,13 @@ def name_flip(
         if flip_search.reproduces(result.state, flip.newer_state):
             flip.reproducing.append(package)
     if len(flip.reproducing) != 1:
-        return flip  # none alone (a combination did it), or several alone: the probes say which
+        return flip  # not named: none alone, or several alone (Flip.why_not_named says which, from the moves)
     flip.package = flip.reproducing[0]
     old, new = flip.changed[flip.package]
+    for superseded in (out_dir / "bisect").glob("*/verdict.json"):
+        superseded.unlink()  # an earlier bisect of this flip: its runs stay, judged again by this one
+        if not any(superseded.parent.iterdir()):
+            superseded.parent.rmdir()
     verdict_ = bisector(
         held_for[flip.package],
         flip.package,
@@ -173,10 +179,33 @@ def name_flip(
         new=new,
         signature=flip.signature,
         out_root=out_dir / "bisect",
+        # A failure that ends: the old end must show it, or the search would look for something else.
+        older_state="fail" if flip.newer_state != "target" else None,
+        reuse_root=out_dir,
     )
-    flip.release = verdict_.release
-    flip.bisect = str(out_dir / "bisect")
+    flip.bisect = _shown_path(Path(verdict_.bisect) if verdict_.bisect else out_dir / "bisect")
+    name_release(flip, verdict_)
     return flip
+
+
+def _shown_path(path: Path) -> str:
+    """A path as flips.json keeps it: from the checkout's root where it lies inside (the same on every clone)."""
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def name_release(flip: Flip, bisected: Flip) -> None:
+    """The release a bisect names, where its old end is evidence for this flip: a failure that ends needs the old
+    end to show it. One that starts may first show after releases that were no evidence (another failure came
+    first there): the bisect's note says so, and the flip carries it."""
+    if flip.newer_state != "target" and bisected.older_state != "fail":
+        first = bisected.bisect_runs[0] if bisected.bisect_runs else {}
+        reasons = ", ".join(str(r) for r in first.get("signatures") or []) or "no record"
+        flip.note = f"{flip.package} {first.get('version')} did not show the failure in the bisect ({reasons})"
+        return
+    flip.release, flip.last_release_before, flip.note = bisected.release, bisected.last_release_before, bisected.note
 
 
 def find_flips(
@@ -238,7 +267,21 @@ def _write_flips(out_dir: Path, earlier: list[dict[str, Any]], named: list[Flip]
     fresh = {_key(f.as_atlas_json()) for f in named}
     current = {_key(f.as_atlas_json()) for f in found}
     kept = [e for e in earlier if _key(e) in current - fresh]
+    for gone in (e for e in earlier if _key(e) not in current):
+        _withdraw_bisect(gone)
     (out_dir / "flips.json").write_text(json.dumps([*kept, *(f.as_atlas_json() for f in named)], indent=1) + "\n")
+
+
+def _withdraw_bisect(entry: dict[str, Any]) -> None:
+    """A flip that is no flip of the run any more takes its bisect's verdict with it (its probe runs stay): no
+    verdict is left behind that names a release for a change the records no longer show."""
+    shown = str(entry.get("bisect") or "")
+    if "results/flips/" not in shown:
+        return  # a node's bisect is described in words, not a folder
+    folder = REPO_ROOT / "results" / "flips" / shown.split("results/flips/", 1)[1]
+    for verdict in [folder / "verdict.json", *folder.glob("*/verdict.json")]:
+        if verdict.is_file():
+            verdict.unlink()
 
 
 def _held_profile(history: Profile, versions: dict[str, str], flip: Flip, day: str) -> Profile:
@@ -259,12 +302,9 @@ def describe(flip: Flip) -> str:
     deepspeed 0.19.3 (bisected)'."""
     change = f"{flip.older_state} -> {flip.newer_state} between {flip.older} and {flip.newer}"
     if flip.package and flip.release:
-        by = f"{flip.package} {flip.release}"
+        by = f"{flip.package} {flip.release_words()}"
     elif flip.package:
-        by = f"{flip.package} (release not bisected)"
-    elif len(flip.reproducing) > 1:
-        by = f"each of {', '.join(flip.reproducing)} alone"
+        by = f"{flip.package} (release not named{': ' + flip.note if flip.note else ''})"
     else:
-        tried = ", ".join(f"{p['package']} {p['version']}: {p['state']}" for p in flip.moves) or "no probe"
-        by = f"no single package ({tried})"
+        by = f"not named: {flip.why_not_named()}"
     return f"{flip.scenario.split('-')[0]} {flip.signature}: {change}, by {by}"

@@ -3,7 +3,7 @@ verdict per scenario there and the first fix to try, saying plainly whether the 
 between two atlas dates, or is an extrapolation outside what was measured.
 
 A version given as `2.4` matches every 2.4.x release (prefix on release components). Rows are the table's cells
-(newest evidence per profile), each with the versions its records imported.
+(newest evidence per profile and GPU count), each with the versions its records imported.
 """
 
 from __future__ import annotations

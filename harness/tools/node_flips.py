@@ -44,15 +44,18 @@ def probe_day(day: str, package: str, version: str) -> str:
     return f"{day}+{package}-{version}"
 
 
-def probe_states(probe_root: Path, scenario: str, signature: str | None) -> dict[str, str]:
-    """probe day -> 'fail' (the flip's failure), 'pass', or 'unusable', from every probe run recorded so far."""
+def probe_states(
+    probe_root: Path, scenario: str, signature: str | None, config_ids: list[str] | None = None
+) -> dict[str, str]:
+    """probe day -> 'fail' (the flip's failure), 'pass', 'unusable' or 'no-evidence' (`bisection.probe_state`,
+    over the configs that showed the failure), from every probe run recorded so far."""
     grouped: dict[str, list[dict[str, Any]]] = {}
     for run_dir in run_dirs(probe_root):
         for record in rename_all(read_records(run_dir / "records.jsonl")):
             day = (record.get("pins") or {}).get("date", "")
             if record["scenario"] == scenario and record["variant"] == "baseline" and PROBE_DAY.match(day):
                 grouped.setdefault(day, []).append(record)
-    return {day: probe_state(records, signature)[0] for day, records in grouped.items()}
+    return {day: probe_state(records, signature, config_ids or ())[0] for day, records in grouped.items()}
 
 
 def step(flip: Flip, states: dict[str, str], release_list: list[str]) -> list[str]:
@@ -118,7 +121,7 @@ def plan_round(run_dir: Path, profile: Profile, out_root: Path) -> tuple[list[Fl
         if masking(flip, verdicts):
             flips.append(flip)  # another failure, or configs that could not run, hide the target: no cause to name
             continue
-        states = probe_states(probe_root, flip.scenario, flip.signature)
+        states = probe_states(probe_root, flip.scenario, flip.signature, flip.config_ids)
         needed_now = step(flip, states, [])
         if not needed_now and len(flip.reproducing) == 1:
             old, new = flip.changed[flip.reproducing[0]]

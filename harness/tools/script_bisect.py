@@ -39,6 +39,7 @@ from harness.define.profile import DATE_AXIS, Profile
 from harness.environments.envs import InstallOptions
 from harness.errors import UsageError
 from harness.execution.script_launch import CLASSIFIER_VERSION, ScriptRun, run_script, script_dependencies
+from harness.publishing.upstream import setup_words
 from harness.recording.flip import Flip
 from harness.recording.runs import now_iso
 from harness.recording.signatures import cannot_run_here
@@ -47,6 +48,13 @@ from harness.tools.script_stacks import LocalStacks, Stack
 from harness.versions import releases
 
 KNOWN = ("target", "pass")
+#: The one rule's answers in a script verdict's words.
+_SCRIPT_STATE = {
+    flip_search.SHOWS: "target",
+    flip_search.ABSENT: "pass",
+    flip_search.UNUSABLE: "unusable",
+    flip_search.NO_EVIDENCE: "other",
+}
 #: Moves per flip before the search gives up naming one package: the traceback's and the error's packages and the
 #: atlas packages come first, so the tail is packages that rarely explain a flip (the verdict lists them).
 MOVE_BOUND = 10
@@ -121,6 +129,11 @@ class Observation:
     waiting_in: dict[str, str | None] = field(default_factory=dict)
     reused: bool = False
     state: str = ""
+    #: What really ran, measured inside the script's ranks (`script_launch.measured_setup`); empty for runs made
+    #: before the harness measured it, which then state nothing about their setup.
+    setup: dict[str, Any] = field(default_factory=dict)
+    #: The failure's whole text (`error` is its first line).
+    error_text: str | None = None
 
 
 @dataclass
@@ -253,18 +266,20 @@ class ScriptBisect:
         ).hexdigest()[:16]
 
     def state_of(self, found: Observation) -> str:
+        """A run's state by the one rule (`flip_search.run_evidence`), in a script verdict's words: target, pass,
+        other (no evidence: another failure, or a timeout where the target is not a hang) or unusable."""
         if found.outcome in ("install-failed", "skip"):
             return "unusable"
         if _cannot_run(found) or _needs_left_out(found):
             return "unusable"  # the stack cannot run on this machine at all: no evidence either way
-        if found.outcome == "pass":
-            return "pass"
+        if found.outcome != "pass" and self.match is None and self.target is None:
+            return ""  # no target chosen yet
+        return _SCRIPT_STATE[flip_search.run_evidence(found.outcome, self._is_target(found))]
+
+    def _is_target(self, found: Observation) -> bool:
         if self.match is not None:
-            text = f"{found.error or ''}\n{found.traceback}\n{found.stderr_tail}"
-            return "target" if self.match.search(text) else "other"
-        if self.target is None:
-            return ""
-        return "target" if found.signature == self.target else "other"
+            return bool(self.match.search(f"{found.error or ''}\n{found.traceback}\n{found.stderr_tail}"))
+        return found.signature == self.target
 
     def set_target(self, found: Observation) -> None:
         self.target, self.target_error = found.signature, found.error
@@ -546,6 +561,7 @@ def _brief(found: Observation) -> dict[str, Any]:
         "error": found.error,
         "mode": found.stack.get("mode"),
         "reused": found.reused,
+        **({"setup": found.setup} if found.setup else {}),
     }
 
 
@@ -617,6 +633,8 @@ def summary_lines(verdict: dict[str, Any]) -> list[str]:
         lines.append("  no stack fails: nothing to bisect")
     states = " ".join(f"{s['label']}:{s['state'] or s['outcome']}" for s in verdict["scan"])
     lines.append(f"  scan: {states}")
+    ran = sorted({setup_words(s.get("setup")) for s in verdict["scan"]})
+    lines += [f"  measured: {words}" for words in ran]
     known = {s["state"] for s in verdict["scan"] if s["state"] in KNOWN}
     if asked and not verdict["flips"]:
         why = "every stack that could run shows it" if known == {"target"} else "no two usable stacks differ"
@@ -663,7 +681,8 @@ def summary_lines(verdict: dict[str, Any]) -> list[str]:
 def _from_run(phase: str, label: str, run: ScriptRun, facts: dict[str, Any], key: str) -> Observation:
     return Observation(
         phase, label, run.outcome, run.signature, run.error, round(run.seconds, 2), facts, key, run.exit_code,
-        run.traceback, run.stderr_tail, run.rank_stacks, run.waiting_in,
+        run.traceback, run.stderr_tail, run.rank_stacks, run.waiting_in, setup=dict(run.setup),
+        error_text=run.error_text,
     )  # fmt: skip
 
 
