@@ -346,6 +346,12 @@ def bisect_script_node(args: argparse.Namespace) -> int:
     return node_command(args)
 
 
+def findings(args: argparse.Namespace) -> int:
+    from harness.tools.findings import command
+
+    return command(args)
+
+
 def upstream_report(args: argparse.Namespace) -> int:
     from harness.publishing.upstream import find_entry, report_body, script_report
 

@@ -705,6 +705,25 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     Command(
+        "findings",
+        "findings",
+        help="findings for maintainers: list them, print one's issue body, or verify its reproducer",
+        description=(
+            "Failures the atlas found that no upstream record names, each in results/findings/<id>/: a "
+            "standalone reproducer (PEP 723 pins, no harness import), the first bad and last good release, the "
+            "code that changed, and an issue body. Without ID: one line per finding (verified or not, still seen "
+            "by the atlas or not). With ID: its issue body. With --verify: run the reproducer with `uv run` at the "
+            "bad release and, moving only that package's pin, at the good one, each traced for the package's "
+            "functions; record both runs (runs.jsonl) and the functions both executed whose source differs "
+            "between the releases (changed.json). `nox -s report` writes results/FINDINGS.md from them."
+        ),
+        options=(
+            Option(("finding",), nargs="?", default=None, metavar="ID", help="a finding's folder name"),
+            Option(("--verify",), action="store_true", help="run and trace the reproducer at both releases"),
+            RESULTS_OPTION,
+        ),
+    ),
+    Command(
         "upstream-report",
         "upstream_report",
         help="print a ready-to-file upstream issue body for a reproducer",

@@ -25,7 +25,7 @@ def test_a_script_that_imports_no_torch_runs_unchanged_and_measures_no_device(tm
     found = run_script(Path(sys.executable), script, timeout_s=60)
     assert (found.outcome, found.exit_code) == ("fail", 3)  # the probe changes nothing the script does
     assert found.setup == {"ranks_reporting": 1}
-    assert setup_words(found.setup) == "no torch imported, no process group"
+    assert setup_words(found.setup) == "no torch imported, no process group seen"
 
 
 def test_the_whole_failure_text_is_kept_beside_its_first_line(tmp_path: Path) -> None:

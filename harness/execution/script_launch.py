@@ -32,8 +32,9 @@ from harness.processes import guard
 from harness.processes.proctree import ORCHESTRATOR_VAR, TOKEN_VAR, kill_token, processes_with_token, send_signal
 from harness.recording.signatures import exception_signature
 
-#: Changes whenever how a run is judged changes: runs recorded under another one are not reused.
-CLASSIFIER_VERSION = 3
+#: Changes whenever how a run is judged or what it records changes: runs recorded under another one are not
+#: reused. 4: each run carries the setup measured in its ranks (`measured_setup`) and the failure's whole text.
+CLASSIFIER_VERSION = 4
 #: The folder whose sitecustomize.py measures what a script ran, and where it writes its facts.
 PROBE_DIR = REPO_ROOT / "runtime" / "script_probe"
 SETUP_DIR_VAR = "COMPAT_MATRIX_SETUP_DIR"

@@ -72,4 +72,9 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
             name = f"{prefix}history-timeline.png"
             plot_timeline(records, specs, flips_of[device], results_dir / name, device)
         plot_s5_history(dated.get("cpu", []), results_dir / "history-s5-ratio.png")
+        from harness.publishing.findings import findings_markdown, load_all
+
+        (results_dir / "FINDINGS.md").write_text(
+            findings_markdown(load_all(results_dir / "findings"), results_dir, specs)
+        )
     return output

@@ -211,7 +211,7 @@ def setup_words(setup: dict[str, Any] | None) -> str:
         backend = f" ({one(setup['backend'])})" if setup.get("backend") else ""
         parts.append(f"world size {one(setup['world_size'])}{backend}")
     else:
-        parts.append("no process group")
+        parts.append("no process group seen")
     text = ", ".join(parts)
     if setup.get("distributed_type"):
         details = [f"wrapped by {one(setup['wrapped_by'])}" if setup.get("wrapped_by") else "not wrapped"]

@@ -708,13 +708,13 @@ def read_json_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def atlas_days(results_dir: Path, history: Profile) -> list[str]:
-    """The install days of the newest committed history run (the environments the atlas ran in), else the
-    profile's date rule resolved against the index."""
-    runs = sorted((results_dir / "runs").glob(f"{history.name}-*/meta.json"))
-    for meta_path in reversed(runs):
-        days = json.loads(meta_path.read_text()).get("resolved_axes", {}).get(DATE_AXIS)
-        if days:
-            return sorted(days)
+    """Every install day the committed history runs resolved (the environments the atlas ran in): a run that
+    re-checks two days never narrows the atlas to them. Else the profile's date rule resolved against the index."""
+    days: set[str] = set()
+    for meta_path in sorted((results_dir / "runs").glob(f"{history.name}-*/meta.json")):
+        days |= set(json.loads(meta_path.read_text()).get("resolved_axes", {}).get(DATE_AXIS) or [])
+    if days:
+        return sorted(days)
     resolved, _ = releases.resolve_axes(history)
     return sorted(resolved.axes[DATE_AXIS])
 

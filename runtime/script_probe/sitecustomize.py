@@ -4,7 +4,8 @@ does and only watches.
 
 Each rank writes `rank-<RANK>.json` into `$COMPAT_MATRIX_SETUP_DIR`:
 - the device: CUDA or CPU, how many GPUs this process sees and their names (read only where the script imported
-  torch itself), the distributed backend and world size its process group really formed;
+  torch itself), the distributed backend and world size its process group really formed (read when the group is
+  made, whoever makes it, and at exit);
 - where the script trains through accelerate (the HF Trainer does): what each `Accelerator.prepare` resolved
   (distributed type, mixed precision, the FSDP plugin's version, state dict type and sharding strategy, the
   DeepSpeed ZeRO stage) and what really wrapped the model (FSDP1's `FullyShardedDataParallel`, FSDP2's
@@ -160,7 +161,25 @@ def _watch_accelerator(module: Any) -> None:
     accelerator_class._compat_matrix_watched = True
 
 
-_AFTER_IMPORT = {"accelerate.accelerator": _watch_accelerator}
+def _watch_process_group(module: Any) -> None:
+    """Wrap `init_process_group` (torch.distributed re-exports it after this module runs): note the group it made."""
+    init = getattr(module, "init_process_group", None)
+    if init is None or getattr(init, "_compat_matrix_watched", False):
+        return
+
+    def watched_init(*args: Any, **kwargs: Any) -> Any:
+        result = init(*args, **kwargs)
+        _write()
+        return result
+
+    watched_init._compat_matrix_watched = True  # type: ignore[attr-defined]
+    module.init_process_group = watched_init
+
+
+_AFTER_IMPORT = {
+    "accelerate.accelerator": _watch_accelerator,
+    "torch.distributed.distributed_c10d": _watch_process_group,
+}
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -1,0 +1,351 @@
+"""Findings for maintainers, as they read: one finding per failure that no upstream record names, with its verified
+reproducer, the release that brought (or ended) it, the code that changed, and an issue body in the upstream bug
+template's shape; and FINDINGS.md, which lists them and the ones a later run no longer shows.
+
+Everything an issue body states comes from a record: the verification runs (`runs.jsonl`: exit codes, the
+reproducer's own last line, the versions its processes imported), the traced comparison (`changed.json`), the atlas
+flip that found it (`results/flips/<run>/flips.json`) and the scenario's records on the flip's days (which fixes
+passed). `finding.toml` holds only what no run measures: where it came from and what was searched upstream.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UsageError
+from harness.recording.flip import Flip
+from harness.recording.records import read_records
+from harness.recording.signatures import rename_all
+from harness.recording.verdicts import variant_kinds, verdict
+from harness.textsafe import code, md
+
+#: Changed functions whose diff the issue body shows (the last called first; changed.json holds them all).
+DIFFS_SHOWN = 3
+#: The longest title an issue body opens with (the whole message is under "Actual behavior").
+TITLE_LIMIT = 116
+_REQUIRED = ("title", "scenario", "signature", "repository", "package", "direction", "bad", "good")
+
+
+@dataclass
+class Finding:
+    id: str
+    folder: Path
+    title: str
+    scenario: str
+    signature: str
+    repository: str
+    package: str
+    #: "starts" (the failure comes with `bad`, `good` the last release without it) or "ends" (`good` fixed it).
+    direction: str
+    bad: str
+    good: str
+    flip: dict[str, Any] = field(default_factory=dict)
+    searched: list[str] = field(default_factory=list)
+    status: str = "new"
+    link: str = ""
+    runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    changed: dict[str, Any] | None = None
+
+    @property
+    def verified(self) -> bool:
+        """The reproducer flips as the atlas did: it fails at `bad` and passes at `good`, every other pin held."""
+        bad, good = self.runs.get("bad"), self.runs.get("good")
+        if not bad or not good or bad.get("exit_code") != 1 or good.get("exit_code") != 0:
+            return False
+        moved = [p for p in bad["pins"] if p not in good["pins"]]
+        measured = (bad.get("versions", {}).get(self.package), good.get("versions", {}).get(self.package))
+        return moved == [f"{self.package}=={self.bad}"] and measured in ((self.bad, self.good), (None, None))
+
+    def release_words(self) -> str:
+        if self.direction == "starts":
+            return f"since {self.package} {self.bad} (last good: {self.good})"
+        return f"until {self.package} {self.good} fixed it (last bad: {self.bad})"
+
+
+def load_finding(folder: Path) -> Finding:
+    """One finding: its toml, the newest verification run of each side, and the traced comparison."""
+    try:
+        data = tomllib.loads((folder / "finding.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"{folder / 'finding.toml'}: {exc}") from None
+    missing = [k for k in _REQUIRED if not data.get(k)]
+    if missing or data.get("direction") not in ("starts", "ends"):
+        raise UsageError(f"{folder / 'finding.toml'}: needs {', '.join(missing) or 'direction starts or ends'}")
+    runs: dict[str, dict[str, Any]] = {}
+    for line in (folder / "runs.jsonl").read_text().splitlines() if (folder / "runs.jsonl").is_file() else []:
+        if line.strip():
+            run = json.loads(line)
+            runs[run["side"]] = run  # the newest of each side
+    changed = json.loads((folder / "changed.json").read_text()) if (folder / "changed.json").is_file() else None
+    upstream = data.get("upstream") or {}
+    return Finding(
+        id=folder.name, folder=folder, **{k: str(data[k]) for k in _REQUIRED}, flip=data.get("flip") or {},
+        searched=list(upstream.get("searched") or []), status=str(upstream.get("status") or "new"),
+        link=str(upstream.get("link") or ""), runs=runs, changed=changed,
+    )  # fmt: skip
+
+
+def load_all(root: Path) -> list[Finding]:
+    return [load_finding(path.parent) for path in sorted(root.glob("*/finding.toml"))]
+
+
+def still_seen(finding: Finding, results_dir: Path) -> str | None:
+    """None while the atlas flip that found it still stands (its run not superseded, the flip in its flips.json with
+    the same package and releases); else why it is no longer seen."""
+    run = finding.flip.get("run", "")
+    meta_path = results_dir / "runs" / run / "meta.json"
+    if not meta_path.is_file():
+        return f"its run {run} is not in results/runs"
+    if json.loads(meta_path.read_text()).get("superseded_by"):
+        return f"its run {run} is superseded"
+    path = results_dir / "flips" / run / "flips.json"
+    flips = [Flip.from_json(e) for e in json.loads(path.read_text())] if path.is_file() else []
+    for flip in flips:
+        same_day = (flip.scenario, flip.older, flip.newer) == (
+            finding.scenario,
+            finding.flip.get("older"),
+            finding.flip.get("newer"),
+        )
+        if same_day and (flip.family or flip.signature) in (finding.signature, finding.flip.get("family")):
+            first, before = (
+                (finding.bad, finding.good) if finding.direction == "starts" else (finding.good, finding.bad)
+            )
+            if (flip.package, flip.release, flip.last_release_before) == (finding.package, first, before):
+                return None
+            return f"the flip now reads {flip.package or 'not named'} {flip.release or ''}".rstrip()
+    return f"no flip of {finding.scenario} between {finding.flip.get('older')} and {finding.flip.get('newer')} in {run}"
+
+
+def fixes_that_pass(finding: Finding, results_dir: Path, spec: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """(variant, kind, what it does) of every change that removed the failure on the flip's failing day, from the
+    scenario's records there (the table's own verdict)."""
+    run = finding.flip.get("run", "")
+    day = finding.flip.get("newer") if finding.direction == "starts" else finding.flip.get("older")
+    records = [
+        r
+        for r in rename_all(read_records(results_dir / "runs" / run / "records.jsonl"))
+        if r["scenario"] == finding.scenario and (r.get("pins") or {}).get("date") == day
+    ]
+    if not records:
+        return []
+    found = verdict(records, spec)
+    kinds = variant_kinds(spec)
+    described = {name: value[1] for name, value in ((spec or {}).get("variants") or {}).items()}
+    return [(name, kinds.get(name, "fix"), described.get(name, "")) for name in found.fixed]
+
+
+def issue_title(finding: Finding) -> str:
+    bad = finding.runs.get("bad") or {}
+    line = str(bad.get("line") or finding.title).removeprefix("FAIL: ")
+    suffix = finding.release_words()
+    room = TITLE_LIMIT - len(suffix) - 1
+    return (line if len(line) <= room else line[: room - 1].rstrip() + "…") + " " + suffix
+
+
+def issue_body(finding: Finding, results_dir: Path | None = None, spec: dict[str, Any] | None = None) -> str:
+    """The issue body, in the shape of the upstream bug template (System Info, Reproduction, Expected, Actual), plus
+    the release, the code that changed and the workaround."""
+    bad, good = finding.runs.get("bad") or {}, finding.runs.get("good") or {}
+    names = sorted({*bad.get("versions", {}), *good.get("versions", {})})
+    lines = [
+        f"<!-- for https://github.com/{finding.repository}/issues/new -->",
+        f"**{issue_title(finding)}**",
+        "",
+        "### System Info\n",
+        f"The two runs of the reproducer below (`uv run repro.py`), as their processes imported them "
+        f"({'verified' if finding.verified else 'NOT verified: the runs do not flip as the atlas did'}):",
+        "",
+        f"| package | failing ({finding.package} {finding.bad}) | passing ({finding.package} {finding.good}) |",
+        "|---|---|---|",
+        *[f"| `{n}` | {bad.get('versions', {}).get(n, '-')} | {good.get('versions', {}).get(n, '-')} |" for n in names],
+        "",
+        "### Reproduction\n",
+        f"`uv run repro.py` (its PEP 723 block pins every package; the passing run moves only {finding.package} to "
+        f"{finding.good}):",
+        "",
+        "```python",
+        (finding.folder / "repro.py").read_text().rstrip(),
+        "```",
+        "",
+        "### Expected behavior\n",
+        f"As with {finding.package}=={finding.good} (exit {good.get('exit_code')}): `{good.get('line')}`",
+        "",
+        "### Actual behavior\n",
+        f"With {finding.package}=={finding.bad} (exit {bad.get('exit_code')}): `{bad.get('line')}`",
+        "",
+        "### Which release\n",
+        _which_release(finding),
+        "",
+        "### The code that changed\n",
+        *_changed_lines(finding),
+    ]
+    fixes = fixes_that_pass(finding, results_dir, spec) if results_dir else []
+    if fixes:
+        lines += ["", "### Workaround\n"]
+        lines += [f"- `{name}` ({kind}): {what}" for name, kind, what in fixes]
+    searched = ", ".join(finding.searched) or "none recorded"
+    link = f" ({finding.link})" if finding.link else ""
+    lines += ["", "### Upstream\n", f"Status: {finding.status}{link}. Threads searched: {searched}."]
+    return "\n".join(lines) + "\n"
+
+
+def _which_release(finding: Finding) -> str:
+    flip = finding.flip
+    where = (
+        f"The atlas flip of run `{flip.get('run')}` ({finding.scenario}, `{finding.signature}`, between the install "
+        f"days {flip.get('older')} and {flip.get('newer')}): moving {finding.package} alone reproduces the change, "
+        f"and bisecting its releases gives "
+    )
+    if finding.direction == "starts":
+        where += f"first bad **{finding.bad}**, last good {finding.good}."
+    else:
+        where += f"last bad {finding.bad}, first good **{finding.good}**."
+    return where + " The reproducer above, run at both releases with every other pin held, shows the same."
+
+
+def _changed_lines(finding: Finding) -> list[str]:
+    changed = finding.changed
+    if not changed:
+        return ["Not traced yet (`compat-matrix findings <id> --verify` traces both runs)."]
+    intro = (
+        f"Of the {changed['executed_both']} {finding.package} functions both runs executed, "
+        f"{len(changed['changed'])} differ between {changed['older']} and {changed['newer']}"
+    )
+    lines = [intro + (", the last called in the failing run first:" if changed["changed"] else ".")]
+    for function in changed["changed"][:DIFFS_SHOWN]:
+        lines += ["", f"`{function['file']}::{function['qualname']}` ({function['older_lines']} -> "
+                  f"{function['newer_lines']} lines):", "", "```diff", function["diff"], "```"]  # fmt: skip
+    rest = changed["changed"][DIFFS_SHOWN:]
+    if rest:
+        names = ", ".join(f"`{f['file']}::{f['qualname']}`" for f in rest)
+        lines += ["", f"Also changed, called earlier in the run (diffs in `changed.json`): {names}."]
+    if changed.get("only_newer"):
+        shown = ", ".join(f"`{name}`" for name in changed["only_newer"][:8])
+        more = f" and {len(changed['only_newer']) - 8} more" if len(changed["only_newer"]) > 8 else ""
+        lines += ["", f"Only the {changed['newer']} run executed: {shown}{more}."]
+    if changed.get("native_below"):
+        lines += [
+            "",
+            f"{finding.package} is compiled: these are its Python-level functions; what runs natively is not seen.",
+        ]
+    return lines
+
+
+def findings_rows(findings: list[Finding], results_dir: Path) -> list[dict[str, Any]]:
+    """One row per finding, the same for the terminal list and the site's section: what the user sees, the
+    release, verified or not, still seen by the atlas or why not."""
+    rows = []
+    for finding in findings:
+        gone = still_seen(finding, results_dir)
+        rows.append(
+            {
+                "id": finding.id,
+                "status": finding.status,
+                "title": finding.title,
+                "sees": str((finding.runs.get("bad") or {}).get("line") or ""),
+                "release": finding.release_words(),
+                "verified": finding.verified,
+                "changed": [f"{c['file']}::{c['qualname']}" for c in (finding.changed or {}).get("changed", [])][:3],
+                "no_longer_seen": gone,
+            }
+        )
+    return rows
+
+
+def findings_list_lines(findings: list[Finding], results_dir: Path) -> list[str]:
+    """One line per finding, for the terminal (`findings_rows`, as the site shows them)."""
+    if not findings:
+        return ["no findings under results/findings/"]
+    lines = []
+    for row in findings_rows(findings, results_dir):
+        state = "verified" if row["verified"] else "NOT verified"
+        seen = f"no longer seen ({row['no_longer_seen']})" if row["no_longer_seen"] else "seen"
+        lines.append(f"{row['id']}: {row['status']}, {state}, {seen}: {row['title']} {row['release']}")
+    return lines
+
+
+WITHOUT_A_FINDING = "without-a-finding.toml"
+
+
+def without_a_finding(root: Path) -> dict[str, list[dict[str, str]]]:
+    """The flips and failure families no upstream record names that have no finding, each with why not."""
+    path = root / WITHOUT_A_FINDING
+    if not path.is_file():
+        return {"flip": [], "family": []}
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    return {"flip": list(data.get("flip") or []), "family": list(data.get("family") or [])}
+
+
+def accounts_for(flip: Flip, findings: list[Finding], root: Path) -> str | None:
+    """How a flip of the table with no upstream record is accounted for: a finding's id, or the reason there is
+    none (without-a-finding.toml); None where neither says anything."""
+    for finding in findings:
+        days = (finding.flip.get("older"), finding.flip.get("newer"))
+        if (finding.scenario, *days) == (flip.scenario, flip.older, flip.newer) and flip.family in (
+            None,
+            finding.signature,
+        ):
+            return f"finding {finding.id}"
+    for entry in without_a_finding(root)["flip"]:
+        key = (entry.get("scenario"), entry.get("older"), entry.get("newer"))
+        if key == (flip.scenario, flip.older, flip.newer) and entry.get("family") in (None, flip.family):
+            return str(entry.get("why", ""))
+    return None
+
+
+def findings_markdown(findings: list[Finding], results_dir: Path, specs: dict[str, dict[str, Any]]) -> str:
+    """results/FINDINGS.md: the findings still seen (each with its issue body), then the ones no longer seen."""
+    seen = [(f, still_seen(f, results_dir)) for f in findings]
+    current = [f for f, gone in seen if gone is None]
+    lines = [
+        "# Findings for maintainers",
+        "",
+        "Generated by `nox -s report` from `results/findings/` (`compat-matrix findings` lists them, "
+        "`compat-matrix findings ID` prints one issue body). Do not edit by hand.",
+        "",
+        "Failures the atlas found that no upstream record names: each with a standalone reproducer run at the "
+        "first bad and the last good release (every other pin held), the code both runs executed that changed "
+        "between them, and a ready issue body.",
+        "",
+        "| finding | status | what the user sees | release | reproducer | changed code |",
+        "|---|---|---|---|---|---|",
+    ]
+    for finding in current:
+        bad = finding.runs.get("bad") or {}
+        changed = ", ".join(f"`{c['qualname']}`" for c in (finding.changed or {}).get("changed", [])) or "-"
+        state = "verified" if finding.verified else "**not verified**"
+        lines.append(
+            f"| [{md(finding.id)}](#{finding.id}) | {md(finding.status)} | {code(bad.get('line') or finding.title)} | "
+            f"{md(finding.release_words())} | {state} | {changed} |"
+        )
+    for finding in current:
+        lines += [
+            "",
+            f'<a id="{finding.id}"></a>',
+            "",
+            f"## {finding.id}",
+            "",
+            issue_body(finding, results_dir, specs.get(finding.scenario)),
+        ]
+    without = without_a_finding(results_dir / "findings")
+    lines += ["", "## Without a finding, and why", ""]
+    for entry in without["flip"]:
+        family = f" ({entry['family']})" if entry.get("family") else ""
+        lines.append(
+            f"- flip {md(entry['scenario'])}{md(family)} {md(entry['older'])} .. {md(entry['newer'])}: "
+            + md(entry["why"])
+        )
+    for entry in without["family"]:
+        where = f" ({entry['where']})" if entry.get("where") else ""
+        lines.append(f"- failure {code(entry['signature'])}{md(where)}: {md(entry['why'])}")
+    gone = [(f, why) for f, why in seen if why is not None]
+    lines += ["", "## No longer seen", ""]
+    lines += [f"- {md(f.id)}: {md(why)}" for f, why in gone] or ["None: every finding's flip still stands."]
+    return "\n".join(lines) + "\n"

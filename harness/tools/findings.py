@@ -1,0 +1,157 @@
+"""Findings for maintainers, verified: each finding's standalone reproducer run with `uv run` from its own pins at the
+first bad release and, with only that pin moved, at the last good one, both runs traced (the functions of the
+flipping package each executed) and recorded; then the code both runs executed that differs between the releases.
+
+A finding lives in `results/findings/<id>/`: `finding.toml` (where it came from and what was searched upstream:
+facts no run measures), `repro.py` (PEP 723, no harness import), and what verifying it writes: `runs.jsonl` (every
+verification run: side, pins, exit code, the reproducer's last line, the versions its processes imported) and
+`changed.json` (`harness/tools/changed_code.py`). The issue body and FINDINGS.md are made from these
+(`harness/publishing/findings.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.environments.overlay import uv_binary
+from harness.errors import UsageError
+from harness.paths import REPO_ROOT
+from harness.publishing.findings import Finding, load_finding
+from harness.recording.runs import now_iso
+from harness.tools import changed_code
+
+TRACER_DIR = REPO_ROOT / "runtime" / "call_trace"
+#: How long one reproducer run may take (a cold uv environment included).
+RUN_TIMEOUT_S = 1800.0
+_TAIL = 3000
+
+
+def pinned_variant(text: str, package: str, version: str) -> str:
+    """The reproducer's text with only `package`'s PEP 723 pin moved to `version` (every other pin held)."""
+    block = re.search(r"(?ms)^# /// script$.*?^# ///$", text)
+    if block is None:
+        raise UsageError("the reproducer has no '# /// script' block")
+    pin = re.compile(rf'"{re.escape(package)}==[^"]+"')
+    moved, count = pin.subn(f'"{package}=={version}"', block.group(0))
+    if count != 1:
+        raise UsageError(f"the reproducer pins {package} {count} times in its PEP 723 block, not once")
+    return text[: block.start()] + moved + text[block.end() :]
+
+
+def pins_of(text: str) -> list[str]:
+    """The `dependencies` of the reproducer's PEP 723 block, as written."""
+    from harness.execution.script_launch import script_dependencies
+
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
+        handle.write(text)
+    try:
+        return script_dependencies(Path(handle.name))
+    finally:
+        os.unlink(handle.name)
+
+
+def run_traced(text: str, package: str, trace_dir: Path, timeout_s: float = RUN_TIMEOUT_S) -> dict[str, Any]:
+    """One `uv run --script` of the reproducer's text, every process traced for `package`'s functions."""
+    from harness.define.packages import import_name
+
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    if env.get("PIP_FIND_LINKS") and not env.get("UV_FIND_LINKS"):
+        env["UV_FIND_LINKS"] = env["PIP_FIND_LINKS"]  # the CPU torch wheel on disk (uv ignores pip.conf)
+    env.pop("PYTHONPATH", None)
+    env |= {
+        "PYTHONPATH": str(TRACER_DIR),
+        "COMPAT_MATRIX_TRACE_PACKAGE": import_name(package),
+        "COMPAT_MATRIX_TRACE_DIR": str(trace_dir),
+    }
+    with tempfile.TemporaryDirectory(prefix="finding-") as scratch:
+        script = Path(scratch) / "repro.py"
+        script.write_text(text)
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(
+                [uv_binary(), "run", "--quiet", "--script", str(script)], capture_output=True, text=True,
+                env=env, cwd=scratch, timeout=timeout_s, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+            code, out, err = proc.returncode, proc.stdout, proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            code, out, err = None, str(exc.stdout or ""), str(exc.stderr or "")
+    lines = [line for line in out.splitlines() if line.strip()]
+    _, _, versions = changed_code.read_traces(trace_dir)
+    return {
+        "exit_code": code,
+        "line": lines[-1] if lines else None,
+        "seconds": round(time.monotonic() - started, 1),
+        "versions": versions,
+        "stdout_tail": out[-_TAIL:],
+        "stderr_tail": err[-_TAIL:],
+    }
+
+
+def verify(folder: Path, say: Any = print) -> dict[str, Any]:
+    """Run the finding's reproducer at the first bad and the last good release, traced, and record both runs and
+    the changed code. Returns the two runs."""
+    finding = load_finding(folder)
+    text = (folder / "repro.py").read_text()
+    bad_text = pinned_variant(text, finding.package, finding.bad)
+    if bad_text != text:
+        raise UsageError(f"{folder.name}/repro.py must pin {finding.package}=={finding.bad} (the first bad)")
+    good_text = pinned_variant(text, finding.package, finding.good)
+    sides: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="finding-traces-") as traces:
+        for side, version, body in (("bad", finding.bad, bad_text), ("good", finding.good, good_text)):
+            say(f"{finding.id}: {finding.package}=={version} ({side}) ...")
+            found = run_traced(body, finding.package, Path(traces) / side)
+            run = {
+                "side": side, "package": finding.package, "version": version, "pins": pins_of(body),
+                "script_sha256": hashlib.sha256(body.encode()).hexdigest(), "made_at": now_iso(), **found,
+            }  # fmt: skip
+            sides[side] = run
+            with open(folder / "runs.jsonl", "a") as handle:
+                handle.write(json.dumps(run) + "\n")
+            say(f"  exit {found['exit_code']} in {found['seconds']} s: {found['line']}")
+        changed = changed_code.compare(
+            finding.package, (finding.good, Path(traces) / "good"), (finding.bad, Path(traces) / "bad")
+        )
+    (folder / "changed.json").write_text(json.dumps(changed.as_json(), indent=1) + "\n")
+    names = ", ".join(f"{c.file}::{c.qualname}" for c in changed.changed) or "none"
+    say(f"  {changed.executed_both} {finding.package} functions ran in both; changed between the releases: {names}")
+    return sides
+
+
+def findings_root(results_dir: Path) -> Path:
+    return results_dir / "findings"
+
+
+def command(args: Any) -> int:
+    """`compat-matrix findings [ID] [--verify]`: list the findings, print one's issue body, or verify it."""
+    from harness.publishing.findings import findings_list_lines, issue_body, load_all
+
+    root = findings_root(args.results_dir)
+    if not args.finding:
+        if args.verify:
+            raise UsageError("--verify needs a finding id (compat-matrix findings lists them)")
+        for line in findings_list_lines(load_all(root), args.results_dir):
+            print(line)
+        return 0
+    folder = root / args.finding
+    if not (folder / "finding.toml").is_file():
+        known = ", ".join(sorted(p.parent.name for p in root.glob("*/finding.toml"))) or "none"
+        raise UsageError(f"no finding {args.finding!r} under {root} (known: {known})")
+    if args.verify:
+        verify(folder)
+        return 0
+    from harness.define.registry import discover
+
+    finding: Finding = load_finding(folder)
+    specs = {s.id: s.spec for s in discover()}
+    print(issue_body(finding, args.results_dir, specs.get(finding.scenario)), end="")
+    return 0

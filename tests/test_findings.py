@@ -1,0 +1,171 @@
+"""Findings for maintainers: each committed finding's reproducer runs show its flip, its changed code names the
+function that changed, the terminal list and the site show the same findings, and every flip of the table without
+an upstream record has a finding or says why not.
+
+These tests exist because a finding is what a maintainer acts on: a reproducer that does not flip between the two
+releases, or a finding whose atlas flip no longer stands, must never be published as one. The reproducer runs
+themselves (`compat-matrix findings ID --verify`, minutes each with uv) are committed records; these tests judge
+them and the machinery on real files.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.define.registry import discover
+from harness.publishing.atlas import newest_flips, upstream_verdict
+from harness.publishing.findings import accounts_for, findings_rows, load_all, still_seen
+from harness.publishing.report import select_runs
+from harness.tools import changed_code
+from harness.tools.findings import pinned_variant
+from tests.conftest import REPO_ROOT
+
+RESULTS = REPO_ROOT / "results"
+FIRST = "peft-0.21.0-fsdp1-full-state-dict-empty-adapter"
+
+
+def committed() -> list:
+    findings = load_all(RESULTS / "findings")
+    assert findings, "results/findings/ holds no finding"
+    return findings
+
+
+def test_every_committed_finding_is_verified_by_its_own_runs() -> None:
+    """The reproducer failed (exit 1) at the bad release and passed (exit 0) at the good one, with only the
+    flipping package's pin moved, and each run's processes imported the release it was meant to."""
+    for finding in committed():
+        bad, good = finding.runs["bad"], finding.runs["good"]
+        assert (bad["exit_code"], good["exit_code"]) == (1, 0), finding.id
+        assert bad["line"].startswith("FAIL: ") and good["line"].startswith("ok: "), finding.id
+        assert [p for p in bad["pins"] if p not in good["pins"]] == [f"{finding.package}=={finding.bad}"]
+        assert [p for p in good["pins"] if p not in bad["pins"]] == [f"{finding.package}=={finding.good}"]
+        assert (bad["versions"][finding.package], good["versions"][finding.package]) == (finding.bad, finding.good)
+        text = (finding.folder / "repro.py").read_text()
+        assert "harness" not in text.replace("test harness", ""), "a reproducer stands alone"
+        import hashlib
+
+        assert bad["script_sha256"] == hashlib.sha256(text.encode()).hexdigest(), f"{finding.id}: runs of another text"
+        assert finding.verified
+
+
+def test_every_committed_finding_still_shows_its_flip() -> None:
+    for finding in committed():
+        assert still_seen(finding, RESULTS) is None, finding.id
+
+
+def test_the_first_finding_points_at_the_changed_function() -> None:
+    [finding] = [f for f in committed() if f.id == FIRST]
+    changed = finding.changed
+    assert (changed["package"], changed["older"], changed["newer"]) == ("peft", "0.20.0", "0.21.0")
+    first = changed["changed"][0]  # the last called in the failing run: the save
+    assert (first["file"], first["qualname"]) == ("peft/utils/save_and_load.py", "get_peft_model_state_dict")
+    assert first["diff"].startswith("--- peft 0.20.0\n+++ peft 0.21.0")
+
+
+def test_every_flip_of_the_table_without_an_upstream_record_is_accounted_for() -> None:
+    selection = select_runs(RESULTS)
+    specs = {s.id: s.spec for s in discover()}
+    from harness.publishing.atlas import dated_verdicts, masking
+
+    findings = committed()
+    records = selection.latest()[0]
+    verdicts = dated_verdicts([r for r in records if (r.get("pins") or {}).get("date")], specs)[2]
+    unaccounted = []
+    for flip in newest_flips(RESULTS, selection.run_ids):
+        if upstream_verdict(flip) is not None or masking(flip, verdicts):
+            continue
+        if not accounts_for(flip, findings, RESULTS / "findings"):
+            unaccounted.append(f"{flip.scenario} {flip.family or ''} {flip.older}..{flip.newer}")
+    assert not unaccounted, "flips with no upstream record, no finding and no reason why not: " + ", ".join(unaccounted)
+
+
+def test_the_terminal_list_and_the_site_show_the_same_findings(tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    from harness.publishing.publish import build_matrix, write_site
+    from tests.test_publish import headless_chromium
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "findings"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    listed = [line.split(":", 1)[0] for line in proc.stdout.splitlines()]
+    document = build_matrix(select_runs(RESULTS), None, {s.id: s.spec for s in discover()})
+    document["findings"] = findings_rows(committed(), RESULTS)
+    site = write_site(document, tmp_path / "site")
+    browser = headless_chromium()
+    try:
+        browser.get(site.as_uri())
+        shown = [li.get_attribute("data-id") for li in browser.find_elements(By.CSS_SELECTOR, "#findings li.finding")]
+        heading = browser.find_element(By.CSS_SELECTOR, "#findings-section h2")
+        glance = browser.find_element(By.ID, "glance-section")
+        assert heading.location["y"] < glance.location["y"], "the findings come first"
+    finally:
+        browser.quit()
+    assert shown == listed == [f.id for f in committed()]
+
+
+def test_the_table_regenerates_findings_md() -> None:
+    from harness.publishing.findings import findings_markdown
+
+    text = findings_markdown(committed(), RESULTS, {s.id: s.spec for s in discover()})
+    assert text == (RESULTS / "FINDINGS.md").read_text(), "results/FINDINGS.md is stale: run `nox -s report`"
+    assert "## Without a finding, and why" in text and "## No longer seen" in text
+
+
+def test_a_finding_whose_flip_is_gone_moves_to_no_longer_seen(tmp_path: Path) -> None:
+    import shutil
+
+    from harness.publishing.findings import findings_markdown, load_finding
+
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS / "findings" / FIRST, results / "findings" / FIRST)
+    (results / "runs" / "history-20261126T013700Z-b500").mkdir(parents=True)
+    (results / "runs" / "history-20261126T013700Z-b500" / "meta.json").write_text("{}")
+    (results / "flips" / "history-20261126T013700Z-b500").mkdir(parents=True)
+    (results / "flips" / "history-20261126T013700Z-b500" / "flips.json").write_text("[]")
+    finding = load_finding(results / "findings" / FIRST)
+    why = still_seen(finding, results)
+    assert why is not None and "no flip of S7-saved-adapter" in why
+    text = findings_markdown([finding], results, {})
+    assert f"- {FIRST}: no flip" in text.split("## No longer seen")[1]
+
+
+def test_only_the_flipping_pin_moves() -> None:
+    text = textwrap.dedent(
+        """\
+        # /// script
+        # dependencies = ["torch==2.13.0", "peft==0.21.0", "peft-extra==1.0"]
+        # ///
+        print("peft==0.21.0 stays in the code")
+        """
+    )
+    moved = pinned_variant(text, "peft", "0.20.0")
+    assert '"peft==0.20.0"' in moved and '"peft-extra==1.0"' in moved and 'print("peft==0.21.0' in moved
+    from harness.errors import UsageError
+
+    with pytest.raises(UsageError, match="pins accelerate 0 times"):
+        pinned_variant(text, "accelerate", "1.0")
+
+
+def test_functions_are_compared_by_name_across_two_sources(tmp_path: Path) -> None:
+    old = "def keep():\n    return 1\n\nclass A:\n    def save(self):\n        return [k for k in 'ab']\n"
+    new = old.replace("[k for k in 'ab']", "[]") + "\n    def new(self):\n        pass\n"
+    for side, source, calls in (
+        ("good", old, ["keep", "A.save", "A.save.<locals>.<listcomp>"]),
+        ("bad", new, ["keep", "A.save", "A.new"]),
+    ):
+        (tmp_path / side).mkdir()
+        trace = {"pid": 1, "versions": {"pkg": side}, "sources": {"pkg/m.py": source},
+                 "calls": [{"file": "pkg/m.py", "qualname": q, "line": 1} for q in calls]}  # fmt: skip
+        (tmp_path / side / "trace-1.json").write_text(json.dumps(trace))
+    result = changed_code.compare("pkg", ("1.0", tmp_path / "good"), ("2.0", tmp_path / "bad"))
+    assert result.executed_both == 2 and [c.qualname for c in result.changed] == ["A.save"]
+    assert result.only_newer == ["pkg/m.py::A.new"] and not result.native_below
+    assert changed_code.enclosing("f.<locals>.<listcomp>") == "f" and changed_code.enclosing("<module>") == ""
