@@ -108,3 +108,18 @@ def test_the_claims_check_fails_on_a_run_that_does_not_exist(tmp_path: Path) -> 
     assert SCENARIO.findall(block) == ["8"] and sentences(block) == [text]
     # A real run beside a scenario it never ran: S8 has no record in the CPU S7 history run.
     assert "S8" not in scenarios_of("history-20261126T013700Z-b500")
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """At most 200 lines, the two commands as CI runs them, and every docs page it links to exists."""
+    text = (REPO_ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    assert 'python3 -m pip install "nox[uv]>=2025.2.9" && python3 -m nox -s lint tests' in text
+    assert 'python3 -m pip install "nox[uv]>=2025.2.9" && python3 -m nox -s matrix' in text
+    ci = (REPO_ROOT / ".ci" / "run").read_text()
+    assert 'python3 -m pip install -q "nox[uv]>=2025.2.9" && python3 -m nox -s lint tests' in ci
+    links = re.findall(r"\]\((docs/[\w.-]+\.md)\)", text)
+    assert len(set(links)) >= 9 and all((REPO_ROOT / link).is_file() for link in links)
+    for page in (REPO_ROOT / "docs").glob("*.md"):
+        for target in re.findall(r"\]\((?!https?:|#)([^)#]+)", page.read_text()):
+            assert (page.parent / target).exists(), f"{page.name}: broken link {target}"

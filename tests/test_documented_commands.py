@@ -180,3 +180,40 @@ def test_the_node_scripts_stop_at_their_first_error_with_one_line(tmp_path: Path
         assert done.returncode == 2, (script, done.stdout, done.stderr)
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith(Path(script).name + ":"), (script, done.stderr)
+
+
+#: Documented commands that need no GPU and take seconds: run for real, as written (`python -m harness` for
+#: `compat-matrix`), each with what its output must say.
+QUICK = {
+    "compat-matrix lookup torch==2.4 transformers==4.44 peft==0.12 --scenario S1": "cast_forward_inputs",
+    "compat-matrix findings": "peft-0.21.0-fsdp1-full-state-dict-empty-adapter",
+    "compat-matrix findings peft-0.21.0-fsdp1-full-state-dict-empty-adapter": "### The code that changed",
+    "compat-matrix upstream-report results/script-bisect/peft-1583-prepare-int8": "since peft 0.10.0",
+}
+
+
+@pytest.mark.parametrize("command", sorted(QUICK))
+def test_quick_documented_commands_run_as_written(command: str) -> None:
+    import subprocess
+    import sys
+
+    shown = {c for _, c in documented()}
+    assert command in shown, f"{command!r} is no longer documented: update QUICK"
+    argv = [sys.executable, "-m", "harness", *shlex.split(command)[1:]]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert QUICK[command] in proc.stdout
+
+
+def test_the_documented_torch_window_scans_both_days_on_a_fresh_clone() -> None:
+    """`bisect-script ... --from 2024-09-26 --to 2024-12-07` (docs/bring-your-own-failure.md) scans those two atlas
+    days: the atlas is every day the committed history runs resolved, not the newest run's re-check of two days."""
+    from harness.define.profile import load_profile
+    from harness.paths import MATRIX_DIR, RESULTS_DIR
+    from harness.tools.script_bisect import atlas_days
+
+    command = next(c for _, c in documented() if "zero3_lora_checkpoint.py" in c and "--from 2024-09-26" in c)
+    assert "--to 2024-12-07" in command
+    days = atlas_days(RESULTS_DIR, load_profile("history", MATRIX_DIR))
+    assert [d for d in days if "2024-09-26" <= d <= "2024-12-07"] == ["2024-09-26", "2024-12-07"]
+    assert len(days) == 14

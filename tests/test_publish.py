@@ -190,3 +190,50 @@ def test_workflow_files_pass_actionlint() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{len(workflows)} file(s), 0 problem(s)" in proc.stdout
+
+
+def test_the_answer_grid_reads_at_a_glance_on_a_laptop_window(tmp_path: Path) -> None:
+    """At 1,400 x 900 (a laptop's browser window), on today's committed records: every scenario column's head is
+    on screen, or its table scrolls sideways with the versions column fixed; no entry's text is cut; each head says
+    in a few words what the scenario tests; the legend explains every symbol."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from harness.define.registry import discover
+    from harness.publishing.report import select_runs
+
+    document = build_matrix(select_runs(REPO_ROOT / "results"), None, {s.id: s.spec for s in discover()})
+    site = write_site(document, tmp_path / "site")
+    browser = headless_chromium()
+    try:
+        browser.set_window_size(1400, 900)
+        browser.get(site.as_uri())
+        WebDriverWait(browser, 60).until(lambda b: b.execute_script("return window.__glanceRenderedAt !== undefined"))
+        width = browser.execute_script("return window.innerWidth")
+        tables = browser.find_elements(By.CSS_SELECTOR, "table.glance")
+        assert len(tables) == len(document["glance"]) >= 3
+        for table in tables:
+            box = table.find_element(By.XPATH, "..")
+            scrolls = browser.execute_script(
+                "const b = arguments[0];"
+                "return b.scrollWidth > b.clientWidth && getComputedStyle(b).overflowX == 'auto'",
+                box,
+            )
+            first = table.find_element(By.CSS_SELECTOR, "th.versions")
+            assert browser.execute_script("return getComputedStyle(arguments[0]).position", first) == "sticky"
+            for head in table.find_elements(By.CSS_SELECTOR, "th.col"):
+                right = head.location["x"] + head.size["width"]
+                assert right <= width or scrolls, head.get_attribute("data-scenario")
+                assert head.find_element(By.TAG_NAME, "small").text, "a head says what its scenario tests"
+            cut = browser.execute_script(
+                "return [...arguments[0].querySelectorAll('td.g')].filter(td => td.scrollWidth > td.clientWidth + 1)"
+                ".map(td => td.textContent)",
+                table,
+            )
+            assert not cut, f"entries cut: {cut[:3]}"
+        legend = browser.find_element(By.ID, "legend").text
+        for symbol in ("✗ k/n", "✓", "(!)", "n/a", "env", "-: not run"):
+            assert symbol in legend, symbol
+        assert browser.save_screenshot(str(tmp_path / "grid.png"))
+    finally:
+        browser.quit()

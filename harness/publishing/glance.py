@@ -71,6 +71,13 @@ def column_labels(scenarios: list[str]) -> list[str]:
     return labels
 
 
+def what_it_tests(spec: dict[str, Any] | None) -> str:
+    """A scenario in a few words, for a column head: its title up to the first colon ('DoRA + FSDP + gradient
+    checkpointing')."""
+    title = str((spec or {}).get("title") or "")
+    return title.split(": ", 1)[0]
+
+
 def scenario_anchor(scenario: str) -> str:
     """The anchor of a scenario's detailed section (its variant table, reproducers, upstream links)."""
     return "scenario-" + slug(scenario)
@@ -126,7 +133,7 @@ def glance_tables(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]
                 "ranks": ranks,
                 "title": _title(device, ranks),
                 "columns": [
-                    {"scenario": s, "label": label}
+                    {"scenario": s, "label": label, "what": what_it_tests(specs.get(s))}
                     for s, label in zip(scenarios, column_labels(scenarios), strict=True)
                 ],
                 "rows": [row for _, row in newest_first],
@@ -144,7 +151,11 @@ def _title(device: str, ranks: int) -> str:
 def glance_markdown(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> list[str]:
     """The glance table's lines: one table per (device, world size), rows named by versions, newest first."""
     lines = ["## The answer at a glance", "", LEGEND, ""]
-    for table in glance_tables(records, specs):
+    tables = glance_tables(records, specs)
+    if tables:
+        heads = "; ".join(f"**{md(c['label'])}**: {md(c['what'])}" for c in tables[0]["columns"] if c["what"])
+        lines += [f"Columns: {heads}.", ""]
+    for table in tables:
         lines += [f"### {table['title']}", ""]
         links = [f"[{md(c['label'])}](#{scenario_anchor(c['scenario'])})" for c in table["columns"]]
         lines.append("| versions | " + " | ".join(links) + " |")
