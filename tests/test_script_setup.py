@@ -111,8 +111,6 @@ def test_a_real_accelerate_run_at_two_ranks_measures_what_ran(tmp_path: Path) ->
 NOT_YET_MEASURED = {
     "qlora-fsdp-trainer-checkpointing-gpu": "2 GPUs (torchrun, 2 ranks over NCCL)",
     "trainer-fsdp-lora-save-gpu": "2 GPUs (torchrun, 2 ranks over NCCL)",
-    "qlora-checkpoint-after-peft-gpu": "one GPU, in planned rounds",
-    "qlora-checkpoint-after-peft-gpu-again": "one GPU, in planned rounds",
 }
 
 

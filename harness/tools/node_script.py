@@ -28,6 +28,7 @@ from typing import Any
 from harness.define.profile import Profile
 from harness.errors import UsageError
 from harness.paths import REPO_ROOT
+from harness.recording.runs import now_iso
 from harness.tools.script_bisect import (
     End,
     ScriptBisect,
@@ -423,9 +424,15 @@ def gpu_command(args: Any) -> int:
     )  # fmt: skip
     plan_path = out_dir / PLAN
     plan = json.loads(plan_path.read_text()) if plan_path.is_file() else None
+    if args.fresh and (out_dir / CALLS).exists():
+        # The calls of the runs set aside go with them (ScriptBisect set runs.jsonl aside the same way): a verdict
+        # made anew counts only the device calls that made its own runs.
+        (out_dir / CALLS).rename(out_dir / f"device-calls-{now_iso().replace(':', '')}.jsonl")
     launch = launch_of(bisect, atlas, args.all_moves)
-    if plan is None or launch_planned(plan, atlas) != launch:
-        if plan is not None:
+    if plan is None or args.fresh or launch_planned(plan, atlas) != launch:
+        if plan is not None and args.fresh:
+            print(f"--fresh: planning anew from round {plan['round'] + 1} (the runs so far are set aside)")
+        elif plan is not None:
             before = launch_planned(plan, atlas)
             said = ", ".join(f"{k} {before.get(k)} -> {v}" for k, v in launch.items() if before.get(k) != v)
             print(
