@@ -23,7 +23,7 @@ LINT_DEPS = nox.project.dependency_groups(PYPROJECT, "lint")
 
 @nox.session
 def matrix(session: nox.Session) -> None:
-    """Run (or resume) the version matrix of a profile (default: cpu, or gpu when a GPU is visible)."""
+    """Run (or resume) a profile's matrix (default: `default`, the coffee-break answer on CPU; gpu with a GPU)."""
     session.install(*HARNESS_DEPS)
     session.run("compat-matrix", "matrix", *session.posargs)
 

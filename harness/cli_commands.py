@@ -268,9 +268,10 @@ def list_things(args: argparse.Namespace) -> int:
 
 
 def default_profile() -> str:
+    """`gpu` where a GPU is visible; else `default`, the coffee-break answer on CPU (`cpu` holds the full draws)."""
     if hardware.visible_gpus() and (MATRIX_DIR / "gpu.toml").is_file():
         return "gpu"
-    return "cpu"
+    return "default" if (MATRIX_DIR / "default.toml").is_file() else "cpu"
 
 
 def report(args: argparse.Namespace) -> int:

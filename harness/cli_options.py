@@ -184,7 +184,8 @@ COMMANDS: tuple[Command, ...] = (
                 ("--profile",),
                 help=(
                     "profile name in matrix/ or a path to a .toml (default: gpu when a GPU is visible and "
-                    "matrix/gpu.toml exists, else cpu)"
+                    "matrix/gpu.toml exists, else default: every scenario's seed configs in a coffee break; cpu "
+                    "and history hold the full draws)"
                 ),
             ),
             Option(

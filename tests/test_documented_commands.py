@@ -189,6 +189,7 @@ QUICK = {
     "compat-matrix findings": "peft-0.21.0-fsdp1-full-state-dict-empty-adapter",
     "compat-matrix findings peft-0.21.0-fsdp1-full-state-dict-empty-adapter": "### The code that changed",
     "compat-matrix upstream-report results/script-bisect/peft-1583-prepare-int8": "since peft 0.10.0",
+    "compat-matrix --help": "bisect-script",
 }
 
 
@@ -217,3 +218,21 @@ def test_the_documented_torch_window_scans_both_days_on_a_fresh_clone() -> None:
     days = atlas_days(RESULTS_DIR, load_profile("history", MATRIX_DIR))
     assert [d for d in days if "2024-09-26" <= d <= "2024-12-07"] == ["2024-09-26", "2024-12-07"]
     assert len(days) == 14
+
+
+@pytest.mark.matrix
+def test_the_documented_scenario_slice_runs_as_written(tmp_path: Path) -> None:
+    """`compat-matrix matrix --profile ci --scenario S6` (docs/scenario-contract.md's worked example), for real, into
+    a results folder of its own: the seed config shows the target and its fix passes, in the CI profile's cells."""
+    import json
+    import subprocess
+    import sys
+
+    command = "compat-matrix matrix --profile ci --scenario S6"
+    assert command in {c for _, c in documented()}
+    argv = [sys.executable, "-m", "harness", *shlex.split(command)[1:], "--results-dir", str(tmp_path), "--no-report"]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    [records] = list(tmp_path.glob("runs/*/records.jsonl"))
+    found = [json.loads(line) for line in records.read_text().splitlines()]
+    assert {(r["variant"], r["outcome"]) for r in found} >= {("baseline", "fail"), ("strip_orig_mod_prefix", "pass")}

@@ -43,6 +43,41 @@ era_packages = ["packaging"]
 """
 
 
+@pytest.fixture(autouse=True)
+def _own_stack_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test plans with a cache of resolved stacks of its own (the user's stays untouched)."""
+    monkeypatch.setenv("COMPAT_MATRIX_PLAN_CACHE", str(tmp_path / "stack-cache"))
+
+
+def test_a_stack_is_resolved_once_and_then_taken_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planning resolves each stack with uv (about 20 s each); the same request in a later round or another folder
+    is read back from the cache, and a failed resolution is not kept (it may be the index's of the moment)."""
+    from harness.define.profile import load_profile
+    from harness.tools import node_script
+    from harness.versions import lock as era_lock
+
+    atlas = node_script.NodeAtlas.of(load_profile("standin", _atlas(tmp_path).parent))
+    calls = []
+
+    def resolve_probe(uv, pins, day, newer, package, version, python, held, extra):
+        calls.append((package, version))
+        if version == "0.0":
+            raise era_lock.ResolutionFailed("no such release")
+        return {"packaging": version}, "older-dependencies"
+
+    monkeypatch.setattr(era_lock, "resolve_probe", resolve_probe)
+    monkeypatch.setattr(era_lock, "index_requires", lambda url: lambda name, version: [])
+    resolve = node_script._probe_resolver(atlas, ())
+    request = {"day": "2022-06-01", "newer": "2023-02-01", "package": "packaging", "version": "22.0"}
+    first = resolve(request)
+    assert resolve(dict(request)) == first and calls == [("packaging", "22.0")]
+    assert node_script._probe_resolver(atlas, ())(request) == first and len(calls) == 1  # a new plan: still cached
+    failed = request | {"version": "0.0"}
+    assert "error" in resolve(failed) and "error" in resolve(failed) and len(calls) == 3
+
+
 def _node_torch() -> str:
     """This python's torch, as the stand-in node's (a node refuses a plan resolved over another torch)."""
     from importlib.metadata import PackageNotFoundError, version

@@ -44,6 +44,7 @@ PROFILE_SECTION_KEYS = {
     "hypothesis_profile",
     "reduce",
     "example_variants",
+    "failure_memory",
 }
 TIMEOUT_KEYS = {"install_s", "job_s", "worker_start_s"}
 INSTALL_KEYS = {
@@ -167,6 +168,9 @@ class Profile:
     #: "all": explicit examples run every variant; "where-baseline-fails": their baseline first and the other
     #: variants only where it fails, like drawn configs (wide profiles: the seed configs, fixes and controls).
     example_variants: str = "all"
+    #: Replay failures earlier runs saved (results/hypothesis-db) besides the draws; off for a profile that must run
+    #: the same configs on every machine and in a fixed time (the coffee-break default).
+    failure_memory: bool = True
 
     def settings_for(self, scenario_id: str) -> ScenarioSettings:
         return self.scenario_settings.get(scenario_id, ScenarioSettings())
@@ -288,6 +292,7 @@ def _parse(path: Path, data: dict[str, Any]) -> Profile:
             shown, "profile.example_variants", head.get("example_variants", "all"), ("all", "where-baseline-fails")
         ),
         worker_memory_mb=_parse_limits(shown, data.get("limits", {}), device),
+        failure_memory=_bool(shown, "profile.failure_memory", head.get("failure_memory", True)),
     )
 
 

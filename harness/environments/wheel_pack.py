@@ -18,12 +18,16 @@ from pathlib import Path
 
 MANIFEST = "manifest.json"
 #: LZMA2 with a dictionary large enough to reach the same file of the previous release (file-major order puts
-#: them side by side); preset 6 keeps packing a few minutes on a 2-core machine.
+#: them side by side); preset 6 keeps packing a whole atlas's days a few minutes on a 2-core machine.
 FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 6, "dict_size": 64 * 2**20}]
+#: The same dictionary with the fastest preset: for a bisect round's pack (measured on one round's 188 MiB of
+#: wheels: 24 s and 22.4 MiB against 129 s and 17.6 MiB at preset 6), where planning time matters more than size.
+FAST_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 1, "dict_size": 64 * 2**20}]
 
 
-def pack(wheels: list[Path], dest: Path) -> Path:
-    """Write `dest` (.tar.xz) holding every member of `wheels`, file-major, and the manifest to rebuild them."""
+def pack(wheels: list[Path], dest: Path, fast: bool = False) -> Path:
+    """Write `dest` (.tar.xz) holding every member of `wheels`, file-major, and the manifest to rebuild them;
+    `fast` packs about five times quicker and about a quarter bigger."""
     members: dict[str, list[list]] = {}
     entries: list[tuple[str, str, str, bytes]] = []
     for wheel in sorted(wheels, key=lambda p: p.name):
@@ -34,7 +38,7 @@ def pack(wheels: list[Path], dest: Path) -> Path:
     entries.sort(key=lambda entry: (entry[0], entry[1]))
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".partial")
-    with lzma.open(partial, "wb", format=lzma.FORMAT_XZ, filters=FILTERS) as stream:
+    with lzma.open(partial, "wb", format=lzma.FORMAT_XZ, filters=FAST_FILTERS if fast else FILTERS) as stream:
         with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             _add(tar, MANIFEST, json.dumps(members, indent=1, sort_keys=True).encode())
             for _, wheel_name, member, data in entries:

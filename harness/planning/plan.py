@@ -125,7 +125,8 @@ def draw_configs(
         else:
             count = (settings.examples if settings.examples is not None else profile.examples_per_scenario) * factor
         draw = draws.draw_plan(profile.hypothesis_seed, scenario.id, count)
-        remembered = draws.remembered_configs(scenario.strategy(), draw, example_db, scenario.id)
+        memory = example_db if profile.failure_memory else None
+        remembered = draws.remembered_configs(scenario.strategy(), draw, memory, scenario.id)
         own = scenario.examples()
         if settings.seed_examples is not None:
             own = own[: settings.seed_examples]

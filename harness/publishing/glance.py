@@ -124,6 +124,13 @@ def glance_tables(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]
         order = tuple(public_version(str(versions.get(p) or "0")) for p in AXIS_PACKAGES)
         row = {"label": label, "cell": cell, "day": date or None, "versions": shown, "entries": entries}
         groups[(device, ranks)].append((order, row))
+    for rows in groups.values():
+        # Two profiles that ran the same stack (the coffee-break `default` and the full `cpu`) are two rows of
+        # their own evidence: each is told apart by its profile where their versions read the same.
+        labels = [row["label"] for _, row in rows]
+        for _, row in rows:
+            if labels.count(row["label"]) > 1 and "@" in row["cell"]:
+                row["label"] += f" [{row['cell'].split('@', 1)[1]}]"
     tables = []
     for (device, ranks), rows in sorted(groups.items()):
         newest_first = sorted(rows, key=lambda item: (tuple(map(_as_version, item[0])), item[1]["label"]), reverse=True)

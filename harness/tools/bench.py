@@ -226,20 +226,27 @@ def _last_attempt(results: Path) -> tuple[dict[str, object], int]:
     return meta["attempts"][-1], len((run_dir / "records.jsonl").read_text().splitlines())
 
 
-def bench_first_run(workdir: Path, profile: str) -> dict[str, object]:
-    """The README's main command on `profile` twice, side by side: cold (new results, environments, JIT and uv
-    caches; the package index is the only thing not local) and warm (the same caches, a new run). Each run's
-    time by phase comes from its meta.json (`phases_s`); `report` is the table and site written afterwards."""
-    env = dict(os.environ, UV_CACHE_DIR=str(workdir / "uv-cache"), COMPAT_MATRIX_ENVS=str(workdir / "envs"))
+def bench_first_run(workdir: Path, profile: str, vs: str | None = None) -> dict[str, object]:
+    """The README's main command on `profile` twice: cold (new results, environments, JIT and uv caches; the package
+    index is the only thing not local) and warm (the same caches, a new run). With `vs`, that profile too, in turn
+    (A cold, B cold, A warm, B warm: paired, so a machine that slows down slows both), each with caches of its own.
+    Each run's time by phase comes from its meta.json (`phases_s`); the rest is planning, meta and the report."""
     out: dict[str, object] = {"profile": profile}
+    sides = [("", profile)] + ([("vs_", vs)] if vs else [])
+    if vs:
+        out["vs"] = vs
     for kind in ("cold", "warm"):
-        results = workdir / f"results-{kind}"
-        wall = _run_cli(["matrix", "--profile", profile, "--results-dir", str(results)], env)
-        attempt, records = _last_attempt(results)
-        phases = dict(attempt.get("phases_s") or {})
-        execute = float(phases.get("execute_wall", wall))
-        phases["outside execute (plan, meta, report)"] = round(wall - execute, 2)
-        out[kind] = {"wall_s": round(wall, 1), "records": records, "phases_s": phases}
+        for prefix, name in sides:
+            own = workdir / (prefix + "a")
+            env = dict(os.environ, UV_CACHE_DIR=str(own / "uv-cache"), COMPAT_MATRIX_ENVS=str(own / "envs"))
+            results = own / f"results-{kind}"
+            wall = _run_cli(["matrix", "--profile", name, "--results-dir", str(results)], env)
+            attempt, records = _last_attempt(results)
+            phases = dict(attempt.get("phases_s") or {})
+            execute = float(phases.get("execute_wall", wall))
+            phases["outside execute (plan, meta, report)"] = round(wall - execute, 2)
+            out[prefix + kind] = {"wall_s": round(wall, 1), "records": records, "phases_s": phases}
+            print(f"  {name} {kind}: {wall:.0f} s, {records} records", flush=True)
     return out
 
 
@@ -282,6 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const="cpu",
         help="only: the main command on PROFILE (default cpu) cold, then warm, with each run's time by phase",
+    )
+    parser.add_argument(
+        "--vs",
+        metavar="PROFILE",
+        help="with --first-run: the same for PROFILE, in turn with it (paired), and the ratios",
     )
     parser.add_argument(
         "--history-cell",
@@ -350,8 +362,9 @@ def _only(args: argparse.Namespace) -> int:
     report = _new_report()
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         if args.first_run:
-            print(f"first run: the {args.first_run} profile cold, then warm ...", flush=True)
-            report["first_run"] = bench_first_run(Path(tmp), args.first_run)
+            against = f" against {args.vs}, in turn" if args.vs else ""
+            print(f"first run: the {args.first_run} profile cold, then warm{against} ...", flush=True)
+            report["first_run"] = bench_first_run(Path(tmp), args.first_run, args.vs)
         if args.site:
             from harness.tools.site_bench import bench_site
 
@@ -398,6 +411,17 @@ def print_table(report: dict) -> None:
             cold, warm = f["cold"]["phases_s"].get(phase, 0.0), f["warm"]["phases_s"].get(phase, 0.0)
             rows.append((f"  phase: {phase}", f"{cold:.0f} s cold", f"{warm:.0f} s warm"))
         rows.append(("  records", f"{f['cold']['records']} cold", f"{f['warm']['records']} warm"))
+        if f.get("vs"):
+            vs_cold, vs_warm = f["vs_cold"], f["vs_warm"]
+            rows += [
+                (f"first run ({f['vs']}): wall", f"{vs_cold['wall_s']:.0f} s cold", f"{vs_warm['wall_s']:.0f} s warm"),
+                ("  records", f"{vs_cold['records']} cold", f"{vs_warm['records']} warm"),
+                (
+                    f"{f['profile']} / {f['vs']}",
+                    f"{f['cold']['wall_s'] / vs_cold['wall_s']:.2f}x cold",
+                    f"{f['warm']['wall_s'] / vs_warm['wall_s']:.2f}x warm",
+                ),
+            ]
     if "history_cell" in report:
         h = report["history_cell"]
         rows += [

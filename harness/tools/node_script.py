@@ -43,9 +43,10 @@ from harness.tools.script_stacks import Stack, releases_after
 
 PLAN = "node-plan.json"
 CALLS = "device-calls.jsonl"
-#: Stacks one round resolves beyond the one it must (each a uv resolution here, about 20 s), and how many at once.
-LOOKAHEAD = 28
-RESOLVERS = 4
+#: Stacks one round resolves beyond the one it must (each a uv resolution here, about 20 s; cached by stack), and how
+#: many at once (uv waits on the index more than on this machine's cores).
+LOOKAHEAD = 20
+RESOLVERS = 8
 #: Replays of the search in one invocation: each settles stacks that need no node (they cannot resolve).
 MAX_REPLAYS = 20
 
@@ -215,7 +216,10 @@ def plan_round(bisect: ScriptBisect, atlas: NodeAtlas, plan: dict[str, Any], nee
         # finishes its flip without coming back.
         moves = [e for e in bisect.expected if e.get("phase") == "move"]
         moves = moves[next((i for i, m in enumerate(moves) if stack_label(m) == label_needed), 0) :]
-        wanted = [needed, *_bisect_of(bisect, moves[:1]), *moves[1:2], *_bisect_of(bisect, moves[1:2]), *moves]
+        # What the node will likely run next, not every move: the first move's whole bisect (it is the package the
+        # traceback names first, and most flips end there), then the second move. A round that needs more comes
+        # back for it; each stack resolved here costs a uv resolution, each one left out at most a device call.
+        wanted = [needed, *_bisect_of(bisect, moves[:1]), *moves[1:2]]
     else:
         wanted = [{"day": d} for d in plan["ends"]]
     new: dict[str, dict[str, str]] = {}
@@ -253,6 +257,15 @@ def _probe_resolver(atlas: NodeAtlas, extra: tuple[str, ...]) -> Any:
     overlaid = [*atlas.profile.era_packages, *(_name(line) for line in extra)]
 
     def resolve(request: dict[str, str]) -> dict[str, Any]:
+        key = _cache_key(atlas, request, extra)
+        cached = _cached_entry(key)
+        if cached is not None:
+            return cached
+        entry = resolve_uncached(request)
+        _keep_entry(key, entry)
+        return entry
+
+    def resolve_uncached(request: dict[str, str]) -> dict[str, Any]:
         older = atlas.lock["days"][request["day"]]["resolved"]
         pins = {p: older[p] for p in atlas.axis if p in older}
         held = {"torch": atlas.image["torch"]}
@@ -272,6 +285,44 @@ def _probe_resolver(atlas: NodeAtlas, extra: tuple[str, ...]) -> Any:
         return entry | {"dependencies": way}
 
     return resolve
+
+
+def _plan_cache() -> Path:
+    """Where resolved stacks are kept between plans (and folders): `COMPAT_MATRIX_PLAN_CACHE`, else the user's
+    cache. A stack resolves as the index had it on its day, so the same request gives the same entry."""
+    return Path(os.environ.get("COMPAT_MATRIX_PLAN_CACHE", Path.home() / ".cache" / "compat-matrix" / "stacks"))
+
+
+def _cache_key(atlas: NodeAtlas, request: dict[str, str], extra: tuple[str, ...]) -> str:
+    import hashlib
+
+    what = [
+        {k: request.get(k) for k in ("day", "newer", "package", "version")},
+        atlas.lock["days"][request["day"]]["resolved"],
+        atlas.image,
+        atlas.profile.python,
+        sorted(atlas.profile.era_packages),
+        list(extra),
+    ]
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _cached_entry(key: str) -> dict[str, Any] | None:
+    path = _plan_cache() / f"{key}.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return None  # a torn file is resolved again
+
+
+def _keep_entry(key: str, entry: dict[str, Any]) -> None:
+    if entry.get("error"):
+        return  # a failure may be the index's of the moment: resolved again next time
+    folder = _plan_cache()
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = folder / f".{key}.{os.getpid()}.tmp"
+    temporary.write_text(json.dumps(entry))
+    temporary.replace(folder / f"{key}.json")
 
 
 def _name(line: str) -> str:
@@ -308,7 +359,7 @@ def pack_round(atlas: NodeAtlas, plan: dict[str, Any], labels: list[str], dest: 
 
     chosen = list(labels)
     while True:
-        pack(round_wheels(atlas, {label: plan["stacks"][label] for label in chosen}), dest)
+        pack(round_wheels(atlas, {label: plan["stacks"][label] for label in chosen}), dest, fast=True)
         if dest.stat().st_size <= budget or len(chosen) == 1:
             return chosen
         chosen = chosen[: max(1, len(chosen) * 2 // 3)]
@@ -341,7 +392,7 @@ def pack_folders(folders: list[Path], dest: Path) -> int:
         plan = json.loads((folder / PLAN).read_text())
         atlas = NodeAtlas.of(load_profile(plan["profile_path"], MATRIX_DIR))
         files |= set(round_wheels(atlas, {label: plan["stacks"][label] for label in plan["pack"]["stacks"]}))
-    pack(sorted(files), dest)
+    pack(sorted(files), dest, fast=True)
     free = era_wheels.CALL_LIMIT_BYTES - era_wheels.travelling_bytes(REPO_ROOT) - era_wheels.MARGIN_BYTES
     size = dest.stat().st_size
     print(f"packed the planned rounds of {len(folders)} folder(s): {len(files)} wheels, {size / 2**20:.1f} MiB "
