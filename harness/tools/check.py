@@ -13,6 +13,7 @@ import importlib.metadata
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -59,6 +60,7 @@ def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sy
     print("this environment: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f"; {device}", file=stream)
     reproduced: list[str] = []
     outcomes: dict[str, list[dict[str, Any]]] = {}
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="compat-check-") as workdir:
         runnable: list[Scenario] = []
         for scenario in scenarios:
@@ -73,13 +75,16 @@ def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sy
             for position, scenario in enumerate(runnable):
                 for session in sessions[position : position + 2]:
                     session.start_early()
+                scenario_started = time.monotonic()
                 records = _run_seed(scenario, sessions[position], versions, gpus)
                 sessions[position].close()
+                took = time.monotonic() - scenario_started
                 outcomes[scenario.id] = records
                 found = verdict(records, scenario.spec)
                 print(f"\n{scenario.id}: {scenario.spec.get('title', '')}", file=stream)
                 for line in headline(found, scenario.spec):
                     print(f"  {line}", file=stream)
+                print(f"  took: {took:.0f} s ({len(records)} runs)", file=stream)
                 if found.state == "target":
                     reproduced.append(
                         f"{scenario.id} ({', '.join(sorted({r['signature'] for r in found.target_records}))})"
@@ -88,7 +93,7 @@ def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sy
             for session in sessions:
                 session.close()
     nearest_rows(versions, results_dir, {s.id: s.spec for s in scenarios if s.id in outcomes}, stream)
-    print("", file=stream)
+    print(f"\nchecked {len(outcomes)} scenario(s) in {time.monotonic() - started:.0f} s", file=stream)
     if reproduced:
         print(f"target failures in this environment: {'; '.join(reproduced)}", file=stream)
         return 1
