@@ -49,8 +49,11 @@ KNOWN_ISSUES: dict[str, list[str]] = {
     # torch >= 2.10's strict zip in LRScheduler: the Trainer's two param groups, DeepSpeed's one (empty no-decay group
     # dropped with LoRA); transformers#43711 builds the scheduler after accelerator.prepare.
     "zip-length-mismatch": ["huggingface/transformers#43692", "huggingface/transformers#43711"],
-    # A job past its time limit (the launcher's name); S8's target where the first step's gather hangs.
+    # A job past its time limit (the launcher's name) where no rule places it; placed hangs are `timeout-in-<place>`.
     "timeout": ["huggingface/transformers#28791"],
+    # S8's target: the hang reported at the first step's token-count gather.
+    "timeout-in-token-count-gather": ["huggingface/transformers#28791", "huggingface/transformers#39896"],
+    "fsdp-weights-on-another-device": ["huggingface/accelerate#1515"],
     "dora-output-dtype-upcast": ["huggingface/peft#1692"],
     "dora_layer_output_dtype": ["huggingface/peft#1692"],  # S5's check: fp32 leaves a DoRA layer
     # Found by this harness: peft >= 0.14 DoRA under FSDP1 with fp32 adapters gives bf16 grads to fp32 params.
@@ -159,6 +162,10 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         return "gather-cpu-tensor-over-nccl"  # transformers#39896: the Trainer's token count, over NCCL alone
     if "loaded in 8-bit or 4-bit precision on a different device than the one you're training on" in message:
         return "qlora-weights-on-another-device"
+    if "Inconsistent compute device and `device_id` on rank" in message:
+        # The same misplacement refused by torch's FSDP1 instead of accelerate: a rank's weights (loaded before
+        # any device was set) sit on cuda:0 while the rank wraps for its own GPU (S8 on 2026-04-15, 2 x H200).
+        return "fsdp-weights-on-another-device"
     if "element 0 of tensors does not require grad" in message:
         return "no-grad-element-0"
     if "Input weight should be of type nn.Parameter" in message or "should be of type nn.Parameter" in message:
@@ -224,7 +231,39 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
     if "setStorage:" in message and "storage of size 0" in message and "checkpoint" in traceback:
         # Recomputation in backward touches a parameter FSDP has already freed (resharded) after forward.
         return "recompute-uses-freed-fsdp-param"
+    freed = "its data is not allocated yet" in message or ("setStorage:" in message and "storage of size 0" in message)
+    if freed and "embed_tokens" in traceback:
+        # The first forward reads the embedding's weight, an FSDP1 flat-parameter view whose storage is freed (no
+        # unshard ran for it): transformers 4.53 / accelerate 1.8 through the Trainer over torch 2.11 (S8 on
+        # 2025-07-04, 2 x H200, every bf16 config however the group was started). Two wordings, one read.
+        return "forward-reads-freed-fsdp-param"
     return None
+
+
+#: Where a hung job's ranks wait, from their Python stacks (first match wins): a timeout is named by its place, so
+#: that one count never mixes hangs of different mechanisms. A hang no rule places stays `timeout`.
+HANG_PLACES: tuple[tuple[str, str], ...] = (
+    # The Trainer's first-step token count gathered over every rank (average_tokens_across_devices): the hang
+    # reported with a script's own init_process_group("nccl") (S8's target).
+    ("_get_num_items_in_batch", "token-count-gather"),
+    # Creating the process group itself (deepspeed.init_distributed, init_process_group): no collective yet.
+    ("_new_process_group_helper", "process-group-init"),
+    # Wrapping: rank 0's weights broadcast to the others (FSDP1 sync_module_states, FSDP2 full-state-dict load).
+    ("_sync_module_params_and_buffers", "wrap-weight-broadcast"),
+    ("fsdp2_load_full_state_dict", "wrap-weight-broadcast"),
+)
+
+
+def hang_place(rank_stacks: object) -> str | None:
+    """The place every stack that says anything agrees on (the job's own thread of each rank), or None."""
+    stacks = rank_stacks.values() if isinstance(rank_stacks, dict) else [rank_stacks]
+    places = set()
+    for text in stacks:
+        current = str(text or "").split("Current thread", 1)[-1]
+        found = next((place for frame, place in HANG_PLACES if f" in {frame}" in current), None)
+        if current.strip():
+            places.add(found)
+    return places.pop() if len(places) == 1 else None
 
 
 def innermost_in(traceback: str, package: str) -> bool:

@@ -11,18 +11,20 @@ moved the count to the device first (4.57.0). The harness's own worker starts a 
 hides exactly this, so this scenario starts no group through the runtime (`"process_group": "scenario"`): each job
 starts it as its config says and ends it.
 
-The target is the run not getting past its first step because of how it was started, in the three ways measured:
-a hang (the job's timeout, with every rank's Python stack and the collective each waits in); the NCCL refusal of
-the gather; and, found on two H100s with the 2025-11-14 stack, `qlora-weights-on-another-device`: a script that
-loads the 4-bit model before any device is set quantizes every rank's weights onto cuda:0, accelerate refuses on
-rank 1 ("loaded in 8-bit or 4-bit precision on a different device", accelerate#1515) while rank 0, whose weights
-are on its own GPU, goes on and waits for rank 1 until the job's time limit: a hang from one rank's error (the
-reporter's rank 0 waited in the first step's token-count gather). The config space is what users vary on this path
-(`scenarios/kit/trainer_launch.py`): who starts the group, model before or after the TrainingArguments, QLoRA or a
-bf16 LoRA base, LoRA or DoRA, targets as a list or `all-linear`, `task_type`, batch size, a list of dicts or a
-torch Dataset, gradient checkpointing (off, the release's default, reentrant, non-reentrant), peft's wrap of the
-decoder layers or transformers' default, `cpu_ram_efficient_loading` (with `sync_module_states`),
-`use_orig_params`, model width, GQA and vocabulary. GPU only: on CPU accelerate applies no FSDP.
+The target is the run not getting past its first step because of how it was started, in the ways measured: the
+reported hang in the first step's token-count gather (`timeout-in-token-count-gather`: the job's timeout, with every
+rank's Python stack and the collective each waits in; a hang elsewhere is named by its place and is not the target);
+the NCCL refusal of the gather; and, found on two H100s with the 2025-11-14 stack, `qlora-weights-on-another-device`:
+a script that loads the 4-bit model before any device is set quantizes every rank's weights onto cuda:0, accelerate
+refuses on rank 1 ("loaded in 8-bit or 4-bit precision on a different device", accelerate#1515) while rank 0, whose
+weights are on its own GPU, goes on and waits for rank 1 until the job's time limit: a hang from one rank's error (the
+reporter's rank 0 waited in the first step's token-count gather). torch's FSDP refuses the same misplacement with its
+own words on some stacks (`fsdp-weights-on-another-device`, 2026-04-15). The config space is what users vary on this
+path (`scenarios/kit/trainer_launch.py`): who starts the group, model before or after the TrainingArguments, QLoRA or
+a bf16 LoRA base, LoRA or DoRA, targets as a list or `all-linear`, `task_type`, batch size, a list of dicts or a torch
+Dataset, gradient checkpointing (off, the release's default, reentrant, non-reentrant), peft's wrap of the decoder
+layers or transformers' default, `cpu_ram_efficient_loading` (with `sync_module_states`), `use_orig_params`, model
+width, GQA and vocabulary. GPU only: on CPU accelerate applies no FSDP.
 """
 
 from __future__ import annotations
@@ -49,7 +51,15 @@ SPEC = {
     "requires": ["torch", "transformers", "peft", "accelerate"],
     # The runtime starts no process group: the job starts it as the config's script does.
     "process_group": "scenario",
-    "target": ["qlora-weights-on-another-device", "gather-cpu-tensor-over-nccl", "timeout"],
+    # A hang is named by where its ranks wait (scenarios/failure_names.py HANG_PLACES): the target is the reported
+    # one, in the first step's token-count gather; a hang creating the group or broadcasting weights at wrap time is
+    # another failure, counted apart.
+    "target": [
+        "qlora-weights-on-another-device",
+        "fsdp-weights-on-another-device",
+        "gather-cpu-tensor-over-nccl",
+        "timeout-in-token-count-gather",
+    ],
     "controls": [{"launch": "trainer"}],
     "variants": {
         "baseline": ("baseline", "the config as drawn: what a user of this stack writes by default"),

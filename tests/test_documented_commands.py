@@ -148,6 +148,11 @@ def _check(command: str) -> None:
     elif argv[0].endswith("gpu-script-run.sh"):
         assert (REPO_ROOT / argv[1]).is_file(), f"{command!r}: no script {argv[1]}"
         assert all(n.isdigit() for n in argv[4:]) and argv[4:], f"{command!r}: world sizes must be numbers"
+    elif argv[0].endswith("gpu-node-slots.sh"):
+        assert "--" in argv, f"{command!r}: DEADLINE OUT NAME=PACK... -- SLOTFILE..."
+        packs, slots = argv[3 : argv.index("--")], argv[argv.index("--") + 1 :]
+        assert packs and all("=" in pack for pack in packs), f"{command!r}: each pack as NAME=PACK"
+        assert slots, f"{command!r}: no slot file"
     elif argv[0].endswith("gpu-script-bisect.sh"):
         assert len(argv) == 4, f"{command!r}: FOLDER PACK OUT"
         _harness(["bisect-script-node", argv[1], "--wheels", argv[2], "--out", argv[3]], command)

@@ -126,3 +126,57 @@ def test_the_harness_keeps_only_generic_names() -> None:
         "nn.Parameter",
     ):
         assert specific not in source, specific
+
+
+# --- hangs named by where their ranks wait, and the two failures first met at two ranks on 2 x H200 (issue 44) ---
+
+HANG_RUN = "results/runs/gpu-history-ws2-20261126T151133Z-fc9f/records.jsonl"
+
+
+def _hang_records() -> dict[str, dict]:
+    from pathlib import Path
+
+    from harness.recording.records import read_records
+
+    records = read_records(Path(__file__).resolve().parents[1] / HANG_RUN)
+    return {r["config_id"][:8]: r for r in records if r["outcome"] == "timeout"}
+
+
+def test_committed_hangs_are_named_by_their_place() -> None:
+    """The S8 hangs of 2026-11-25 (one run alone on the node): the reported one in the Trainer's token-count
+    gather, and two others that one count must not mix with it."""
+    from harness.recording.signatures import rename
+
+    hangs = _hang_records()
+    assert rename(hangs["d49059e5"])["signature"] == "timeout-in-token-count-gather"
+    assert rename(hangs["b34d2671"])["signature"] == "timeout-in-token-count-gather"
+    assert rename(hangs["13590812"])["signature"] == "timeout-in-process-group-init"
+    assert rename(hangs["34ab72bc"])["signature"] == "timeout-in-wrap-weight-broadcast"
+    assert rename(hangs["d49059e5"])["signature_at_run"] == "timeout"
+
+
+def test_a_hang_whose_ranks_disagree_stays_unplaced() -> None:
+    from harness.recording.signatures import timeout_signature
+
+    hangs = _hang_records()
+    gather, init = hangs["d49059e5"]["rank_stacks"]["0"], hangs["13590812"]["rank_stacks"]["1"]
+    assert timeout_signature({"0": gather, "1": init}) == "timeout"
+    assert timeout_signature({"0": gather, "1": ""}) == "timeout-in-token-count-gather"  # rank 1 printed nothing
+    assert timeout_signature({}) == "timeout"
+    assert classify("timeout", {"rank_stacks": {"0": gather}}).signature == "timeout-in-token-count-gather"
+
+
+def test_weights_on_another_gpu_refused_by_fsdp() -> None:
+    message = "Inconsistent compute device and `device_id` on rank 1: cuda:0 vs cuda:1"
+    assert exception_signature("builtins.ValueError", message) == "fsdp-weights-on-another-device"
+
+
+def test_forward_reads_a_freed_flat_parameter() -> None:
+    frames = 'File "modeling_llama.py", line 405, in forward\n    inputs_embeds = self.embed_tokens(input_ids)\n'
+    for message in (
+        "The tensor has a non-zero number of elements, but its data is not allocated yet.",
+        "setStorage: sizes [32, 64], strides [0, 1], storage offset 0, and itemsize 2 requiring a storage size of "
+        "128 are out of bounds for storage of size 0",
+    ):
+        verdict = classify("exception", {"exc_type": "builtins.RuntimeError", "message": message, "traceback": frames})
+        assert verdict.signature == "forward-reads-freed-fsdp-param"

@@ -80,9 +80,20 @@ def _as_reported(record: dict[str, Any]) -> dict[str, Any]:
     return reported | {"outcome": record["reported_outcome"], "signature": record.get("reported_signature")}
 
 
+def timeout_signature(rank_stacks: object) -> str:
+    """A hang named by where its ranks wait (`timeout-in-<place>`, scenarios/failure_names.py), else `timeout`."""
+    place = failure_names.hang_place(rank_stacks) if rank_stacks else None
+    return f"timeout-in-{place}" if place else "timeout"
+
+
 def _renamed(record: dict[str, Any]) -> dict[str, Any]:
-    """A failure of the stack (fail, flaky) named again; a violated check and anything the launcher decided
-    (timeout, crash, skip) keep their names."""
+    """A failure of the stack (fail, flaky) named again, a hang placed again from its ranks' stacks; a violated
+    check and what else the launcher decided (crash, skip) keep their names."""
+    if str(record.get("signature") or "").startswith("timeout") and record.get("rank_stacks"):
+        placed = timeout_signature(record["rank_stacks"])
+        if placed == record["signature"]:
+            return record
+        return record | {"signature": placed, "signature_at_run": record.get("signature")}
     if record.get("outcome") not in (*NAMED, "env-broken") or not record.get("exc_type") or record.get("check"):
         return record
     detail = {k: record.get(k) or "" for k in ("exc_type", "message", "traceback")}
@@ -125,7 +136,7 @@ def classify(status: str, detail: dict[str, Any], repo_root: str | None = None) 
     if status == "pass":
         return Classified("pass", None)
     if status == "timeout":
-        return Classified("timeout", "timeout")
+        return Classified("timeout", timeout_signature(detail.get("rank_stacks")))
     if status == "crash":
         return Classified("crash", crash_signature(detail))
     if status == "env-broken":
