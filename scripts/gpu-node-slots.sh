@@ -2,7 +2,7 @@
 # Several runs side by side in one GPU device call: each slot is a file of gpu-node-run.sh invocations run in turn
 # (each its own run, its own results and environments), all slots at once on the node's GPUs, every invocation
 # stopped cleanly by DEADLINE (seconds from now). Small distributed jobs leave two GPUs mostly idle; on 2 x H200 five
-# slots ran 163 records in one 10-minute call (results/runs/gpu-history-ws2-20261126T145149Z-e15a/NOTES.md). Timings
+# slots ran 162 records in one 10-minute call (results/runs/gpu-history-ws2-20261126T145149Z-e15a/NOTES.md). Timings
 # measured this way are shared; outcomes are recorded as they come (a hang is a hang), the NOTES say what ran beside.
 #   scripts/gpu-node-slots.sh DEADLINE OUT NAME=PACK... -- SLOTFILE...
 # A slot file holds one invocation per line:  PROFILE NAME [harness matrix args...] [--resume RUN_ID]
@@ -14,6 +14,8 @@ if [ $# -lt 4 ] || [[ ! " $* " =~ " -- " ]]; then
     sed -n '2,12p' "$0" >&2
     exit 2
 fi
+# NVLink multicast off for every run and check (as gpu-node-run.sh sets it for its own runs).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 deadline=$(( $(date +%s) + $1 )); out=$2; shift 2
 declare -A wheels
 while [ "$1" != "--" ]; do
@@ -41,7 +43,7 @@ for slot in "$@"; do
         python3 -m pip install -q --no-index --no-deps --find-links "${wheels[$packname]}" --target "$ov" $pins >>"$dir/console.log" 2>&1
         echo "=== overlay installed in $(( $(date +%s) - t )) s: $pins" >>"$dir/console.log"
         c=$(date +%s)
-        PYTHONPATH=$ov NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout --signal=INT $left python3 -m harness check $scen >"$dir/check-$day.log" 2>&1
+        PYTHONPATH=$ov timeout --signal=INT $left python3 -m harness check $scen >"$dir/check-$day.log" 2>&1
         echo "=== check exit $? after $(( $(date +%s) - c )) s" | tee -a "$dir/check-$day.log" >>"$dir/console.log"
         continue
       fi

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.publishing.upstream import issue_title as upstream_title
 from harness.recording.flip import Flip
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
@@ -25,8 +26,6 @@ from harness.textsafe import code, md
 
 #: Changed functions whose diff the issue body shows (the last called first; changed.json holds them all).
 DIFFS_SHOWN = 3
-#: The longest title an issue body opens with (the whole message is under "Actual behavior").
-TITLE_LIMIT = 116
 _REQUIRED = ("title", "scenario", "signature", "repository", "package", "direction", "bad", "good")
 
 
@@ -139,11 +138,9 @@ def fixes_that_pass(finding: Finding, results_dir: Path, spec: dict[str, Any] | 
 
 
 def issue_title(finding: Finding) -> str:
+    """What the user sees and the release, by the one title rule of every issue body (`upstream.issue_title`)."""
     bad = finding.runs.get("bad") or {}
-    line = str(bad.get("line") or finding.title).removeprefix("FAIL: ")
-    suffix = finding.release_words()
-    room = TITLE_LIMIT - len(suffix) - 1
-    return (line if len(line) <= room else line[: room - 1].rstrip() + "…") + " " + suffix
+    return upstream_title(str(bad.get("line") or finding.title).removeprefix("FAIL: "), finding.release_words())
 
 
 def issue_body(finding: Finding, results_dir: Path | None = None, spec: dict[str, Any] | None = None) -> str:
