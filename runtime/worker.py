@@ -1,4 +1,5 @@
-"""The worker: runs inside a cell's environment and executes many scenario jobs in one process.
+"""The worker: runs inside a cell's environment and executes many scenario jobs in one process (one job, for a
+scenario that starts its own process group as a script does: SPEC `one_job_per_process`).
 
 It is started by the launcher as `python -m runtime.worker JOBS_FILE OUT_DIR` from the repository root (or
 under `torchrun -m` for distributed scenarios). It imports only the standard library, `runtime.job` and the
@@ -55,7 +56,13 @@ def main(jobs_file: str, out_dir: str) -> int:
             importlib.import_module(package)
         # A distributed scenario has a process group at 1 rank too; one that starts its own the way a user's script
         # does (SPEC "process_group": "scenario") gets none from us.
-        owns_group = getattr(module, "SPEC", {}).get("process_group") == "scenario"
+        scenario_spec = getattr(module, "SPEC", {})
+        owns_group = scenario_spec.get("process_group") == "scenario"
+        # Such a scenario measures how a script's first lines meet the stack, so each job gets processes of its
+        # own: a process that ran a job before has a current device set, NCCL communicators made and destroyed,
+        # and accelerate's state reset, which a fresh `torchrun script.py` has not (S8 on 2 GPUs: every hang in
+        # a reused worker came at its second to fifth job).
+        one_job = bool(scenario_spec.get("one_job_per_process", owns_group))
         if (world_size > 1 or spec.get("distributed")) and not owns_group:
             init_distributed(spec["device"], local_rank)
     except BaseException as exc:
@@ -68,6 +75,8 @@ def main(jobs_file: str, out_dir: str) -> int:
         emit({"event": "start", "index": job["index"], "uid": job.get("uid")})
         result = run_job(module.run, job["config"], job["variant"], spec["device"], rank, local_rank, world_size)
         emit({"event": "end", "index": job["index"], "uid": job.get("uid"), **result})
+        if one_job:
+            break  # the launcher starts fresh processes for the next job
         if number == 0:
             _freeze_heap()  # what the first job imported lazily (deepspeed's and transformers' submodules)
         failed = result["status"] != "pass"

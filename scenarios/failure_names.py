@@ -54,6 +54,7 @@ KNOWN_ISSUES: dict[str, list[str]] = {
     # S8's target: the hang reported at the first step's token-count gather.
     "timeout-in-token-count-gather": ["huggingface/transformers#28791", "huggingface/transformers#39896"],
     "fsdp-weights-on-another-device": ["huggingface/accelerate#1515"],
+    "dora-init-reads-4bit-weight": [],
     "dora-output-dtype-upcast": ["huggingface/peft#1692"],
     "dora_layer_output_dtype": ["huggingface/peft#1692"],  # S5's check: fp32 leaves a DoRA layer
     # Found by this harness: peft >= 0.14 DoRA under FSDP1 with fp32 adapters gives bf16 grads to fp32 params.
@@ -166,6 +167,14 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         # The same misplacement refused by torch's FSDP1 instead of accelerate: a rank's weights (loaded before
         # any device was set) sit on cuda:0 while the rank wraps for its own GPU (S8 on 2026-04-15, 2 x H200).
         return "fsdp-weights-on-another-device"
+    if (
+        "peft/tuners/lora/dora.py" in traceback
+        and "bitsandbytes" in traceback
+        and ("invalid argument to getCurrentStream" in message or "variable.set_data(tensor)" in message)
+    ):
+        # DoRA's magnitude init reads a rank's 4-bit base weight and fails, rank 0 dequantizing it and rank 1 copying
+        # it (S8 on 2025-11-14, deepspeed.init_distributed first, 2 x H200): one failure, two wordings.
+        return "dora-init-reads-4bit-weight"
     if "element 0 of tensors does not require grad" in message:
         return "no-grad-element-0"
     if "Input weight should be of type nn.Parameter" in message or "should be of type nn.Parameter" in message:

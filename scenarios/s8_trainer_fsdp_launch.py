@@ -51,6 +51,10 @@ SPEC = {
     "requires": ["torch", "transformers", "peft", "accelerate"],
     # The runtime starts no process group: the job starts it as the config's script does.
     "process_group": "scenario",
+    # And each job runs in processes of its own, as a script does (the runtime's default for such a scenario, said
+    # here because S8's outcomes depend on it): on 2 x H200 every hang of S8's jobs in a reused pair of processes
+    # came at its second to fifth job, and whether the device was already set decided the device refusals.
+    "one_job_per_process": True,
     # A hang is named by where its ranks wait (scenarios/failure_names.py HANG_PLACES): the target is the reported
     # one, in the first step's token-count gather; a hang creating the group or broadcasting weights at wrap time is
     # another failure, counted apart.

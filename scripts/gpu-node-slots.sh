@@ -7,11 +7,13 @@
 #   scripts/gpu-node-slots.sh DEADLINE OUT NAME=PACK... -- SLOTFILE...
 # A slot file holds one invocation per line:  PROFILE NAME [harness matrix args...] [--resume RUN_ID]
 # (--resume continues a committed run: COMPAT_MATRIX_RUN), or  check NAME LOCK DAY [--scenario ...]  (the day's era
-# overlay from matrix/locks/LOCK.json installed with pip --target, then `compat-matrix check` in it).
+# overlay from matrix/locks/LOCK.json installed with pip --target, then `compat-matrix check` in it), or
+# run NAME COMMAND...  (any command, e.g. a probe under scripts/probes/, its output in slotN/NAME.log; $SLOT_DIR is
+# the slot's folder).
 # Everything OUT holds at the end is one tarball, OUT/call.tgz (a device call brings back at most 8 files).
 set -uo pipefail
 if [ $# -lt 4 ] || [[ ! " $* " =~ " -- " ]]; then
-    sed -n '2,12p' "$0" >&2
+    sed -n '2,14p' "$0" >&2
     exit 2
 fi
 # NVLink multicast off for every run and check (as gpu-node-run.sh sets it for its own runs).
@@ -36,6 +38,11 @@ for slot in "$@"; do
       [ "$left" -lt 45 ] && { echo "slot $slot_no: no time left for: $rest" >>"$dir/console.log"; continue; }
       t=$(date +%s)
       echo "=== slot $slot_no: $profile $rest (limit ${left}s, started $(date -u +%T))" >>"$dir/console.log"
+      if [ "$profile" = run ]; then  # run NAME COMMAND...
+        SLOT_DIR=$dir timeout --signal=INT --kill-after=20 $left bash -c "$rest" >"$dir/$packname.log" 2>&1
+        echo "=== run $packname exit $? after $(( $(date +%s) - t )) s" | tee -a "$dir/$packname.log" >>"$dir/console.log"
+        continue
+      fi
       if [ "$profile" = check ]; then  # check PACKNAME LOCK DAY [--scenario ...]: the day's era overlay, then compat-matrix check
         read -r lock day scen <<<"$rest"
         pins=$(python3 -c "import json,sys; d=json.load(open('matrix/locks/$lock.json'))['days']['$day']['overlay']; print(' '.join(f'{k}=={v}' for k,v in d.items()))")

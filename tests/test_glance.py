@@ -46,7 +46,8 @@ def test_columns_of_one_mode_are_told_apart_by_their_own_words() -> None:
 
 def test_a_fix_per_config_is_not_no_fix(tmp_path: Path) -> None:
     """Two configs show the target and each has its own fix (S7: the loop's ZeRO-3 save and the Trainer's): the
-    glance says so instead of 'no fix measured'; with one config left unfixed it says 'no fix measured'."""
+    glance says so instead of 'no fix measured'; with one config left unfixed, which change fixed the other; with none
+    fixed, 'no fix measured'."""
     stack = versions("2.4.1", "0.13.0")
 
     def of(config: str, outcome: str, variant: str = "baseline", sig: str | None = None) -> dict:
@@ -65,7 +66,10 @@ def test_a_fix_per_config_is_not_no_fix(tmp_path: Path) -> None:
     assert "| ✗ 2/2 · a fix per config |" in render_markdown(select_runs(tmp_path), {"S7-x": spec})
     records[-1] = of("c2", "fail", "trainer_fix", "t")
     write_run(tmp_path / "again", "cpu-1", "cpu", "1", records)
-    assert "| ✗ 2/2 · no fix measured |" in render_markdown(select_runs(tmp_path / "again"), {"S7-x": spec})
+    assert "| ✗ 2/2 · partly loop_fix (1/2) |" in render_markdown(select_runs(tmp_path / "again"), {"S7-x": spec})
+    records[2] = of("c1", "fail", "loop_fix", "t")
+    write_run(tmp_path / "none", "cpu-1", "cpu", "1", records)
+    assert "| ✗ 2/2 · no fix measured |" in render_markdown(select_runs(tmp_path / "none"), {"S7-x": spec})
 
 
 def test_a_later_run_without_an_optional_package_keeps_it_in_the_row(tmp_path: Path) -> None:

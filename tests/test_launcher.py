@@ -120,6 +120,43 @@ def test_an_early_started_worker_takes_its_jobs_when_they_come(tmp_path: Path) -
     assert _orphans() == []
 
 
+FRESH = textwrap.dedent(
+    """
+    import os
+    SPEC = {"one_job_per_process": ONE_JOB}
+    def run(config, variant, ctx):
+        if variant == "fail":
+            raise RuntimeError("refused")
+        return {"metrics": {"pid": os.getpid()}, "path": "toy"}
+    """
+)
+
+
+def _pids_of(tmp_path: Path, one_job: bool) -> tuple[list[str], list[int | None], int]:
+    tmp_path.mkdir()
+    (tmp_path / "fresh_scenario.py").write_text(FRESH.replace("ONE_JOB", str(one_job)))
+    with WorkerSession(spec(tmp_path, module="fresh_scenario")) as session:
+        session.start_early()
+        results = list(session.run([({}, "pass"), ({}, "fail"), ({}, "pass")]))
+        results.append(session.run_one({}, "pass"))  # a job queued after the others' results, as a fix is
+        launches = session.queue.launches
+    return [r.status for r in results], [r.detail.get("metrics", {}).get("pid") for r in results], launches
+
+
+def test_a_scenario_that_asks_for_it_runs_each_job_in_processes_of_its_own(tmp_path: Path) -> None:
+    """S8 measures how a script's first lines meet the stack: a job after another in the same processes is not
+    what a fresh `torchrun script.py` meets, so each job gets a new worker, and none is lost on the way."""
+    statuses, pids, launches = _pids_of(tmp_path / "fresh", one_job=True)
+    assert statuses == ["pass", "exception", "pass", "pass"]
+    passed = [pid for pid in pids if pid is not None]
+    assert len(passed) == 3 and len(set(passed)) == 3
+    assert launches == 4
+    statuses, pids, launches = _pids_of(tmp_path / "warm", one_job=False)  # the default: one warm worker
+    assert statuses == ["pass", "exception", "pass", "pass"]
+    assert len({pid for pid in pids if pid is not None}) == 1 and launches == 1
+    assert _orphans() == []
+
+
 def test_no_early_start_across_slurm_nodes(tmp_path: Path) -> None:
     """An early srun step would queue behind the running one while its start timeout runs: not started."""
     session = WorkerSession(replace(spec(tmp_path), nnodes=2, rdzv_endpoint="127.0.0.1:1"))

@@ -42,6 +42,22 @@ def test_newer_run_updates_its_cells_without_hiding_the_rest(tmp_path: Path) -> 
     assert by_pair == {("a", "S1-x"): "pass", ("b", "S4-y"): "pass"}
 
 
+def test_a_withdrawn_run_is_no_evidence_even_where_nothing_replaced_it(tmp_path: Path) -> None:
+    """S8's runs that ran several jobs in one pair of processes were withdrawn: their cells leave the table rather
+    than show what a reused process met."""
+    write_run(
+        tmp_path, "gpu-1", "gpu", "1", [rec("gpu-1", "a", "S8-x", "fail", sig="s"), rec("gpu-1", "b", "S8-x", "fail")]
+    )
+    write_run(tmp_path, "gpu-2", "gpu", "2", [rec("gpu-2", "a", "S8-x", "pass")])
+    assert {r["cell"] for r in select_runs(tmp_path).records} == {"a", "b"}
+    meta = tmp_path / "runs" / "gpu-1" / "meta.json"
+    meta.write_text(json.dumps(json.loads(meta.read_text()) | {"withdrawn": "several jobs in one process"}))
+    selection = select_runs(tmp_path)
+    assert selection.run_ids == ["gpu-2"]
+    assert [(r["cell"], r["outcome"]) for r in selection.records] == [("a", "pass")]
+    assert selection.conflicting == frozenset()
+
+
 def test_flaky_baseline_is_shown_as_flaky_never_as_not_reproduced(tmp_path: Path) -> None:
     write_run(tmp_path, "cpu-1", "cpu", "1", [rec("cpu-1", "a", "S1-x", "flaky", sig="unclassified-RuntimeError-1")])
     text = render_markdown(select_runs(tmp_path))

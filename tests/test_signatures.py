@@ -101,6 +101,13 @@ def test_gpu_wordings_and_traceback_matched_failures() -> None:
     assert exception_signature("builtins.RuntimeError", device, trace) == "dora-reads-sharded-lora-weight"
     assert exception_signature("builtins.RuntimeError", device, "").startswith("unclassified-")
     assert exception_signature("builtins.IndexError", "tuple index out of range", "").startswith("unclassified-")
+    dora_init = 'peft/tuners/lora/dora.py", line 50, in update_layer\n  bitsandbytes/functional.py", line 375'
+    for wording in (
+        "invalid argument to getCurrentStream",
+        "Attempted to call `variable.set_data(tensor)`, but `variable` and `tensor` have incompatible tensor type.",
+    ):  # rank 0's and rank 1's words for one failure: whichever the launcher reports, the same name
+        assert exception_signature("builtins.RuntimeError", wording, dora_init) == "dora-init-reads-4bit-weight"
+        assert exception_signature("builtins.RuntimeError", wording, "").startswith("unclassified-")
     freed = "setStorage: sizes [8, 64], strides [1, 8] ... are out of bounds for storage of size 0"
     trace = 'torch/utils/checkpoint.py", line 308, in backward'
     assert exception_signature("builtins.RuntimeError", freed, trace) == "recompute-uses-freed-fsdp-param"

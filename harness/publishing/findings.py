@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.publishing.report import retired
 from harness.publishing.upstream import issue_title as upstream_title
 from harness.recording.flip import Flip
 from harness.recording.records import read_records
@@ -99,8 +100,8 @@ def still_seen(finding: Finding, results_dir: Path) -> str | None:
     meta_path = results_dir / "runs" / run / "meta.json"
     if not meta_path.is_file():
         return f"its run {run} is not in results/runs"
-    if json.loads(meta_path.read_text()).get("superseded_by"):
-        return f"its run {run} is superseded"
+    if retired(json.loads(meta_path.read_text())):
+        return f"its run {run} is superseded or withdrawn"
     path = results_dir / "flips" / run / "flips.json"
     flips = [Flip.from_json(e) for e in json.loads(path.read_text())] if path.is_file() else []
     for flip in flips:

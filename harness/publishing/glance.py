@@ -10,7 +10,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from harness.define.packages import AXIS_PACKAGES, public_version, short_name
-from harness.recording.verdicts import first_change, verdict
+from harness.recording.verdicts import first_change, variant_kinds, verdict
 from harness.textsafe import md, slug
 
 #: Longest entry of the glance table (the details are one anchor below).
@@ -27,7 +27,8 @@ SYMBOLS = {
 #: What the symbols mean (the site shows this under its grid).
 SYMBOLS_LEGEND = (
     "✗ k/n: the failure shows on k of n configs, then the first change to try (fix, or workaround: w/a; "
-    "'a fix per config': no one change fixes them all, each has its own, in the summary below); "
+    "'a fix per config': no one change fixes them all, each has its own, in the summary below; 'partly X (i/k)': "
+    "the best change measured fixes i of the k; 'no fix measured': none fixed any); "
     "✓: not reproduced; (!): other failures there; n/a: not applicable on this machine; env/inst: the stack "
     "could not run or install; -: not run. A GPU table holds the runs made on that many GPUs (distributed scenarios "
     "at that many ranks, single-process ones at one); each world size shows its own newest evidence."
@@ -50,6 +51,11 @@ def entry(found: Any, spec: dict[str, Any] | None) -> str:
             text += f" · try {change[0]}" + ("" if change[1] == "fix" else " (w/a)")
         elif found.fixed_per_config:
             text += " · a fix per config"
+        elif found.partly:  # a change measured to fix some of the configs, not all: not "no fix measured"
+            kinds = variant_kinds(spec)
+            name, count = sorted(found.partly, key=lambda p: (kinds.get(p[0]) != "fix", -p[1], p[0]))[0]
+            marker = "" if kinds.get(name) == "fix" else "w/a, "
+            text += f" · partly {name} ({marker}{count}/{len(found.target_records)})"
         else:
             text += " · no fix measured"
     elif found.state in ("not-reproduced", "passes"):

@@ -17,7 +17,7 @@ from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES
 from harness.publishing.glance import SYMBOLS_LEGEND, glance_tables, pick_options
-from harness.publishing.report import Selection, same_code
+from harness.publishing.report import Selection, retired, same_code
 from harness.recording import runs
 from harness.recording.outcomes import BAD
 from harness.recording.records import read_records, record_key
@@ -135,7 +135,7 @@ def changes_since_previous(results_dir: Path, selection: Selection) -> dict[str,
                 for m in metas.values()
                 if m.get("profile") == meta.get("profile")
                 and m.get("started_at", "") < meta.get("started_at", "")
-                and not m.get("superseded_by")
+                and not retired(m)
             ),
             key=lambda m: m.get("started_at", ""),
         )

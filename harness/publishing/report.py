@@ -61,7 +61,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
     """The named runs (all their records), or by default the newest evidence per profile and GPU count
     (`evidence_group`): runs of a group newest first, each contributing the (cell, scenario) pairs no newer run of
     that group covers. A run that re-checks one scenario on one cell then updates that entry without hiding the
-    rest. Runs whose meta.json says `superseded_by` are left out."""
+    rest. Retired runs (`retired`) are left out."""
     run_root = results_dir / "runs"
     metas = {d.name: _shown_meta(d) for d in sorted(run_root.glob("*")) if (d / "meta.json").is_file()}
     if run_ids:
@@ -75,7 +75,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
         return Selection(chosen, qualify_shared_cells(records, metas), [metas[r] for r in chosen])
     by_profile: dict[str, list[str]] = defaultdict(list)
     for run_id, meta in metas.items():
-        if not meta.get("superseded_by"):
+        if not retired(meta):
             by_profile[evidence_group(run_id, metas)].append(run_id)
     chosen, records = [], []
     disagreeing: set[tuple[str, tuple[str, ...]]] = set()
@@ -105,13 +105,19 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
     return Selection(chosen, records, [metas[r] for r in chosen], frozenset(conflicting))
 
 
+def retired(meta: dict[str, Any]) -> bool:
+    """A run that is no evidence any more: `superseded_by` (newer runs measured the same again) or `withdrawn` (its
+    method was found wrong and nothing re-measured it; the reason stays in its meta.json and NOTES)."""
+    return bool(meta.get("superseded_by") or meta.get("withdrawn"))
+
+
 def evidence_group(run_id: str, metas: dict[str, dict[str, Any]]) -> str:
     """What a run is evidence of: its profile, on as many GPUs as it ran on. A newer run of a group hides an older
     one's entries only within the group: a profile run on 4 GPUs never hides what it found on 2. The GPU count is
     named only where a profile's runs differ in it (`gpu-2gpus`, `gpu-4gpus`)."""
     meta = metas.get(run_id, {})
     profile = str(meta.get("profile", run_id))
-    counts = {_gpus(m) for m in metas.values() if m.get("profile") == profile and not m.get("superseded_by")}
+    counts = {_gpus(m) for m in metas.values() if m.get("profile") == profile and not retired(m)}
     return profile if len(counts) <= 1 else f"{profile}-{_gpus(meta)}gpus"
 
 
