@@ -244,7 +244,8 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
     if freed and "embed_tokens" in traceback:
         # The first forward reads the embedding's weight, an FSDP1 flat-parameter view whose storage is freed (no
         # unshard ran for it): transformers 4.53 / accelerate 1.8 through the Trainer over torch 2.11 (S8 on
-        # 2025-07-04, 2 x H200, every bf16 config however the group was started). Two wordings, one read.
+        # 2025-07-04, 2 x H200, every bf16 config, in a run since withdrawn: its jobs shared processes, so whether a
+        # fresh process meets it is not measured). Two wordings, one read.
         return "forward-reads-freed-fsdp-param"
     return None
 

@@ -53,7 +53,7 @@ def entry(found: Any, spec: dict[str, Any] | None) -> str:
             text += " · a fix per config"
         elif found.partly:  # a change measured to fix some of the configs, not all: not "no fix measured"
             kinds = variant_kinds(spec)
-            name, count = sorted(found.partly, key=lambda p: (kinds.get(p[0]) != "fix", -p[1], p[0]))[0]
+            name, count = min(found.partly, key=lambda p: (kinds.get(p[0]) != "fix", -p[1], p[0]))
             marker = "" if kinds.get(name) == "fix" else "w/a, "
             text += f" · partly {name} ({marker}{count}/{len(found.target_records)})"
         else:
