@@ -128,12 +128,16 @@ def flips(args: argparse.Namespace) -> int:
     from harness.recording.packing import records_exist
     from harness.tools.flips import describe, find_flips
 
-    run_dir = args.results_dir / "runs" / args.run
-    if not records_exist(run_dir / "records.jsonl"):
-        raise UsageError(f"--run {args.run}: no {run_dir / 'records.jsonl'}")
+    run_dirs = [args.results_dir / "runs" / run for run in args.runs]
+    for run, run_dir in zip(args.runs, run_dirs, strict=True):
+        if not records_exist(run_dir / "records.jsonl"):
+            raise UsageError(f"--run {run}: no {run_dir / 'records.jsonl'}")
     profile = load_profile(args.profile, MATRIX_DIR)
     if profile.era_packages:
-        return _node_flips(args, profile, run_dir)
+        return _node_flips(args, profile, run_dirs)
+    if len(run_dirs) > 1:
+        raise UsageError("--run once: a CPU history run holds every day; only a GPU profile reads several runs")
+    run_dir = run_dirs[0]
     options = MatrixOptions(results_dir=args.results_dir, install=InstallOptions(envs_dir=default_envs_dir()))
     for flip in find_flips(
         run_dir, profile, options, args.results_dir / "flips", scenarios=args.scenario, again=args.again
@@ -177,15 +181,23 @@ def check_repros(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def _node_flips(args: argparse.Namespace, profile: Any, run_dir: Path) -> int:
-    """Flips of a GPU history run: one planning round (harness/tools/node_flips.py)."""
+def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) -> int:
+    """Flips of a GPU history run (or of several runs of one GPU profile): one planning round
+    (harness/tools/node_flips.py)."""
     from harness.tools.flips import describe
-    from harness.tools.node_flips import plan_round, write_probe_profile
+    from harness.tools.node_flips import plan_round, usable_runs, write_probe_profile
 
-    flips, by_scenario = plan_round(run_dir, profile, args.results_dir / "flips")
+    usable_runs(run_dirs, profile.name)
+    run_dir = run_dirs[0]
+    flips, by_scenario = plan_round(run_dirs, profile, args.results_dir / "flips", getattr(args, "scenario", None))
     for flip in flips:
-        masked = " (masked: another failure or configs that could not run hide it; not probed)"
-        print(describe(flip).split(", by ")[0] + masked if not flip.moves else describe(flip), flush=True)
+        if flip.note.startswith("masked"):
+            print(f"{describe(flip).split(', by ')[0]} ({flip.note}; not probed)", flush=True)
+        elif not flip.moves:
+            print(f"{describe(flip).split(', by ')[0]} (its first probes are planned below)", flush=True)
+        else:
+            print(describe(flip), flush=True)
+    shown = sorted({c for flip in flips if flip.scenario in by_scenario and not flip.note for c in flip.config_ids})
     if not by_scenario:
         print(f"every flip of {run_dir.name} is as named as its probes allow")
         return 0
@@ -193,6 +205,8 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dir: Path) -> int:
     path = write_probe_profile(profile, needed, sorted(by_scenario), MATRIX_DIR)
     probes = args.results_dir / "flips" / run_dir.name / "probes"
     print(f"{len(needed)} probe day(s) needed: {' '.join(needed)}")
+    if shown:  # a probe is judged on the configs that showed the failure: the node need run no others
+        print("      the configs that showed the failures: " + " ".join(f"--config {c}" for c in shown))
     print(f"next: python -m harness wheelhouse --profile {path.stem} " + " ".join(f"--day {d}" for d in needed))
     print(
         f"      on the node: scripts/gpu-node-run.sh {path.stem} WHEELS OUT "

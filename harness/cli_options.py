@@ -633,8 +633,19 @@ COMMANDS: tuple[Command, ...] = (
             "every probe's records."
         ),
         options=(
-            Option(("--run",), required=True, metavar="RUN_ID", help="a dated run under results/runs/"),
-            Option(("--profile",), default="history", help="the run's profile (default history)"),
+            Option(
+                ("--run",),
+                action="append",
+                dest="runs",
+                required=True,
+                metavar="RUN_ID",
+                help=(
+                    "a dated run under results/runs/; repeatable for a GPU (era-locked) profile whose days were "
+                    "measured in several device calls: the runs are read together, the newest record per key as "
+                    "in the table, and the flips are filed under the first run named"
+                ),
+            ),
+            Option(("--profile",), default="history", help="the runs' profile (default history)"),
             Option(("--scenario",), action="append", metavar="ID", help="only these scenarios (repeatable)"),
             Option(
                 ("--again",),

@@ -481,13 +481,18 @@ def test_the_flips_command_prints_a_gpu_runs_flips_probed_or_masked(
     from harness import cli_commands
     from harness.tools import node_flips
 
-    probed, masked = s2_flip(), s2_flip()
+    probed, masked, planned = s2_flip(), s2_flip(), s2_flip()
+    masked.note = "masked by zip-length-mismatch"
     probed.moves = [{"package": "transformers", "version": "5.5.4", "probe_day": day("transformers", "5.5.4"),
                      "state": "pass"}]  # fmt: skip
-    monkeypatch.setattr(node_flips, "plan_round", lambda run_dir, profile, out_root: ([probed, masked], {}))
+    monkeypatch.setattr(
+        node_flips, "plan_round", lambda run_dirs, profile, out_root, only: ([probed, masked, planned], {})
+    )
     args = argparse.Namespace(results_dir=tmp_path)
-    assert cli_commands._node_flips(args, None, tmp_path / "gpu-history-x") == 0
+    profile = argparse.Namespace(name="gpu-history")
+    assert cli_commands._node_flips(args, profile, [tmp_path / "gpu-history-x"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "by not named: no single package (transformers 5.5.4: passes)" in lines[0]
-    assert lines[1].endswith("(masked: another failure or configs that could not run hide it; not probed)")
-    assert lines[2] == "every flip of gpu-history-x is as named as its probes allow"
+    assert lines[1].endswith("(masked by zip-length-mismatch; not probed)")
+    assert lines[2].endswith("(its first probes are planned below)")
+    assert lines[3] == "every flip of gpu-history-x is as named as its probes allow"

@@ -106,20 +106,51 @@ def step(flip: Flip, states: dict[str, str], release_list: list[str]) -> list[st
     return [probe_day(flip.older, package, v) for v in found.probes]
 
 
-def plan_round(run_dir: Path, profile: Profile, out_root: Path) -> tuple[list[Flip], dict[str, list[str]]]:
-    """Every flip of the GPU run advanced as far as its probe records allow (written to flips.json). Returns
-    (flips, the probe days still needed per scenario)."""
+def usable_runs(run_dirs: list[Path], profile_name: str) -> None:
+    """Refuse runs that are not one profile's evidence: another profile's run, or one the table leaves out
+    (superseded or withdrawn: its records are no evidence, so a flip read from them would be none either)."""
+    from harness.errors import UsageError
+    from harness.publishing.report import retired
+
+    for run_dir in run_dirs:
+        meta_path = run_dir / "meta.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        if meta.get("profile", profile_name) != profile_name:
+            raise UsageError(f"--run {run_dir.name} is a run of {meta['profile']}, not of --profile {profile_name}")
+        if retired(meta):
+            why = meta.get("withdrawn") or f"superseded by {', '.join(meta['superseded_by'])}"
+            raise UsageError(f"--run {run_dir.name} is no evidence any more ({why})")
+
+
+def run_records(run_dirs: list[Path]) -> list[dict[str, Any]]:
+    """The runs' records judged by today's rules, as the table is; where two runs measured the same key (the same
+    day, scenario, variant and config), the newer record, as the table shows it (`report.latest_by_key`)."""
+    from harness.publishing.report import latest_by_key
+
+    records = [r for run_dir in run_dirs for r in rename_all(read_records(run_dir / "records.jsonl"))]
+    return latest_by_key(records)[0]
+
+
+def plan_round(
+    run_dirs: list[Path], profile: Profile, out_root: Path, scenarios: list[str] | None = None
+) -> tuple[list[Flip], dict[str, list[str]]]:
+    """Every flip of the GPU runs (one run, or several runs of one profile read together) advanced as far as its
+    probe records allow (written to flips.json under the first run). Returns (flips, the probe days still needed
+    per scenario). `scenarios`: only these (the others' flips are neither planned nor written)."""
     from harness.publishing.atlas import dated_verdicts, masking
 
-    records = rename_all(read_records(run_dir / "records.jsonl"))  # judged by today's rules, as the table is
+    run_dir = run_dirs[0]
+    records = [r for r in run_records(run_dirs) if not scenarios or r["scenario"] in scenarios]
     specs = {s.id: s.spec for s in discover()}
     verdicts = dated_verdicts(records, specs)[2]
     probe_root = out_root / run_dir.name / "probes"
     flips: list[Flip] = []
     needed: dict[str, list[str]] = {}
     for flip in flips_in(dated_states(records, specs)):
-        if masking(flip, verdicts):
-            flips.append(flip)  # another failure, or configs that could not run, hide the target: no cause to name
+        hidden_by = masking(flip, verdicts)
+        if hidden_by:  # another failure, or configs that could not run, hide the target: no cause to name
+            flip.note = "masked by " + ", ".join(hidden_by)
+            flips.append(flip)
             continue
         states = probe_states(probe_root, flip.scenario, flip.signature, flip.config_ids)
         needed_now = step(flip, states, [])
@@ -134,6 +165,14 @@ def plan_round(run_dir: Path, profile: Profile, out_root: Path) -> tuple[list[Fl
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "flips.json").write_text(json.dumps([f.as_atlas_json() for f in flips], indent=1) + "\n")
     return flips, needed
+
+
+def probe_world_size(profile: Profile) -> int:
+    """The probes run at the world size of the flips they probe (a profile at 2 ranks flips at 2 ranks)."""
+    sizes = [size for size in profile.world_sizes if isinstance(size, int)]
+    if len(sizes) != 1 or len(profile.world_sizes) != 1:
+        raise ValueError(f"{profile.name}: probes need one fixed world size, not {list(profile.world_sizes)}")
+    return sizes[0]
 
 
 def write_probe_profile(profile: Profile, needed: list[str], scenarios: list[str], matrix_dir: Path) -> Path:
@@ -179,7 +218,7 @@ def write_probe_profile(profile: Profile, needed: list[str], scenarios: list[str
         f"description = {json.dumps('Probes of ' + profile.name + ' flips: one era package moved per probe day')}",
         f'python = "{profile.python}"',
         f'device = "{profile.device}"',
-        "world_size = 1",
+        f"world_size = {probe_world_size(profile)}",
         f"scenarios = {json.dumps(sorted(scenarios))}",
         "examples_per_scenario = 0",
         f"hypothesis_seed = {profile.hypothesis_seed}",
@@ -203,6 +242,12 @@ def write_probe_profile(profile: Profile, needed: list[str], scenarios: list[str
     ]
     for scenario in sorted(scenarios):
         text += ["", f'[scenario."{scenario}"]', 'variants = ["baseline"]']
+        settings = profile.settings_for(scenario)
+        if settings.job_timeout_s:  # a probe is judged like the day it moves from: the same job timeout
+            text.append(f"job_timeout_s = {int(settings.job_timeout_s)}")
+        if settings.configs:  # the profile's own configs beside the seed ones: a flip may be on one of them
+            rows = [", ".join(f"{key} = {json.dumps(value)}" for key, value in c.items()) for c in settings.configs]
+            text += ["configs = [", *(f"  {{ {row} }}," for row in rows), "]"]
     path = matrix_dir / f"{name}.toml"
     path.write_text("\n".join(text) + "\n")
     return path
