@@ -241,11 +241,14 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         # Recomputation in backward touches a parameter FSDP has already freed (resharded) after forward.
         return "recompute-uses-freed-fsdp-param"
     freed = "its data is not allocated yet" in message or ("setStorage:" in message and "storage of size 0" in message)
-    if freed and "embed_tokens" in traceback:
+    # With use_orig_params=True the same unsharded-never weight is FSDP1's size-0 placeholder, and the embedding
+    # refuses its shape instead.
+    placeholder = short == "RuntimeError" and "'weight' must be 2-D" in message
+    if (freed or placeholder) and "embed_tokens" in traceback:
         # The first forward reads the embedding's weight, an FSDP1 flat-parameter view whose storage is freed (no
         # unshard ran for it): transformers 4.53 / accelerate 1.8 through the Trainer over torch 2.11 (S8 on
-        # 2025-07-04, 2 x H200, every bf16 config, in a run since withdrawn: its jobs shared processes, so whether a
-        # fresh process meets it is not measured). Two wordings, one read.
+        # 2025-07-04, 2 x H200, every bf16 config, each job in processes of its own: run 5598). Three wordings, one
+        # read.
         return "forward-reads-freed-fsdp-param"
     return None
 

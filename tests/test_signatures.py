@@ -184,6 +184,11 @@ def test_forward_reads_a_freed_flat_parameter() -> None:
         "The tensor has a non-zero number of elements, but its data is not allocated yet.",
         "setStorage: sizes [32, 64], strides [0, 1], storage offset 0, and itemsize 2 requiring a storage size of "
         "128 are out of bounds for storage of size 0",
+        "'weight' must be 2-D",  # use_orig_params=True: the weight is FSDP1's size-0 placeholder
     ):
         verdict = classify("exception", {"exc_type": "builtins.RuntimeError", "message": message, "traceback": frames})
         assert verdict.signature == "forward-reads-freed-fsdp-param"
+    # The same shape refusal outside the embedding's first read is another failure.
+    elsewhere = 'File "model.py", line 9, in forward\n    return F.embedding(ids, table)\n'
+    other = {"exc_type": "builtins.RuntimeError", "message": "'weight' must be 2-D", "traceback": elsewhere}
+    assert classify("exception", other).signature != "forward-reads-freed-fsdp-param"
