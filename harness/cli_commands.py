@@ -197,7 +197,6 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) ->
             print(f"{describe(flip).split(', by ')[0]} (its first probes are planned below)", flush=True)
         else:
             print(describe(flip), flush=True)
-    shown = sorted({c for flip in flips if flip.scenario in by_scenario and not flip.note for c in flip.config_ids})
     if not by_scenario:
         print(f"every flip of {run_dir.name} is as named as its probes allow")
         return 0
@@ -205,13 +204,15 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) ->
     path = write_probe_profile(profile, needed, sorted(by_scenario), MATRIX_DIR)
     probes = args.results_dir / "flips" / run_dir.name / "probes"
     print(f"{len(needed)} probe day(s) needed: {' '.join(needed)}")
-    if shown:  # a probe is judged on the configs that showed the failure: the node need run no others
-        print("      the configs that showed the failures: " + " ".join(f"--config {c}" for c in shown))
     print(f"next: python -m harness wheelhouse --profile {path.stem} " + " ".join(f"--day {d}" for d in needed))
-    print(
-        f"      on the node: scripts/gpu-node-run.sh {path.stem} WHEELS OUT "
-        + " ".join(f"--cell '*{d}'" for d in needed)
-    )
+    for scenario, days in sorted(by_scenario.items()):
+        # Each scenario on its own probe days, and only on the configs that showed its failure: a probe is judged
+        # on those (`bisection.probe_state`), so the node need run no others.
+        shown = sorted({c for flip in flips if flip.scenario == scenario and not flip.note for c in flip.config_ids})
+        print(
+            f"      on the node: scripts/gpu-node-run.sh {path.stem} WHEELS OUT --scenario {scenario} "
+            + " ".join([*(f"--cell '*{d}'" for d in sorted(set(days))), *(f"--config {c}" for c in shown)])
+        )
     print(f"      python -m harness import-run --results-dir {probes} OUT/<run-id>.records.jsonl; then flips again")
     return 0
 

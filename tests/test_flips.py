@@ -141,6 +141,13 @@ def test_a_flip_is_compared_with_the_upstream_record_of_its_own_direction() -> N
     end = onset | {"newer_state": "not-reproduced", "package": "deepspeed", "release": "0.19.3"}
     assert upstream_verdict(flip(**end))["agrees"] is True
     assert upstream_verdict(flip(**end | {"release": "0.19.2"}))["agrees"] is False
+    # A flip whose probes did not run names no release: it neither agrees nor differs, and the table says so.
+    unnamed = flip(**{k: v for k, v in end.items() if k not in ("package", "release")})
+    assert upstream_verdict(unnamed)["agrees"] is None
+    from harness.publishing.atlas import flips_markdown
+
+    [row] = [line for line in flips_markdown([unnamed]).splitlines() if line.startswith("| ") and "0.19.3" in line]
+    assert row.endswith("| deepspeed 0.19.3: not compared: none named here |"), row
 
 
 def test_a_target_hidden_by_another_failure_is_shown_as_masked() -> None:

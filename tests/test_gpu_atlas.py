@@ -496,3 +496,74 @@ def test_the_flips_command_prints_a_gpu_runs_flips_probed_or_masked(
     assert lines[1].endswith("(masked by zip-length-mismatch; not probed)")
     assert lines[2].endswith("(its first probes are planned below)")
     assert lines[3] == "every flip of gpu-history-x is as named as its probes allow"
+
+
+def test_an_ending_is_masked_only_by_failures_on_its_own_configs() -> None:
+    """A target that ends on its configs while another config fails otherwise did end (S7's ZeRO-3 save on 2 GPUs,
+    2024-09-26 .. 2025-03-20): the other config's failure masks nothing. A failure on the flip's own config does."""
+    other = "dora-reads-sharded-lora-weight"
+    records = [rec("c0", "fail", TARGET, OLDER), rec("c1", "pass", None, OLDER)]
+    records += [rec("c0", "pass", None, NEWER), rec("c1", "fail", other, NEWER)]
+    verdicts = dated_verdicts(records, SPECS)[2]
+    ended = Flip(OLDER, NEWER, "target", "not-reproduced", scenario=S2)
+    ended.config_ids = ["c0"]
+    assert masking(ended, verdicts) == []
+    hidden = [rec("c0", "fail", other, NEWER) if r["config_id"] == "c0" and r["pins"]["date"] == NEWER else r
+              for r in records]  # fmt: skip
+    assert masking(ended, dated_verdicts(hidden, SPECS)[2]) == [other]
+    stored_without_configs = Flip(OLDER, NEWER, "target", "not-reproduced", scenario=S2)
+    assert masking(stored_without_configs, verdicts) == [other]
+
+
+def test_a_round_over_several_runs_reads_them_together_and_keeps_other_scenarios_flips(tmp_path: Path) -> None:
+    """Days measured in two device calls are two runs: read together they show the flip neither shows alone, the
+    newer record of a key wins (as in the table), and a round over one scenario leaves the flips another round
+    filed for another scenario in flips.json."""
+    import json
+
+    from harness.tools.node_flips import plan_round
+
+    def write_run(name: str, records: list[dict[str, Any]]) -> Path:
+        run_dir = tmp_path / "runs" / name
+        run_dir.mkdir(parents=True)
+        (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return run_dir
+
+    older = [rec("c0", "fail", TARGET, OLDER) | {"started_at": "2026-11-26T10:00:00"}]
+    newer = [rec("c0", "pass", None, NEWER) | {"started_at": "2026-11-26T11:00:00"}]
+    newer[0]["versions"] = newer[0]["versions"] | {"transformers": "5.5.4"}
+    # An earlier record of the newer day, replaced by the newer run's: the newest record per key counts.
+    stale = [rec("c0", "fail", TARGET, NEWER) | {"started_at": "2026-11-26T09:00:00"}]
+    first, second = write_run("gpu-ws2-a", older + stale), write_run("gpu-ws2-b", newer)
+    out_root = tmp_path / "flips"
+    (out_root / "gpu-ws2-a").mkdir(parents=True)
+    kept = {"older": "x", "newer": "y", "older_state": "target", "newer_state": "not-reproduced", "scenario": "S7"}
+    (out_root / "gpu-ws2-a" / "flips.json").write_text(json.dumps([kept]))
+    profile = load_profile("gpu-history-ws2", Path(__file__).resolve().parents[1] / "matrix")
+    alone, _ = plan_round([first], profile, out_root, [S2])
+    assert alone == []  # the first run alone: its newer day still fails
+    flips, needed = plan_round([first, second], profile, out_root, [S2])
+    assert [(f.older, f.newer, f.newer_state) for f in flips] == [(OLDER, NEWER, "not-reproduced")]
+    assert needed == {S2: [f"{OLDER}+transformers-5.5.4"]}  # its first probe: the changed package moved alone
+    saved = json.loads((out_root / "gpu-ws2-a" / "flips.json").read_text())
+    assert [e["scenario"] for e in saved] == ["S7", S2]
+
+
+def test_a_probe_resolves_against_the_first_day_that_holds_its_release() -> None:
+    """A flip spanning days the profile did not run (2024-09-26 .. 2025-03-20) moves peft 0.15.0: the day after the
+    older one (2024-12-07, peft 0.14.0) cannot install it; the first day holding it or later can."""
+    from harness.tools.node_flips import release_day
+
+    days = {
+        d: {"resolved": {"peft": v}}
+        for d, v in [
+            ("2024-09-26", "0.13.0"),
+            ("2024-12-07", "0.14.0"),
+            ("2025-03-20", "0.15.0"),
+            ("2025-07-04", "0.16.0"),
+        ]
+    }
+    assert release_day(days, "2024-09-26", "peft", "0.15.0") == "2025-03-20"
+    assert release_day(days, "2024-09-26", "peft", "0.14.0") == "2024-12-07"
+    assert release_day(days, "2024-09-26", "peft", "0.15.1") == "2025-07-04"  # a release between two days
+    assert release_day(days, "2025-07-04", "peft", "0.17.0") == "2025-07-04"  # no later day: none to offer

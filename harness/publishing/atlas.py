@@ -192,6 +192,8 @@ def upstream_verdict(flip: Flip) -> dict[str, Any] | None:
     known = upstream_change(flip.signature, flip.newer_state)
     if known is None:
         return None
+    if not (flip.package and flip.release):
+        return known | {"agrees": None}  # nothing measured to compare: neither agrees nor differs
     return known | {"agrees": (flip.package, flip.release) == (known["package"], known["release"])}
 
 
@@ -206,8 +208,13 @@ def masking(flip: Flip, verdicts: dict[str, Any]) -> list[str]:
     if found is None:
         return []
     # Another failure hides a target that ends (it may still be there); before an onset it is the history the
-    # onset is judged against (e.g. DoRA under FSDP failing otherwise before peft 0.12), so it masks nothing.
-    masked = sorted(found.others) if flip.newer_state != "target" else []
+    # onset is judged against (e.g. DoRA under FSDP failing otherwise before peft 0.12), so it masks nothing. Only a
+    # failure on the configs that showed the target hides it: where they ran and passed, the target did end (S7's
+    # ZeRO-3 save on 2 GPUs, 2025-03-20, beside other configs' failures). A flip stored without its configs is
+    # judged by every other failure of the day, as before.
+    mine = set(flip.config_ids or ())
+    hiding = {sig for cid, sig in found.other_ids.items() if cid in mine} if mine else set(found.others)
+    masked = sorted(hiding) if flip.newer_state != "target" else []
     # The configs that showed the target on the other side could not run on this side: not a flip of the stack.
     showed = {r["config_id"] for r in (shown.target_records if shown is not None else [])}
     reasons = sorted({why for cid, why in found.inapplicable_ids.items() if cid in showed})
@@ -245,7 +252,7 @@ def flips_markdown(
         upstream = upstream_verdict(flip)
         agrees = ""
         if upstream:
-            verdict_ = "agrees" if upstream.get("agrees") else "differs"
+            verdict_ = {True: "agrees", False: "differs"}.get(upstream.get("agrees"), "not compared: none named here")
             agrees = f"{md(upstream['package'])} {md(upstream['release'])}: {verdict_}"
         change = f"{md(flip.older_state)} -> {md(flip.newer_state)}"
         states = _states_today(flip, verdicts)

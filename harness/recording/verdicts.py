@@ -55,6 +55,8 @@ class Verdict:
     not_applicable: list[str] = field(default_factory=list)
     #: Other failures of the baseline: signature -> configs.
     others: dict[str, int] = field(default_factory=dict)
+    #: The same per config: config id -> signature (a flip is masked only by failures on its own configs).
+    other_ids: dict[str, str] = field(default_factory=dict)
     controls_total: int = 0
     #: (signature, which control) -> how many.
     controls_failed: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -124,6 +126,9 @@ def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdi
         target_records=hits,
         candidates=len(candidates),
         others=dict(Counter(r.get("signature") or r["outcome"] for r in [*failing, *unusable] if r not in hits)),
+        other_ids={
+            r["config_id"]: str(r.get("signature") or r["outcome"]) for r in [*failing, *unusable] if r not in hits
+        },
         # A control whose environment could not run it (env-broken, install-failed) is no evidence either way.
         controls_total=len([r for r in controls if r["outcome"] != "skip" and r["outcome"] not in UNUSABLE]),
         controls_failed=dict(

@@ -163,8 +163,28 @@ def plan_round(
         flips.append(flip)
     out_dir = out_root / run_dir.name
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "flips.json").write_text(json.dumps([f.as_atlas_json() for f in flips], indent=1) + "\n")
+    path = out_dir / "flips.json"
+    # A round over some scenarios keeps the flips of the others that an earlier round filed here.
+    kept = (
+        [e for e in json.loads(path.read_text()) if e.get("scenario") not in scenarios]
+        if scenarios and path.is_file()
+        else []
+    )
+    path.write_text(json.dumps([*kept, *(f.as_atlas_json() for f in flips)], indent=1) + "\n")
     return flips, needed
+
+
+def release_day(days: dict[str, Any], older: str, package: str, version: str) -> str:
+    """The first lock day after `older` whose stack holds `package` at `version` or later: the day whose index a
+    probe that moves it resolves its other dependencies against, where the older day's cannot hold it. Not simply
+    the next lock day: a flip may span days a GPU profile did not run (S7 at 2 ranks: 2024-09-26 .. 2025-03-20),
+    and a day before the release cannot install it."""
+    later = sorted(d for d in days if d > older)
+    for day in later:
+        found = (days[day].get("resolved") or {}).get(package)
+        if found and Version(found) >= Version(version):
+            return day
+    return later[-1] if later else older
 
 
 def probe_world_size(profile: Profile) -> int:
@@ -191,8 +211,10 @@ def write_probe_profile(profile: Profile, needed: list[str], scenarios: list[str
     for day in needed:
         match = PROBE_DAY.match(day)
         assert match is not None
+        if (lock["days"].get(day) or {}).get("resolved"):
+            continue  # resolved by an earlier round (the index's past does not change): its wheels may be packed
         older = main_lock["days"][match["day"]]["resolved"]
-        newer_day = next(d for d in main_lock["days"] if d > match["day"])
+        newer_day = release_day(main_lock["days"], match["day"], match["package"], match["version"])
         pins = {p: older[p] for p in axis if p in older}
         held = {"torch": image["torch"]}
         try:
