@@ -185,10 +185,16 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) ->
     """Flips of a GPU history run (or of several runs of one GPU profile): one planning round
     (harness/tools/node_flips.py)."""
     from harness.tools.flips import describe
-    from harness.tools.node_flips import plan_round, usable_runs, write_probe_profile
+    from harness.tools.node_flips import filed_elsewhere, plan_round, usable_runs, write_probe_profile
 
     usable_runs(run_dirs, profile.name)
     run_dir = run_dirs[0]
+    elsewhere = filed_elsewhere(run_dirs, args.results_dir / "flips")
+    if elsewhere:
+        raise UsageError(
+            f"flips are filed under {', '.join(elsewhere)} already: name that run first (--run {elsewhere[0]}), so "
+            "that its probes are read and the table shows each flip once"
+        )
     flips, by_scenario = plan_round(run_dirs, profile, args.results_dir / "flips", getattr(args, "scenario", None))
     for flip in flips:
         if flip.note.startswith("masked"):

@@ -243,7 +243,8 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
     freed = "its data is not allocated yet" in message or ("setStorage:" in message and "storage of size 0" in message)
     # With use_orig_params=True the same unsharded-never weight is FSDP1's size-0 placeholder, and the embedding
     # refuses its shape instead.
-    placeholder = short == "RuntimeError" and "'weight' must be 2-D" in message
+    # ZeRO-3 words an ungathered weight the same way: its forward runs through deepspeed's hooks, FSDP1's does not.
+    placeholder = short == "RuntimeError" and "'weight' must be 2-D" in message and "deepspeed" not in traceback
     if (freed or placeholder) and "embed_tokens" in traceback:
         # The first forward reads the embedding's weight, an FSDP1 flat-parameter view whose storage is freed (no
         # unshard ran for it): transformers 4.53 / accelerate 1.8 through the Trainer over torch 2.11 (S8 on

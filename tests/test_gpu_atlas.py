@@ -12,6 +12,7 @@ reason. All inputs are synthetic records and dataclasses: no network, no GPU.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -527,6 +528,7 @@ def test_a_round_over_several_runs_reads_them_together_and_keeps_other_scenarios
         run_dir = tmp_path / "runs" / name
         run_dir.mkdir(parents=True)
         (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (run_dir / "meta.json").write_text(json.dumps({"started_at": max(r["started_at"] for r in records)}))
         return run_dir
 
     older = [rec("c0", "fail", TARGET, OLDER) | {"started_at": "2026-11-26T10:00:00"}]
@@ -567,3 +569,52 @@ def test_a_probe_resolves_against_the_first_day_that_holds_its_release() -> None
     assert release_day(days, "2024-09-26", "peft", "0.14.0") == "2024-12-07"
     assert release_day(days, "2024-09-26", "peft", "0.15.1") == "2025-07-04"  # a release between two days
     assert release_day(days, "2025-07-04", "peft", "0.17.0") == "2025-07-04"  # no later day: none to offer
+
+
+def test_a_probe_profile_config_reads_back_as_itself_or_is_refused() -> None:
+    """The probe profile carries the profile's own configs as TOML: each must read back with the same config id
+    (else its probes would never find the flip's config); a value TOML cannot hold is refused before anything is
+    written."""
+    import tomllib
+
+    from harness.planning.draws import config_id
+    from harness.tools.node_flips import toml_inline
+
+    config = {"engine": "fsdp2", "lora.r": 8, "targets": ["q", "v"], "wrap": {"min": 1.5}, "ok": True, "name": "é😀"}
+    assert config_id(tomllib.loads(f"c = {toml_inline(config)}")["c"]) == config_id(config)
+    for bad in ({"task_type": None}, {"lr": float("inf")}):
+        with pytest.raises(ValueError):
+            toml_inline(bad)
+
+
+def test_an_ending_whose_configs_did_not_run_on_the_newer_day_is_no_evidence() -> None:
+    """The newer day was measured with other configs: the flip's own config has no record there, so the target
+    did not end there as far as the records show."""
+    records = [rec("c0", "fail", TARGET, OLDER), rec("c1", "pass", None, NEWER)]
+    ended = Flip(OLDER, NEWER, "target", "not-reproduced", scenario=S2)
+    ended.config_ids = ["c0"]
+    assert masking(ended, dated_verdicts(records, SPECS)[2]) == ["did not run: c0"]
+
+
+def test_flips_of_several_runs_are_filed_once(tmp_path: Path) -> None:
+    """A second filing of the same runs' flips under another run would show each flip twice in the table: refused,
+    naming the run they are filed under. The CPU history holds every day in one run: several --run are refused."""
+    import argparse
+
+    from harness import cli_commands
+    from harness.errors import UsageError
+
+    for name in ("gpu-history-ws2-a", "gpu-history-ws2-b"):
+        run_dir = tmp_path / "runs" / name
+        run_dir.mkdir(parents=True)
+        (run_dir / "records.jsonl").write_text(json.dumps(rec("c0", "pass", None)) + "\n")
+    (tmp_path / "flips" / "gpu-history-ws2-b").mkdir(parents=True)
+    (tmp_path / "flips" / "gpu-history-ws2-b" / "flips.json").write_text("[]")
+    args = argparse.Namespace(
+        results_dir=tmp_path, runs=["gpu-history-ws2-a", "gpu-history-ws2-b"], profile="gpu-history-ws2",
+        scenario=None, again=False,
+    )  # fmt: skip
+    with pytest.raises(UsageError, match="filed under gpu-history-ws2-b"):
+        cli_commands.flips(args)
+    with pytest.raises(UsageError, match="only a GPU profile reads several runs"):
+        cli_commands.flips(argparse.Namespace(**{**vars(args), "profile": "history"}))

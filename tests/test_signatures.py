@@ -192,3 +192,7 @@ def test_forward_reads_a_freed_flat_parameter() -> None:
     elsewhere = 'File "model.py", line 9, in forward\n    return F.embedding(ids, table)\n'
     other = {"exc_type": "builtins.RuntimeError", "message": "'weight' must be 2-D", "traceback": elsewhere}
     assert classify("exception", other).signature != "forward-reads-freed-fsdp-param"
+    # ZeRO-3 reading a weight it never gathered words it the same, through deepspeed's forward hooks.
+    zero3 = 'File "deepspeed/runtime/zero/parameter_offload.py", line 9, in _pre_forward_module_hook\n' + frames
+    ungathered = {"exc_type": "builtins.RuntimeError", "message": "'weight' must be 2-D", "traceback": zero3}
+    assert classify("exception", ungathered).signature != "forward-reads-freed-fsdp-param"

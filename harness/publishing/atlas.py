@@ -192,8 +192,10 @@ def upstream_verdict(flip: Flip) -> dict[str, Any] | None:
     known = upstream_change(flip.signature, flip.newer_state)
     if known is None:
         return None
-    if not (flip.package and flip.release):
+    if not flip.package:
         return known | {"agrees": None}  # nothing measured to compare: neither agrees nor differs
+    if not flip.release:  # the package is named, its release not yet: another package already differs
+        return known | {"agrees": None if flip.package == known["package"] else False}
     return known | {"agrees": (flip.package, flip.release) == (known["package"], known["release"])}
 
 
@@ -220,7 +222,14 @@ def masking(flip: Flip, verdicts: dict[str, Any]) -> list[str]:
     reasons = sorted({why for cid, why in found.inapplicable_ids.items() if cid in showed})
     # ... or could not run at all there (the day's packages could not load them): no evidence either way.
     broken = sorted({why for cid, why in found.unusable_ids.items() if cid in showed})
-    return masked + [f"not applicable: {why}" for why in reasons] + [f"could not run: {why}" for why in broken]
+    # ... or have no baseline record there at all (a day measured with other configs): no evidence either.
+    absent = sorted((mine or showed) - set(found.config_ids)) if found.config_ids else []
+    return (
+        masked
+        + [f"not applicable: {why}" for why in reasons]
+        + [f"could not run: {why}" for why in broken]
+        + [f"did not run: {cid}" for cid in absent]
+    )
 
 
 def flips_markdown(

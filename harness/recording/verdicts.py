@@ -57,6 +57,8 @@ class Verdict:
     others: dict[str, int] = field(default_factory=dict)
     #: The same per config: config id -> signature (a flip is masked only by failures on its own configs).
     other_ids: dict[str, str] = field(default_factory=dict)
+    #: Every baseline config id of the entry (a flip's configs with no record here are no evidence here).
+    config_ids: list[str] = field(default_factory=list)
     controls_total: int = 0
     #: (signature, which control) -> how many.
     controls_failed: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -129,6 +131,7 @@ def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdi
         other_ids={
             r["config_id"]: str(r.get("signature") or r["outcome"]) for r in [*failing, *unusable] if r not in hits
         },
+        config_ids=sorted({r["config_id"] for r in base}),
         # A control whose environment could not run it (env-broken, install-failed) is no evidence either way.
         controls_total=len([r for r in controls if r["outcome"] != "skip" and r["outcome"] not in UNUSABLE]),
         controls_failed=dict(

@@ -106,6 +106,12 @@ def step(flip: Flip, states: dict[str, str], release_list: list[str]) -> list[st
     return [probe_day(flip.older, package, v) for v in found.probes]
 
 
+def filed_elsewhere(run_dirs: list[Path], out_root: Path) -> list[str]:
+    """The runs after the first whose own flips folder exists: a second filing of the same flips would show them
+    twice in the table, and its probes would not be read."""
+    return [run_dir.name for run_dir in run_dirs[1:] if (out_root / run_dir.name / "flips.json").is_file()]
+
+
 def usable_runs(run_dirs: list[Path], profile_name: str) -> None:
     """Refuse runs that are not one profile's evidence: another profile's run, or one the table leaves out
     (superseded or withdrawn: its records are no evidence, so a flip read from them would be none either)."""
@@ -123,11 +129,23 @@ def usable_runs(run_dirs: list[Path], profile_name: str) -> None:
 
 
 def run_records(run_dirs: list[Path]) -> list[dict[str, Any]]:
-    """The runs' records judged by today's rules, as the table is; where two runs measured the same key (the same
-    day, scenario, variant and config), the newer record, as the table shows it (`report.latest_by_key`)."""
+    """The runs' records judged by today's rules, chosen as the table chooses them (`report.select_runs`): runs
+    newest first (by their start), each giving the (cell, scenario) pairs no newer run of them covers, then the
+    newest record per key."""
     from harness.publishing.report import latest_by_key
 
-    records = [r for run_dir in run_dirs for r in rename_all(read_records(run_dir / "records.jsonl"))]
+    def started(run_dir: Path) -> tuple[str, str]:  # its start, then its id (which begins with its start time)
+        meta = run_dir / "meta.json"
+        return (str(json.loads(meta.read_text()).get("started_at", "")) if meta.is_file() else "", run_dir.name)
+
+    covered: set[tuple[str, str]] = set()
+    records: list[dict[str, Any]] = []
+    for run_dir in sorted(run_dirs, key=started, reverse=True):
+        fresh = [
+            r for r in rename_all(read_records(run_dir / "records.jsonl")) if (r["cell"], r["scenario"]) not in covered
+        ]
+        covered |= {(r["cell"], r["scenario"]) for r in fresh}
+        records += fresh
     return latest_by_key(records)[0]
 
 
@@ -201,6 +219,8 @@ def write_probe_profile(profile: Profile, needed: list[str], scenarios: list[str
     from harness.environments.envs import uv_binary
     from harness.tools.locking import node_image
 
+    world_size = probe_world_size(profile)  # checked before any day is resolved
+    config_rows = {scenario: [toml_inline(c) for c in profile.settings_for(scenario).configs] for scenario in scenarios}
     name = f"{profile.name}-probes"
     main_lock = lock_file.read_lock(lock_file.lock_path(matrix_dir, profile.name))
     target = lock_file.lock_path(matrix_dir, name)
@@ -240,7 +260,7 @@ def write_probe_profile(profile: Profile, needed: list[str], scenarios: list[str
         f"description = {json.dumps('Probes of ' + profile.name + ' flips: one era package moved per probe day')}",
         f'python = "{profile.python}"',
         f'device = "{profile.device}"',
-        f"world_size = {probe_world_size(profile)}",
+        f"world_size = {world_size}",
         f"scenarios = {json.dumps(sorted(scenarios))}",
         "examples_per_scenario = 0",
         f"hypothesis_seed = {profile.hypothesis_seed}",
@@ -256,6 +276,7 @@ def write_probe_profile(profile: Profile, needed: list[str], scenarios: list[str
         'mode = "system"',
         f'node_image = "{profile.node_image}"',
         f"era_packages = {json.dumps(list(profile.era_packages))}",
+        *([f"optional = {json.dumps(list(profile.optional))}"] if profile.optional else []),
         "",
         "[timeouts]",
         f"install_s = {int(profile.install_timeout_s)}",
@@ -267,9 +288,40 @@ def write_probe_profile(profile: Profile, needed: list[str], scenarios: list[str
         settings = profile.settings_for(scenario)
         if settings.job_timeout_s:  # a probe is judged like the day it moves from: the same job timeout
             text.append(f"job_timeout_s = {int(settings.job_timeout_s)}")
+        # The same drawn configs as the runs it probes (draws are seeded by the profile's seed and the scenario):
+        # a flip may be on a drawn config, and a probe is judged on the flip's own configs.
+        for key in ("examples", "seed_examples"):
+            if getattr(settings, key) is not None:
+                text.append(f"{key} = {int(getattr(settings, key))}")
+        if settings.single_rank:
+            text.append("single_rank = true")
         if settings.configs:  # the profile's own configs beside the seed ones: a flip may be on one of them
-            rows = [", ".join(f"{key} = {json.dumps(value)}" for key, value in c.items()) for c in settings.configs]
-            text += ["configs = [", *(f"  {{ {row} }}," for row in rows), "]"]
+            text += ["configs = [", *(f"  {row}," for row in config_rows[scenario]), "]"]
     path = matrix_dir / f"{name}.toml"
     path.write_text("\n".join(text) + "\n")
     return path
+
+
+def toml_inline(config: dict[str, Any]) -> str:
+    """A config as a TOML inline table that reads back as the same config (the same config id), or ValueError:
+    TOML has no null, and a bare dotted key would nest."""
+    import tomllib
+
+    from harness.planning.draws import config_id
+
+    def value(item: Any) -> str:
+        if isinstance(item, dict):
+            return "{ " + ", ".join(f"{value(str(k))} = {value(v)}" for k, v in item.items()) + " }"
+        if isinstance(item, list):
+            return "[" + ", ".join(value(v) for v in item) + "]"
+        if isinstance(item, bool) or isinstance(item, int) or isinstance(item, str):
+            return json.dumps(item, ensure_ascii=False)  # TOML's escapes are JSON's, less the surrogate pairs
+        if isinstance(item, float) and item == item and abs(item) != float("inf"):
+            return repr(item)
+        raise ValueError(f"a profile config cannot hold {item!r} (TOML has no such value)")
+
+    text = value(config)
+    read = tomllib.loads(f"c = {text}")["c"]
+    if config_id(read) != config_id(config):
+        raise ValueError(f"config {config!r} does not read back from TOML as itself")
+    return text
