@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,21 +80,18 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
     chosen, records = [], []
     disagreeing: set[tuple[str, tuple[str, ...]]] = set()
     for profile in sorted(by_profile):
-        covered: set[tuple[str, str]] = set()
         shown: dict[tuple[str, ...], str] = {}
         shown_by: dict[tuple[str, ...], Evidence] = {}
-        for run_id in sorted(by_profile[profile], key=lambda r: metas[r].get("started_at", ""), reverse=True):
-            fresh = []
-            for rec in rename_all(read_records(run_root / run_id / "records.jsonl")):
-                if (rec["cell"], rec["scenario"]) not in covered:
-                    fresh.append(rec)
-                elif record_key(rec) in shown and shown[record_key(rec)] != rec["outcome"]:
+        newest_first = sorted(by_profile[profile], key=lambda r: metas[r].get("started_at", ""), reverse=True)
+        runs = ((r, rename_all(read_records(run_root / r / "records.jsonl"))) for r in newest_first)
+        for run_id, fresh, hidden in newest_per_pair(runs):
+            for rec in hidden:
+                if record_key(rec) in shown and shown[record_key(rec)] != rec["outcome"]:
                     if same_code((metas[run_id], rec), shown_by[record_key(rec)]):
                         disagreeing.add((profile, record_key(rec)))  # an older run disagrees: flaky, never hidden
             if fresh:
                 chosen.append(run_id)
                 records.extend(fresh)
-                covered |= {(rec["cell"], rec["scenario"]) for rec in fresh}
                 shown |= {record_key(rec): rec["outcome"] for rec in fresh}
                 shown_by |= {record_key(rec): (metas[run_id], rec) for rec in fresh}
     chosen.sort()
@@ -103,6 +100,20 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
     # A flaky key of a shared cell follows its cell to the qualified id.
     conflicting = {(_shown_cell(key[0], profile, shared), *key[1:]) for profile, key in disagreeing}
     return Selection(chosen, records, [metas[r] for r in chosen], frozenset(conflicting))
+
+
+def newest_per_pair(
+    runs: Iterable[tuple[str, list[dict[str, Any]]]],
+) -> Iterator[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]]:
+    """(run id, fresh, hidden) for runs given newest first: a run gives the (cell, scenario) pairs no newer run
+    covers (fresh); its records of pairs a newer run covers are hidden. A run that re-checks one scenario on one
+    cell updates that entry without hiding the rest."""
+    covered: set[tuple[str, str]] = set()
+    for run_id, run_records in runs:
+        fresh = [r for r in run_records if (r["cell"], r["scenario"]) not in covered]
+        hidden = [r for r in run_records if (r["cell"], r["scenario"]) in covered]
+        covered |= {(r["cell"], r["scenario"]) for r in fresh}
+        yield run_id, fresh, hidden
 
 
 def retired(meta: dict[str, Any]) -> bool:

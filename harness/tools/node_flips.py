@@ -132,21 +132,15 @@ def run_records(run_dirs: list[Path]) -> list[dict[str, Any]]:
     """The runs' records judged by today's rules, chosen as the table chooses them (`report.select_runs`): runs
     newest first (by their start), each giving the (cell, scenario) pairs no newer run of them covers, then the
     newest record per key."""
-    from harness.publishing.report import latest_by_key
+    from harness.publishing.report import latest_by_key, newest_per_pair
 
     def started(run_dir: Path) -> tuple[str, str]:  # its start, then its id (which begins with its start time)
         meta = run_dir / "meta.json"
         return (str(json.loads(meta.read_text()).get("started_at", "")) if meta.is_file() else "", run_dir.name)
 
-    covered: set[tuple[str, str]] = set()
-    records: list[dict[str, Any]] = []
-    for run_dir in sorted(run_dirs, key=started, reverse=True):
-        fresh = [
-            r for r in rename_all(read_records(run_dir / "records.jsonl")) if (r["cell"], r["scenario"]) not in covered
-        ]
-        covered |= {(r["cell"], r["scenario"]) for r in fresh}
-        records += fresh
-    return latest_by_key(records)[0]
+    newest_first = sorted(run_dirs, key=started, reverse=True)
+    runs = ((d.name, rename_all(read_records(d / "records.jsonl"))) for d in newest_first)
+    return latest_by_key([r for _, fresh, _ in newest_per_pair(runs) for r in fresh])[0]
 
 
 def plan_round(
@@ -314,7 +308,7 @@ def toml_inline(config: dict[str, Any]) -> str:
             return "{ " + ", ".join(f"{value(str(k))} = {value(v)}" for k, v in item.items()) + " }"
         if isinstance(item, list):
             return "[" + ", ".join(value(v) for v in item) + "]"
-        if isinstance(item, bool) or isinstance(item, int) or isinstance(item, str):
+        if isinstance(item, (bool, int, str)):
             return json.dumps(item, ensure_ascii=False)  # TOML's escapes are JSON's, less the surrogate pairs
         if isinstance(item, float) and item == item and abs(item) != float("inf"):
             return repr(item)
