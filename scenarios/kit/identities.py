@@ -50,8 +50,9 @@ def build_model(config: dict[str, Any]) -> Any:
         measured.note(adapter="none (full fine-tune)")
         return model
     torch.manual_seed(PEFT_SEED)
+    extra = {"use_rslora": True} if config.get("use_rslora") else {}  # only when asked: older peft has no such field
     lora = lora_config(config.get("r", 8), config.get("alpha", 8), config.get("targets", "qv"),
-                       use_dora=config["adapter"] == "dora")  # fmt: skip
+                       use_dora=config["adapter"] == "dora", **extra)  # fmt: skip
     model = get_peft_model(model, lora)
     model.train()
     measured.note(adapter=config["adapter"])
@@ -367,7 +368,7 @@ def _child(target: Any, payload: dict[str, Any], ctx: dict[str, Any], result_pat
         result = target(payload, ctx)
     except BaseException as exc:  # the parent names it
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        result = {"error": f"{type(exc).__name__}: {text[-1500:]}", "traceback": traceback.format_exc()[-3000:]}
+        result = {"error": text[-1500:], "traceback": traceback.format_exc()[-3000:]}
     with open(result_path, "w") as handle:
         json.dump(result, handle)
 

@@ -18,7 +18,7 @@ QUIET = {
 def training_arguments(output_dir: str, **kwargs: Any) -> Any:
     from transformers import TrainingArguments
 
-    return TrainingArguments(output_dir=output_dir, **QUIET, **kwargs)
+    return TrainingArguments(output_dir=output_dir, **(QUIET | kwargs))  # a caller may override a quiet default
 
 
 def logged_losses(trainer: Any) -> list[float]:
