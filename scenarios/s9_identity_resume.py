@@ -85,8 +85,15 @@ def strategy() -> Any:
     )
 
 
-#: CPU: the Trainer under DDP, LoRA and the full fine-tune control. The GPU profiles add FSDP1, FSDP2 and ZeRO-3.
-EXAMPLES = [SEED, strategies.seed_config(SEED, adapter="none")]
+#: The Trainer under DDP (LoRA and the full fine-tune control) and ZeRO-3; under FSDP1 and FSDP2 on GPUs only (not
+#: applicable on CPU, where the Trainer ignores `fsdp=`).
+EXAMPLES = [
+    SEED,
+    strategies.seed_config(SEED, adapter="none"),
+    strategies.seed_config(SEED, engine="zero3"),
+    strategies.seed_config(SEED, engine="fsdp1"),
+    strategies.seed_config(SEED, engine="fsdp2"),
+]
 
 
 def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, Any]:

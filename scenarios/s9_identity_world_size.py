@@ -84,13 +84,16 @@ def strategy() -> Any:
     )
 
 
-#: The CPU seed configs: the Trainer under DDP (LoRA and the full fine-tune control), loops by hand under FSDP1 and
-#: FSDP2. The Trainer's FSDP and ZeRO-3 configs run on GPUs (the GPU profiles add them).
+#: The Trainer under DDP (LoRA and the full fine-tune control), loops by hand under FSDP1 and FSDP2, the Trainer under
+#: ZeRO-3; the Trainer's FSDP1 and FSDP2 run on GPUs only (not applicable on CPU, where it ignores `fsdp=`).
 EXAMPLES = [
     SEED,
     strategies.seed_config(SEED, adapter="none"),
     strategies.seed_config(SEED, path="hand", engine="fsdp1"),
     strategies.seed_config(SEED, path="hand", engine="fsdp2"),
+    strategies.seed_config(SEED, engine="zero3"),
+    strategies.seed_config(SEED, engine="fsdp1"),
+    strategies.seed_config(SEED, engine="fsdp2"),
 ]
 
 

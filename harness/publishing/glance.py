@@ -45,7 +45,7 @@ def entry(found: Any, spec: dict[str, Any] | None) -> str:
         return "-"
     symbol = SYMBOLS.get(found.state, found.state)
     if found.state in ("target", "failures"):
-        text = f"{symbol} {len(found.target_records)}/{found.candidates}"
+        text = f"{symbol} {len(found.target_records)}/{found.candidates}" + discrepancy_note(found, spec)
         change = first_change(found, spec)
         if change:
             text += f" · try {change[0]}" + ("" if change[1] == "fix" else " (w/a)")
@@ -63,6 +63,17 @@ def entry(found: Any, spec: dict[str, Any] | None) -> str:
     else:
         text = symbol
     return text if len(text) <= ENTRY_LIMIT else text[: ENTRY_LIMIT - 1] + "…"
+
+
+def discrepancy_note(found: Any, spec: dict[str, Any] | None) -> str:
+    """' · off 0.39x': how far the target's records are off their hand reference, at most, in units of what they
+    compare (the update, or the adapter's effect), for scenarios that measure it (S9's `off_by`): a reader sees the
+    size of a silent failure, not only that it failed."""
+    if "off_by" not in ((spec or {}).get("table_metrics") or ()):
+        return ""
+    sizes = [(r.get("metrics") or {}).get("off_by") for r in found.target_records]
+    sizes = [float(v) for v in sizes if isinstance(v, int | float) and not isinstance(v, bool)]
+    return f" · off {max(sizes):.2g}x" if sizes else ""
 
 
 def column_labels(scenarios: list[str]) -> list[str]:

@@ -231,7 +231,10 @@ def trainer_arguments(output_dir: str, device: str, **kwargs: Any) -> Any:
     from scenarios.kit import trainer as trainer_path
 
     base = {"max_grad_norm": 0.0, "weight_decay": 0.0, "seed": 0}
-    if device == "cpu":
+    # On transformers 4.4x, use_cpu=True swaps DeepSpeed for DDP without a word; 5.x needs it on CPU and still runs
+    # DeepSpeed (as S4 measured). The engine that ran is checked after training either way.
+    old_deepspeed = "deepspeed" in kwargs and compat.version_tuple(compat.version_of("transformers")) < (5,)
+    if device == "cpu" and not old_deepspeed:
         base["use_cpu"] = True
     return trainer_path.training_arguments(output_dir, **(base | kwargs))
 
