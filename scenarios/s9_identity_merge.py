@@ -153,7 +153,8 @@ def _merged_weights_by_hand(model: Any) -> dict[str, Any]:
         combined = weight + delta
         magnitude = getattr(layer, "lora_magnitude_vector", None)
         if magnitude is not None and "default" in magnitude:
-            m = magnitude["default"].weight.detach().reshape(-1, 1)
+            vector = magnitude["default"]  # a parameter (peft 0.9, 0.10) or a module holding one as its weight
+            m = getattr(vector, "weight", vector).detach().reshape(-1, 1)
             combined = m * combined / combined.norm(p=2, dim=1, keepdim=True)
         hand[name] = combined
     return hand
