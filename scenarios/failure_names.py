@@ -67,13 +67,22 @@ KNOWN_ISSUES: dict[str, list[str]] = {
     "adapter_survives_reload": ["huggingface/peft#2957"],
     # S9, the training identities (scenarios/kit/identities.py): a run off its float64 hand reference, named by the
     # identity that broke. The one-batch update is not the token mean's (the Trainer's loss or its token count).
-    "identity-batch": ["huggingface/transformers#34191"],
+    "identity-batch": ["huggingface/transformers#46204"],
     # k accumulated micro-batches do not apply one batch's update.
-    "identity-accumulation": ["huggingface/transformers#34191"],
+    "identity-accumulation": [
+        "huggingface/transformers#34191",
+        "huggingface/transformers#35121",
+        "huggingface/transformers#35651",
+        "huggingface/transformers#46731",
+    ],
     # 2 ranks do not apply the update of 1 rank on the same global batch.
-    "identity-world-size": ["huggingface/transformers#34191"],
+    "identity-world-size": ["huggingface/transformers#34242", "huggingface/transformers#39392"],
     # a run stopped at a checkpoint and resumed in new processes does not end where the uninterrupted run ends.
-    "identity-resume": [],
+    "identity-resume": [
+        "huggingface/accelerate#4206",
+        "huggingface/transformers#28320",
+        "huggingface/transformers#31892",
+    ],
     # the uninterrupted multi-step run itself is off its hand replay (not resume's failure).
     "identity-trajectory": [],
     # the merged model's outputs are not the adapter model's; unmerging does not give the base weights back.
@@ -82,10 +91,11 @@ KNOWN_ISSUES: dict[str, list[str]] = {
 }
 
 #: What the upstream record (../shared/UPSTREAM.md) says changed a failure, to check a measured flip against:
-#: name -> (package, first release with the change, source).
 #: signature -> (package, first release, source, direction): "appears" where that release brings the target
 #: failure (the onset), "ends" where it removes it (the fix). A measured flip is compared only with the record
-#: of its own direction: the release that fixed a failure says nothing about when it began.
+#: of its own direction: the release that fixed a failure says nothing about when it began. A failure that came and
+#: went more than once upstream has a list of such records (UPSTREAM_HISTORY); a flip agrees with the one of its own
+#: direction that names its package and release.
 UPSTREAM_CHANGES: dict[str, tuple[str, str, str, str]] = {
     # S1's target needs DoRA to run under FSDP at all: peft#1737 (fixed by PR #1806) first released in 0.12.0;
     # before it DoRA under FSDP fails in other ways.
@@ -116,20 +126,90 @@ UPSTREAM_CHANGES: dict[str, tuple[str, str, str, str]] = {
 }
 
 
+#: Failures whose upstream history has several changes (S9's identities: transformers' token counting moved
+#: several times), oldest first. Sources: the threads and the wheels of each release, read 2026-11-27.
+UPSTREAM_HISTORY: dict[str, list[tuple[str, str, str, str]]] = {
+    "identity-accumulation": [
+        (
+            "transformers",
+            "4.46.0",
+            "transformers PR #34191 (Fix Gradient Accumulation issue): num_items_in_batch",
+            "ends",
+        ),
+        (
+            "transformers",
+            "4.47.0",
+            "transformers PR #34915 inverted model_accepts_loss_kwargs in training_step",
+            "appears",
+        ),
+        ("transformers", "4.47.1", "transformers PR #35121 (Fix GA loss bugs and add unit test)", "ends"),
+        (
+            "transformers",
+            "4.48.0",
+            "transformers PR #35438 brought the inverted condition back (#35663, #35787)",
+            "appears",
+        ),
+        (
+            "transformers",
+            "4.48.1",
+            "transformers PR #35651 (Fix condition when GA loss bug fix is not performed)",
+            "ends",
+        ),
+        (
+            "transformers",
+            "5.15.0",
+            "transformers PR #47261 (issue #46731): the LabelSmoother takes num_items_in_batch",
+            "ends",
+        ),
+    ],
+    "identity-batch": [
+        (
+            "transformers",
+            "4.46.0",
+            "transformers PR #34191: num_items_in_batch counts labels before the causal shift",
+            "appears",
+        ),
+        (
+            "transformers",
+            "5.10.1",
+            "transformers PR #46204 (Fix num_items_in_batch over-counting for causal LM losses)",
+            "ends",
+        ),
+    ],
+    "identity-world-size": [
+        (
+            "transformers",
+            "4.54.0",
+            "transformers PR #39395 (issue #39392): average_tokens_across_devices on by default",
+            "ends",
+        ),
+    ],
+    "identity-resume": [
+        ("accelerate", "1.15.0", "accelerate#4206: FSDP2 FULL_STATE_DICT kept only rank 0's adapter shard", "ends"),
+    ],
+}
+
+
 def family(signature: str | None) -> str:
     """A failure's family: 'checkpoint-recompute-dtype[float32->bfloat16]' -> 'checkpoint-recompute-dtype'."""
     return (signature or "").split("[")[0]
 
 
-def upstream_change(signature: str | None, newer_state: str) -> dict[str, str] | None:
+def upstream_change(
+    signature: str | None, newer_state: str, measured: tuple[str | None, str | None] = (None, None)
+) -> dict[str, str] | None:
     """The upstream record for a measured flip of `signature` (its family, e.g. 'checkpoint-recompute-dtype',
-    where the exact name has none) in the flip's direction, or None."""
+    where the exact name has none) in the flip's direction, or None. Where several records of that direction exist
+    (UPSTREAM_HISTORY), the one naming the `measured` (package, release), else the first."""
     family_name = family(signature)
-    known = UPSTREAM_CHANGES.get(signature or "") or UPSTREAM_CHANGES.get(family_name)
     direction = "appears" if newer_state == "target" else "ends"
-    if not known or known[3] != direction:
+    known = UPSTREAM_CHANGES.get(signature or "") or UPSTREAM_CHANGES.get(family_name)
+    history = UPSTREAM_HISTORY.get(signature or "") or UPSTREAM_HISTORY.get(family_name) or ([known] if known else [])
+    mine = [k for k in history if k[3] == direction]
+    if not mine:
         return None
-    return {"package": known[0], "release": known[1], "source": known[2], "direction": direction}
+    chosen = next((k for k in mine if (k[0], k[1]) == measured), mine[0])
+    return {"package": chosen[0], "release": chosen[1], "source": chosen[2], "direction": direction}
 
 
 _METADATA = re.compile(r"saved metadata: \{(?P<saved>[^}]*)\}\s*recomputed metadata: \{(?P<recomputed>[^}]*)\}", re.S)

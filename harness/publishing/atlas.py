@@ -189,7 +189,7 @@ def upstream_verdict(flip: Flip) -> dict[str, Any] | None:
     release agree with it (recomputed whenever the table is made, from scenarios/failure_names.py)."""
     from scenarios.failure_names import upstream_change
 
-    known = upstream_change(flip.signature, flip.newer_state)
+    known = upstream_change(flip.signature, flip.newer_state, (flip.package, flip.release))
     if known is None:
         return None
     if not flip.package:
