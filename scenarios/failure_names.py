@@ -88,6 +88,8 @@ KNOWN_ISSUES: dict[str, list[str]] = {
     # the merged model's outputs are not the adapter model's; unmerging does not give the base weights back.
     "identity-merge": [],
     "identity-unmerge": [],
+    # A resume that raises reading the checkpoint's RNG state: not the silent failure, but no resume either.
+    "resume-rng-state-unreadable": [],
 }
 
 #: What the upstream record (../shared/UPSTREAM.md) says changed a failure, to check a measured flip against:
@@ -246,6 +248,10 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         return "bnb-no-library-for-this-cuda"  # bitsandbytes 0.45 fell back to its CPU library for CUDA tensors
     if "CPU_Accelerator requires intel_extension_for_pytorch" in message:
         return "deepspeed-cpu-needs-ipex"  # deepspeed < 0.14 on a machine without CUDA: no accelerator to import
+    if "don't know how to restore data location of torch.storage.UntypedStorage" in message:
+        # The Trainer's resume reading its checkpoint's RNG state (rng_state_<rank>.pth) with a torch that cannot map
+        # the saved location back (S9 resume on transformers 4.40-4.45 over torch 2.3 and later).
+        return "resume-rng-state-unreadable"
     if "No module named 'triton.ops'" in message:
         return "bnb-needs-triton-ops"  # bitsandbytes 0.43 imports triton.ops, which triton 3.2 (torch 2.6) removed
     if "different metadata than during the forward pass" in message or short == "CheckpointError":
