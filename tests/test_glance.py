@@ -83,3 +83,23 @@ def test_a_later_run_without_an_optional_package_keeps_it_in_the_row(tmp_path: P
     glance = text.split("## The answer at a glance", 1)[1].split("## Provenance", 1)[0]
     assert "| torch 2.11.0 peft 0.18.0 bnb 0.48.2 | ✓ 0/1 | ✓ 0/1 |" in glance
     assert "| `day` | - | 2.11.0 | - | 0.18.0 | - | - | 0.48.2 |" in text
+
+
+def test_no_check_mark_without_a_config_that_could_show_the_target(tmp_path: Path) -> None:
+    """A day where every config that could show the target could not run (bitsandbytes without a library for the
+    node's CUDA) reads as what stopped it, never as a ✓ 0/0 a QLoRA user takes for "works"."""
+    gpu = {"versions": {"torch": "2.11.0", "peft": "0.16.0"}, "hardware": {"device": "cuda", "world_size": 1}}
+    broken = rec("gpu-1", "era_date-2025-07-04", "S2-x", "env-broken", sig="bnb-no-library-for-this-cuda") | gpu
+    write_run(tmp_path, "gpu-1", "gpu-history", "1", [broken])
+    text = render_markdown(select_runs(tmp_path), {"S2-x": SPEC})
+    glance = text.split("## The answer at a glance", 1)[1].split("## Provenance", 1)[0]
+    assert "✓ 0/0" not in glance and "| env |" in glance
+    assert "ENV-BROKEN `bnb-no-library-for-this-cuda`" in text.split("## Summary", 1)[1]
+
+
+def test_the_committed_table_and_site_data_have_no_check_mark_over_nothing(repo_root: Path) -> None:
+    table = (repo_root / "results" / "COMPATIBILITY.md").read_text()
+    assert "✓ 0/0" not in table
+    site_data = repo_root / "results" / "matrix.json"
+    if site_data.is_file():  # built by the report stage, not committed
+        assert "✓ 0/0" not in site_data.read_text()

@@ -121,6 +121,20 @@ def verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> Verdi
             "skip", inapplicable=inapplicable, inapplicable_ids=inapplicable_ids,
             controls_total=len([r for r in controls if r["outcome"] not in ("skip", *UNUSABLE)]),
         )  # fmt: skip
+    if target and not candidates:
+        # Only configs whose environment could not run them: what stopped them is the entry, never a ✓ 0/0 that a
+        # reader takes for "works" (bitsandbytes without a library for the node's CUDA, a stack that cannot start).
+        broken = any(r["outcome"] == "env-broken" for r in unusable)
+        return Verdict(
+            "env-broken" if broken else "install-failed",
+            first_signature=str(unusable[0].get("signature") or unusable[0]["outcome"]),
+            others=dict(Counter(str(r.get("signature") or r["outcome"]) for r in unusable)),
+            other_ids={r["config_id"]: str(r.get("signature") or r["outcome"]) for r in unusable},
+            unusable_ids={r["config_id"]: str(r.get("signature") or r["outcome"]) for r in unusable},
+            config_ids=sorted({r["config_id"] for r in base}),
+            inapplicable=inapplicable,
+            inapplicable_ids=inapplicable_ids,
+        )
     failing = [r for r in candidates if r["outcome"] in BAD]
     hits = [r for r in failing if matches(r.get("signature"), target)] if target else failing
     result = Verdict(
