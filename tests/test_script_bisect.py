@@ -142,6 +142,50 @@ def test_torchrun_hang_gives_every_ranks_stack(tmp_path: Path) -> None:
     assert "time.sleep" not in found.rank_stacks["1"] or "two_ranks.py" in found.rank_stacks["1"]
 
 
+@pytest.mark.matrix
+def test_a_rank_that_prints_a_line_and_exits_names_the_failure_not_torchrun(tmp_path: Path) -> None:
+    """Under torchrun the failure is the failing rank's own: a rank that prints a line and exits 1 is that line,
+    never torchrun's ChildFailedError banner (the same for every rank failure); the rank that failed first names
+    it, every failing rank's text is kept, and the issue title reads the line."""
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions, default_envs_dir
+    from harness.paths import MATRIX_DIR
+    from harness.publishing.upstream import issue_title
+    from harness.tools.script_stacks import pinned_stack
+
+    ci = load_profile("ci", MATRIX_DIR)
+    stack = pinned_stack(ci, "torch", {"torch": ci.axes["torch"][0]}, [], InstallOptions(envs_dir=default_envs_dir()))
+    assert stack.python is not None, stack.failure
+    script = tmp_path / "saves_nothing.py"
+    script.write_text(
+        "import sys, time\nimport torch.distributed as dist\n\n"
+        "dist.init_process_group('gloo')\n"
+        "if dist.get_rank() == 1:\n"
+        "    print('saved adapter has 0 tensors, 0 trained lora_B of 4 (40 bytes)', flush=True)\n"
+        "    sys.exit(1)\n"
+        "time.sleep(120)  # rank 0 would go on; torchrun stops it once rank 1 failed\n"
+    )
+    found = run_script(stack.python, script, nproc=2, timeout_s=100)
+    assert found.outcome == "fail", found
+    assert found.error == "saved adapter has 0 tensors, 0 trained lora_B of 4 (40 bytes)", found
+    assert found.signature.startswith("exit-1-") and "ChildFailedError" not in (found.signature + found.error)
+    assert next(iter(found.rank_errors)) == "1" and found.rank_errors["1"] == found.error
+    title = issue_title(found.error, "since peft 0.21.0 (last good: 0.20.0)")
+    assert title.startswith("saved adapter has 0 tensors") and "ChildFailedError" not in title
+
+
+def test_a_plain_exit_is_named_by_its_last_line(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nprint('the loss went to nan at step 3')\nsys.exit(3)\n")
+    found = run_script(Path(sys.executable), script, timeout_s=60)
+    assert (found.outcome, found.error) == ("fail", "the loss went to nan at step 3")
+    assert found.signature.startswith("exit-3-")
+    script.write_text("import sys\nprint('the loss went to nan at step 7')\nsys.exit(3)\n")
+    assert run_script(Path(sys.executable), script, timeout_s=60).signature == found.signature  # numbers normalised
+    script.write_text("import sys\nsys.exit(3)\n")
+    assert run_script(Path(sys.executable), script, timeout_s=60).signature == "crash-exit-3"
+
+
 def test_pep723_dependencies_and_tracebacks(tmp_path: Path) -> None:
     script = tmp_path / "s.py"
     script.write_text(BREAKS_AT_22)

@@ -30,11 +30,13 @@ from harness.execution.launcher import waiting_in
 from harness.paths import REPO_ROOT
 from harness.processes import guard
 from harness.processes.proctree import ORCHESTRATOR_VAR, TOKEN_VAR, kill_token, processes_with_token, send_signal
-from harness.recording.signatures import exception_signature
+from harness.recording.signatures import crash_signature, exception_signature, plain_exit_signature
 
 #: Changes whenever how a run is judged or what it records changes: runs recorded under another one are not
 #: reused. 4: each run carries the setup measured in its ranks (`measured_setup`) and the failure's whole text.
-CLASSIFIER_VERSION = 4
+#: 5: under torchrun a failure is the failing rank's own (torchrun's ChildFailedError never is), a plain non-zero
+#: exit is named by its last line of output, and every failing rank's error is kept (`rank_errors`).
+CLASSIFIER_VERSION = 5
 #: The folder whose sitecustomize.py measures what a script ran, and where it writes its facts.
 PROBE_DIR = REPO_ROOT / "runtime" / "script_probe"
 SETUP_DIR_VAR = "COMPAT_MATRIX_SETUP_DIR"
@@ -70,6 +72,9 @@ class ScriptRun:
     setup: dict[str, object] = field(default_factory=dict)
     #: The failure's whole text: the exception line and every line of its message (`error` is its first line).
     error_text: str | None = None
+    #: Under torchrun: each failing rank's own error (its exception line, or its last line of output), the first
+    #: failure in time first (torchrun's "first observed failure").
+    rank_errors: dict[str, str] = field(default_factory=dict)
 
 
 def script_dependencies(path: Path) -> list[str]:
@@ -142,8 +147,10 @@ def run_script(
                 raise
         seconds = time.monotonic() - start
         stderr = err_path.read_text(errors="replace")
+        stdout = out_path.read_text(errors="replace")
         ranks = _rank_logs(logs) if distributed else {}
-        found = _classify(proc.returncode, timed_out, seconds, stderr, ranks)
+        rank_stdout = _rank_logs(logs, "stdout.log") if distributed else {}
+        found = _classify(proc.returncode, timed_out, seconds, stderr, ranks, stdout, rank_stdout)
         return replace(found, setup=measured_setup(setup_dir))
 
 
@@ -161,16 +168,55 @@ def _stop_with_stacks(proc: subprocess.Popen, token: str) -> None:
     proc.wait()
 
 
-def _rank_logs(logs: Path) -> dict[str, str]:
-    """rank -> its stderr, from torchrun's log directory (`<run>/attempt_<k>/<rank>/stderr.log`; the layout has
-    been stable since torch 1.10, the run folder's name has not)."""
+def _rank_logs(logs: Path, name: str = "stderr.log") -> dict[str, str]:
+    """rank -> its stderr (or `name`), from torchrun's log directory (`<run>/attempt_<k>/<rank>/stderr.log`; the
+    layout has been stable since torch 1.10, the run folder's name has not)."""
     found: dict[str, str] = {}
-    for path in sorted(logs.glob("**/attempt_*/*/stderr.log")):
+    for path in sorted(logs.glob(f"**/attempt_*/*/{name}")):
         found[path.parent.name] = path.read_text(errors="replace")
     return dict(sorted(found.items(), key=lambda item: int(item[0]) if item[0].isdigit() else 0))
 
 
-def _classify(code: int | None, timed_out: bool, seconds: float, stderr: str, ranks: dict[str, str]) -> ScriptRun:
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.S)
+_FAILED_RANK = re.compile(r"(?m)^\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def failed_ranks(launcher_stderr: str) -> list[str]:
+    """The ranks torchrun's failure summary lists, the first observed failure first (its "Root Cause" block), then
+    the others in rank order; none where the summary is absent."""
+    listed = sorted({rank for rank, _ in _FAILED_RANK.findall(launcher_stderr)}, key=int)
+    root = _ROOT_CAUSE.search(launcher_stderr)
+    first = [root.group(1)] if root else []
+    return first + [rank for rank in listed if rank not in first]
+
+
+def _rank_failures(
+    ranks: dict[str, str], rank_stdout: dict[str, str], launcher_stderr: str
+) -> list[tuple[str, tuple[str, str, str] | None, str | None]]:
+    """(rank, its last traceback or None, its last line of output) for each rank that failed, the first failure in
+    time first. Ranks torchrun does not list (it lists none when its summary is missing) follow, where their output
+    holds a traceback."""
+    listed = failed_ranks(launcher_stderr)
+    order = listed + [rank for rank in ranks if rank not in listed]
+    found = []
+    for rank in order:
+        err = _RANK_PREFIX.sub("", ranks.get(rank, ""))
+        out = _RANK_PREFIX.sub("", rank_stdout.get(rank, ""))
+        traceback = last_traceback(err) or last_traceback(out)
+        if traceback or rank in listed:
+            found.append((rank, traceback, _said_last(err, out)))
+    return found
+
+
+def _classify(
+    code: int | None,
+    timed_out: bool,
+    seconds: float,
+    stderr: str,
+    ranks: dict[str, str],
+    stdout: str = "",
+    rank_stdout: dict[str, str] | None = None,
+) -> ScriptRun:
     tail = stderr[-TAIL_CHARS:]
     if timed_out:
         texts = ranks or {"0": stderr}
@@ -187,22 +233,69 @@ def _classify(code: int | None, timed_out: bool, seconds: float, stderr: str, ra
     if code == SKIP_EXIT or (rank_codes and rank_codes == {str(SKIP_EXIT)}):
         said = [_last_line(_RANK_PREFIX.sub("", t)) for t in ranks.values()] if ranks else [_last_line(stderr)]
         return ScriptRun("skip", code, seconds, error=next((s for s in said if s), None), stderr_tail=tail)
-    # The first rank with a traceback (torchrun's own ChildFailedError comes last, in its stderr); torch >= 2.2
-    # prefixes every line a rank writes with '[rank<N>]: '.
-    for text in [_RANK_PREFIX.sub("", t) for t in [*ranks.values(), stderr]]:
-        found = last_traceback(text)
-        if found:
-            traceback, exc_type, message = found
-            # The failure's name may be below the message's first line (bitsandbytes' banner): the names look at
-            # the whole text, the unclassified hash at the first line only, as before.
-            signature = exception_signature(exc_type, message, f"{traceback}\n{text[-TAIL_CHARS:]}")
-            line = f"{exc_type}: {message}" if message else exc_type
-            whole = exception_text(text)
-            return ScriptRun(
-                "fail", code, seconds, signature, line, traceback[-TAIL_CHARS:], tail, error_text=whole or line
-            )
-    crash = f"crash-exit-{code}" if code is not None and code >= 0 else f"crash-{_signal_name(code)}"
-    return ScriptRun("fail", code, seconds, crash, _last_line(stderr), stderr_tail=tail)
+    if ranks:
+        return _classify_ranks(code, seconds, stderr, ranks, rank_stdout or {})
+    found = last_traceback(stderr)
+    if found:
+        return _from_traceback(found, stderr, code, seconds, tail)
+    return _plain_exit(code, seconds, _said_last(stderr, stdout), tail)
+
+
+def _classify_ranks(
+    code: int | None, seconds: float, stderr: str, ranks: dict[str, str], rank_stdout: dict[str, str]
+) -> ScriptRun:
+    """A failure under torchrun is the failing rank's own: its exception, or, for a plain non-zero exit, its last
+    line of output; the first failure in time names the run, every failing rank's error is kept. torchrun's own
+    ChildFailedError (its stderr's traceback) is never the name: it is the same for every rank failure."""
+    tail = stderr[-TAIL_CHARS:]
+    failures = _rank_failures(ranks, rank_stdout, stderr)
+    errors = {}
+    for rank, traceback, last in failures:
+        if traceback:
+            errors[rank] = f"{traceback[1]}: {traceback[2]}" if traceback[2] else traceback[1]
+        elif last:
+            errors[rank] = last
+    if not failures:  # no rank's output says anything: what torchrun saw (a signal, an exit code)
+        crash = crash_signature({"message": stderr, "stderr_tail": tail})
+        return ScriptRun("fail", code, seconds, crash, _root_cause_line(stderr), stderr_tail=tail)
+    rank, traceback, last = failures[0]
+    if traceback:
+        text = _RANK_PREFIX.sub("", ranks.get(rank, "") or rank_stdout.get(rank, ""))
+        found = _from_traceback(traceback, text, code, seconds, tail)
+    else:
+        found = _plain_exit(_rank_exit_code(stderr, rank, code), seconds, last, tail)
+    return replace(found, rank_errors=errors)
+
+
+def _from_traceback(found: tuple[str, str, str], text: str, code: int | None, seconds: float, tail: str) -> ScriptRun:
+    traceback, exc_type, message = found
+    # The failure's name may be below the message's first line (bitsandbytes' banner): the names look at the whole
+    # text, the unclassified hash at the first line only, as before.
+    signature = exception_signature(exc_type, message, f"{traceback}\n{text[-TAIL_CHARS:]}")
+    line = f"{exc_type}: {message}" if message else exc_type
+    whole = exception_text(text)
+    return ScriptRun("fail", code, seconds, signature, line, traceback[-TAIL_CHARS:], tail, error_text=whole or line)
+
+
+def _plain_exit(code: int | None, seconds: float, last: str | None, tail: str) -> ScriptRun:
+    """A non-zero exit without a traceback: named by its exit code and its last line of output, which is what the
+    user saw (`exit-1-<hash of the line>`; two runs fail the same way when they print the same line)."""
+    if code is not None and code < 0:
+        return ScriptRun("fail", code, seconds, f"crash-{_signal_name(code)}", last, stderr_tail=tail)
+    return ScriptRun("fail", code, seconds, plain_exit_signature(code, last), last, stderr_tail=tail, error_text=last)
+
+
+def _rank_exit_code(launcher_stderr: str, rank: str, default: int | None) -> int | None:
+    for listed, code in _FAILED_RANK.findall(launcher_stderr):
+        if listed == rank:
+            return int(code)
+    return default
+
+
+def _root_cause_line(launcher_stderr: str) -> str | None:
+    root = launcher_stderr.rsplit("Root Cause", 1)[-1] if "Root Cause" in launcher_stderr else ""
+    found = re.search(r"exitcode\s*:\s*(-?\d+)[^\n]*", root)
+    return found.group(0).strip() if found else _last_line(launcher_stderr)
 
 
 def last_traceback(text: str) -> tuple[str, str, str] | None:
@@ -285,6 +378,17 @@ def measured_setup(folder: Path) -> dict[str, object]:
 def _stacks_in(text: str) -> str:
     found = re.search(r"(?m)^(?:Fatal Python error|Current thread|Thread) ", text)
     return text[found.start() :][-TAIL_CHARS:] if found else ""
+
+
+_NOISE = re.compile(r"^(\s|\S+:\d+: \w*Warning: |\[[WIE]\d{4} |warnings\.warn\()")
+
+
+def _said_last(stderr: str, stdout: str) -> str | None:
+    """What a process that exited without a traceback last said: its last line on stderr that is not a warning
+    (a `file:line: ...Warning:` line, the source line indented under it, a C++ `[W1127 ...]` log line), else its
+    last line on stdout."""
+    said = [line for line in stderr.splitlines() if line.strip() and not _NOISE.match(line)]
+    return said[-1][:300] if said else _last_line(stdout)
 
 
 def _last_line(text: str) -> str | None:

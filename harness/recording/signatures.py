@@ -198,6 +198,13 @@ def exception_signature(exc_type: str, message: str, traceback: str = "") -> str
     return f"unclassified-{_short_type(exc_type)}-{_digest(text)}"
 
 
+def plain_exit_signature(code: int | None, last_line: str | None) -> str:
+    """A script's non-zero exit with no traceback: `exit-<code>-<hash>` over its normalised last line of output (what
+    the user saw), `crash-exit-<code>` where it printed nothing."""
+    text = normalise_message(last_line or "")
+    return f"exit-{code}-{_digest(text)}" if text else f"crash-exit-{code}"
+
+
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<function>[^\n]+)')
 
 

@@ -134,6 +134,8 @@ class Observation:
     setup: dict[str, Any] = field(default_factory=dict)
     #: The failure's whole text (`error` is its first line).
     error_text: str | None = None
+    #: Under torchrun, each failing rank's own error, the first failure in time first.
+    rank_errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -682,7 +684,7 @@ def _from_run(phase: str, label: str, run: ScriptRun, facts: dict[str, Any], key
     return Observation(
         phase, label, run.outcome, run.signature, run.error, round(run.seconds, 2), facts, key, run.exit_code,
         run.traceback, run.stderr_tail, run.rank_stacks, run.waiting_in, setup=dict(run.setup),
-        error_text=run.error_text,
+        error_text=run.error_text, rank_errors=dict(run.rank_errors),
     )  # fmt: skip
 
 
