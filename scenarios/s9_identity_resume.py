@@ -132,9 +132,8 @@ def _run(config: dict[str, Any], fixes: set[str], ctx: dict[str, Any]) -> dict[s
     _train(identities.build_model(config), payload, ctx, shared, stop=True)
     trainer_path.reset(environ)
 
-    port = [identities.free_port() if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(port, src=0)
-    resumed = identities.in_fresh_process(_resumed_leg, payload, ctx, rank=dist.get_rank(), world=world, port=port[0])
+    store = os.path.join(distributed.shared_directory(ctx, "group-", lambda path: None), "store")
+    resumed = identities.in_fresh_process(_resumed_leg, payload, ctx, rank=dist.get_rank(), world=world, store=store)
     resumed_end = identities.tensors_from_file(resumed["end"])
     dist.barrier()
 

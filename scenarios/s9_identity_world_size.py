@@ -210,7 +210,7 @@ def _hand_leg(model: Any, batch: list, ctx: dict[str, Any], engine: str, global_
     if engine == "ddp":
         after = identities.trainable(wrapped.module)
     else:
-        after = fsdp.adapter_snapshot(wrapped, engine)
+        after = {k: v.cpu() for k, v in fsdp.adapter_snapshot(wrapped, engine).items()}
     return identities.difference(after, before)
 
 

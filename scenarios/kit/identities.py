@@ -313,18 +313,19 @@ def in_fresh_process(
     ctx: dict[str, Any],
     rank: int = 0,
     world: int = 1,
-    port: int = 0,
+    store: str = "",
     timeout_s: float = 240.0,
 ) -> dict[str, Any]:
     """Run `target(payload, child_ctx)` in a new process (spawned: nothing of this one's stack state, accelerate
-    state or process group), as rank `rank` of a new group of `world` processes on `port` (world 1: no group), on
-    this rank's device only. Returns what it returned; its exception comes back as a RuntimeError with its text."""
+    state or process group), as rank `rank` of a new group of `world` processes that meet through the file `store`
+    (a path no process has created yet, on a folder every rank sees; no port to race for), or with no group (world
+    1), on this rank's device only. Returns what it returned; its exception comes back as a RuntimeError."""
     import multiprocessing
 
     os.makedirs(ctx["workdir"], exist_ok=True)
     result_path = os.path.join(ctx["workdir"], f"fresh-{os.getpid()}-{rank}-{len(os.listdir(ctx['workdir']))}.json")
     child_ctx = {"device": ctx.get("device", "cpu"), "rank": rank, "local_rank": 0, "world_size": world,
-                 "workdir": os.path.join(ctx["workdir"], f"fresh-rank{rank}")}  # fmt: skip
+                 "workdir": os.path.join(ctx["workdir"], f"fresh-rank{rank}"), "store": store}  # fmt: skip
     saved = dict(os.environ)
     try:
         for name in _LAUNCH_VARIABLES:
@@ -335,11 +336,9 @@ def in_fresh_process(
             visible = saved.get("CUDA_VISIBLE_DEVICES")
             devices = visible.split(",") if visible else [str(i) for i in range(64)]
             os.environ["CUDA_VISIBLE_DEVICES"] = devices[int(ctx.get("local_rank", 0))]
-        if world > 1:
+        if world > 1:  # what torchrun would set: accelerate and the Trainer read the ranks from the environment
             group = {"RANK": rank, "LOCAL_RANK": 0, "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world}
-            os.environ.update(
-                {k: str(v) for k, v in group.items()} | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            )
+            os.environ.update({k: str(v) for k, v in group.items()})
         child = multiprocessing.get_context("spawn").Process(
             target=_child, args=(target, payload, child_ctx, result_path)
         )
@@ -380,19 +379,12 @@ def _start_group(ctx: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
+    meet = {"init_method": f"file://{ctx['store']}", "rank": ctx["rank"], "world_size": ctx["world_size"]}
     if ctx.get("device") == "cuda":
         torch.cuda.set_device(0)
-        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=torch.device("cuda", 0))
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=torch.device("cuda", 0), **meet)
     else:
-        dist.init_process_group("gloo")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        dist.init_process_group("gloo", **meet)
 
 
 def tensors_to_file(tensors: dict[str, Any], path: str) -> str:
@@ -460,7 +452,7 @@ def engine_snapshot(trainer: Any, engine: str) -> dict[str, Any]:
     from scenarios.kit import fsdp
 
     if engine in ("fsdp1", "fsdp2"):
-        return fsdp.adapter_snapshot(trainer.model_wrapped, engine)
+        return {k: v.cpu() for k, v in fsdp.adapter_snapshot(trainer.model_wrapped, engine).items()}
     if engine == "zero3":
         from scenarios.kit import zero
 
