@@ -35,7 +35,7 @@ from scenarios.kit import trainer_launch as launch
 
 SPEC = {
     "id": "S8-trainer-fsdp-launch",
-    "title": "QLoRA + FSDP through Trainer at 2 ranks, started the way scripts start: a first step that hangs or fails",
+    "title": "QLoRA + FSDP through Trainer on several ranks, started as scripts start: a first step hangs or fails",
     "known_issues": [
         "huggingface/transformers#39896",
         "huggingface/transformers#38035",
