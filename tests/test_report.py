@@ -137,6 +137,7 @@ def test_headline_counts_the_target_apart_from_other_failures(tmp_path: Path) ->
             "config": {"use_dora": dora},
             "hardware": hw,
             "path": "fsdp1-manual/hf",
+            "setup": {"fsdp": "fsdp1", "world_size": 2},
         }
 
     dtype = "checkpoint-recompute-dtype[float32->bfloat16]"
@@ -162,6 +163,23 @@ def test_headline_counts_the_target_apart_from_other_failures(tmp_path: Path) ->
     assert lines[3] == "other failures: `optimizer-bf16-grad-on-fp32-param` (1)"
     assert lines[4] == "controls: pass 1/1"
     assert lines[5] == "ran: cpu, world size 2, FSDP1"
+
+
+def test_ran_says_only_what_was_measured(tmp_path: Path) -> None:
+    """A record without measured setup is not labelled by its declared path (a Trainer config that asked for FSDP1
+    and ran FSDP2 on transformers 5): the 'ran:' line says the setup was not measured."""
+    hw = {"device": "cuda", "gpu_name": "H100", "gpu_count": 2, "world_size": 2}
+    declared = rec("gpu-1", "a", "S1-x", "pass") | {
+        "hardware": hw,
+        "path": "trainer-fsdp1",
+        "metrics": {"fsdp": "fsdp1"},
+    }
+    measured = rec("gpu-1", "a", "S1-x", "pass") | {"hardware": hw, "config_id": "c2", "setup": {"fsdp": "fsdp2"}}
+    write_run(tmp_path, "gpu-1", "gpu", "1", [declared, measured])
+    text = render_markdown(select_runs(tmp_path), {"S1-x": {"target": ["t"], "variants": {}}})
+    summary = text.split("## Summary")[1]
+    assert "ran: cuda H100, world size 2, FSDP2, setup not measured (1 config)" in summary
+    assert "FSDP1" not in summary
 
 
 def test_a_cell_shared_by_two_profiles_keeps_its_flaky_mark(tmp_path: Path) -> None:

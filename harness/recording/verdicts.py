@@ -260,6 +260,8 @@ def _ran_text(ran: dict[str, Any]) -> str:
     ranks = "/".join(str(n) for n in ran.get("world_size") or []) or "?"
     parts = [device, f"world size {ranks}"]
     parts += ["/".join(ran[key]) for key in ("fsdp", "zero", "quantized") if ran.get(key)]
+    if ran.get("unmeasured"):
+        parts.append(f"setup not measured ({ran['unmeasured']} config{'s' if ran['unmeasured'] > 1 else ''})")
     return ", ".join(parts)
 
 
@@ -293,18 +295,21 @@ _FSDP = re.compile(r"fsdp([12])")
 
 
 def _how_it_ran(base: list[dict[str, Any]]) -> dict[str, Any]:
-    """Device, world size, the FSDP version, ZeRO stage and 4-bit weights that really ran: measured facts
-    (`setup`) where the records have them, else the path or metrics the scenario returned."""
+    """Device, world size, the FSDP version, ZeRO stage and 4-bit weights that really ran: measured facts (`setup`)
+    only, never a config's declared path (a Trainer asked for FSDP1 ran FSDP2 on transformers 5); how many records
+    measured nothing is said beside them ("setup not measured")."""
     ran = [r for r in base if r["outcome"] != "skip"]
     hardware = [r.get("hardware") or {} for r in ran]
     fsdp, zero, quantized, world = set(), set(), set(), set()
+    unmeasured = 0
     for r in ran:
-        setup, metrics = r.get("setup") or {}, r.get("metrics") or {}
-        texts = [setup.get("fsdp")] if setup.get("fsdp") else [r.get("path"), metrics.get("fsdp_that_ran")]
-        for text in texts + ([] if setup else [metrics.get("fsdp")]):
-            found = _FSDP.search(str(text or ""))
-            if found:
-                fsdp.add(f"FSDP{found.group(1)}")
+        setup = r.get("setup") or {}
+        if not setup:
+            unmeasured += 1
+            continue
+        found = _FSDP.search(str(setup.get("fsdp") or ""))
+        if found:
+            fsdp.add(f"FSDP{found.group(1)}")
         if setup.get("zero_stage"):
             zero.add(f"ZeRO-{setup['zero_stage']}")
         if setup.get("quantized_weights"):
@@ -320,4 +325,5 @@ def _how_it_ran(base: list[dict[str, Any]]) -> dict[str, Any]:
         "fsdp": sorted(fsdp),
         "zero": sorted(zero),
         "quantized": sorted(quantized),
+        "unmeasured": unmeasured,
     }
