@@ -353,6 +353,8 @@ def measured_setup(folder: Path) -> dict[str, object]:
     summary: dict[str, object] = {"ranks_reporting": len(ranks)}
     devices = [r.get("device") or {} for r in ranks]
     prepares = [p for r in ranks for p in (r.get("accelerate") or {}).get("prepare", [])]
+    # A script that calls deepspeed.initialize itself: the engine's ZeRO stage, measured the same way.
+    prepares += [p for r in ranks for p in (r.get("deepspeed") or {}).get("initialize", [])]
     saves = [s for r in ranks for s in (r.get("accelerate") or {}).get("get_state_dict", [])]
     fields = {
         "device": [d.get("kind") for d in devices],

@@ -176,8 +176,32 @@ def _watch_process_group(module: Any) -> None:
     module.init_process_group = watched_init
 
 
+def _watch_deepspeed(module: Any) -> None:
+    """Wrap `deepspeed.initialize` (a script that builds its engine itself, no accelerate): note the ZeRO stage the
+    engine really runs."""
+    initialize = getattr(module, "initialize", None)
+    if initialize is None or getattr(initialize, "_compat_matrix_watched", False):
+        return
+
+    def watched_initialize(*args: Any, **kwargs: Any) -> Any:
+        result = initialize(*args, **kwargs)
+        try:
+            engine = result[0] if isinstance(result, tuple) else result
+            stage = engine.zero_optimization_stage() if hasattr(engine, "zero_optimization_stage") else None
+            entry = {"zero_stage": stage, "wrapped_by": ["deepspeed"]}
+            _facts.setdefault("deepspeed", {}).setdefault("initialize", []).append(entry)
+            _write()
+        except Exception:
+            pass
+        return result
+
+    watched_initialize._compat_matrix_watched = True  # type: ignore[attr-defined]
+    module.initialize = watched_initialize
+
+
 _AFTER_IMPORT = {
     "accelerate.accelerator": _watch_accelerator,
+    "deepspeed": _watch_deepspeed,
     "torch.distributed.distributed_c10d": _watch_process_group,
 }
 
