@@ -378,108 +378,117 @@ def _only(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_table(report: dict) -> None:
+Row = tuple[str, str, str]
+
+
+def _site_rows(site: dict) -> list[Row]:
     rows = []
-    if "site" in report:
-        site = report["site"]
-        for name in ("split (today)", "inline (before)"):
-            for kind, what in (("glance_ms", "answer grid"), ("records_ms", "every record")):
-                m = site[name][kind]
-                rows.append(
-                    (f"site {name}: {what}", f"{m['median']:.0f} ms median", f"min {m['min']:.0f}, max {m['max']:.0f}")
-                )
-        rows.append(
-            ("site: answer grid, before / today", f"{site['glance_before_over_today']:.1f}x", "goal: < 1000 ms")
-        )
-        rows.append(
-            (
-                "site: bytes",
-                f"page {site['page_bytes'] / 1e3:.0f} kB",
-                f"grid {site['glance_bytes'] / 1e3:.0f} kB, records {site['records_bytes'] / 1e6:.1f} MB",
+    for name in ("split (today)", "inline (before)"):
+        for kind, what in (("glance_ms", "answer grid"), ("records_ms", "every record")):
+            m = site[name][kind]
+            rows.append(
+                (f"site {name}: {what}", f"{m['median']:.0f} ms median", f"min {m['min']:.0f}, max {m['max']:.0f}")
             )
-        )
-    if "first_run" in report:
-        f = report["first_run"]
+    rows.append(("site: answer grid, before / today", f"{site['glance_before_over_today']:.1f}x", "goal: < 1000 ms"))
+    grid, records = site["glance_bytes"] / 1e3, site["records_bytes"] / 1e6
+    rows.append(
+        ("site: bytes", f"page {site['page_bytes'] / 1e3:.0f} kB", f"grid {grid:.0f} kB, records {records:.1f} MB")
+    )
+    return rows
+
+
+def _first_run_rows(f: dict) -> list[Row]:
+    rows = [
+        (f"first run ({f['profile']}): wall", f"{f['cold']['wall_s']:.0f} s cold", f"{f['warm']['wall_s']:.0f} s warm")
+    ]
+    for phase in sorted(set(f["cold"]["phases_s"]) | set(f["warm"]["phases_s"])):
+        cold, warm = f["cold"]["phases_s"].get(phase, 0.0), f["warm"]["phases_s"].get(phase, 0.0)
+        rows.append((f"  phase: {phase}", f"{cold:.0f} s cold", f"{warm:.0f} s warm"))
+    rows.append(("  records", f"{f['cold']['records']} cold", f"{f['warm']['records']} warm"))
+    if f.get("vs"):
+        vs_cold, vs_warm = f["vs_cold"], f["vs_warm"]
         rows += [
+            (f"first run ({f['vs']}): wall", f"{vs_cold['wall_s']:.0f} s cold", f"{vs_warm['wall_s']:.0f} s warm"),
+            ("  records", f"{vs_cold['records']} cold", f"{vs_warm['records']} warm"),
             (
-                f"first run ({f['profile']}): wall",
-                f"{f['cold']['wall_s']:.0f} s cold",
-                f"{f['warm']['wall_s']:.0f} s warm",
-            )
-        ]
-        for phase in sorted(set(f["cold"]["phases_s"]) | set(f["warm"]["phases_s"])):
-            cold, warm = f["cold"]["phases_s"].get(phase, 0.0), f["warm"]["phases_s"].get(phase, 0.0)
-            rows.append((f"  phase: {phase}", f"{cold:.0f} s cold", f"{warm:.0f} s warm"))
-        rows.append(("  records", f"{f['cold']['records']} cold", f"{f['warm']['records']} warm"))
-        if f.get("vs"):
-            vs_cold, vs_warm = f["vs_cold"], f["vs_warm"]
-            rows += [
-                (f"first run ({f['vs']}): wall", f"{vs_cold['wall_s']:.0f} s cold", f"{vs_warm['wall_s']:.0f} s warm"),
-                ("  records", f"{vs_cold['records']} cold", f"{vs_warm['records']} warm"),
-                (
-                    f"{f['profile']} / {f['vs']}",
-                    f"{f['cold']['wall_s'] / vs_cold['wall_s']:.2f}x cold",
-                    f"{f['warm']['wall_s'] / vs_warm['wall_s']:.2f}x warm",
-                ),
-            ]
-    if "history_cell" in report:
-        h = report["history_cell"]
-        rows += [
-            (
-                f"history: one more day ({h['day']})",
-                f"{h['wall_s']:.0f} s",
-                f"{h['new_records']} records, cells {h['cells_run']}",
+                f"{f['profile']} / {f['vs']}",
+                f"{f['cold']['wall_s'] / vs_cold['wall_s']:.2f}x cold",
+                f"{f['warm']['wall_s'] / vs_warm['wall_s']:.2f}x warm",
             ),
         ]
-    if "env_build" in report:
-        e = report["env_build"]
-        rows += [
-            ("env build: uv, cold cache", f"{e['uv_cold_s']:.1f} s", ""),
-            ("env build: uv, warm cache", f"{e['uv_warm_s']:.1f} s", ""),
-            ("env build: pip", f"{e['pip_s']:.1f} s", ""),
-            ("pip / uv warm", f"{e['pip_over_uv_warm']:.1f}x", "target >= 10x"),
-            ("pip / uv cold", f"{e['pip_over_uv_cold']:.1f}x", ""),
-        ]
-    for key in ("worker", "worker_s4"):
-        if key not in report:
-            continue
-        w = report[key]
-        name = w.get("scenario", "S3")[:2]
-        rows += [
-            (f"{name}: one config, one worker", f"{w['one_config_one_worker_s']:.2f} s", ""),
-            (f"{name}: {w['configs']} configs, persistent worker", f"{w['persistent_total_s']:.2f} s", ""),
-            (f"{name}: {w['configs']} configs, one process each", f"{w['process_per_config_total_s']:.2f} s", ""),
-            (f"{name}: marginal config, persistent", f"{w['marginal_persistent_s']:.3f} s", ""),
-            (f"{name}: marginal config, process per config", f"{w['marginal_process_per_config_s']:.3f} s", ""),
-            (f"{name}: process per config / persistent", f"{w['process_over_persistent']:.1f}x", "target >= 5x"),
-        ]
-    if "reduction" in report:
-        r = report["reduction"]
-        rows += [
-            ("reduction: full product 4x4x4", f"{r['full_product_cells']} cells", ""),
-            (
-                "reduction: pairwise",
-                f"{r['pairwise']['cells']} cells",
-                f"pair coverage {100 * r['pairwise']['pair_coverage']:.0f} %",
-            ),
-        ]
-        if "bisect" in r:
-            b = r["bisect"]
-            rows += [
-                (
-                    f"bisect over {b['releases']} releases",
-                    f"{b['cell_runs']} runs",
-                    f"full sweep {b['full_sweep_cell_runs']}; first flip {b['first_flip']}",
-                )
-            ]
-    if "growth" in report:
-        g = report["growth"]
-        rows += [(f"matrix, {n} cell(s), S3", f"{w:.1f} s", "") for n, w in g["wall_s"].items()]
-        rows += [
-            ("fit: fixed overhead", f"{g['fixed_s']:.1f} s", "wall = fixed + n x per-cell"),
-            ("fit: per cell", f"{g['per_cell_s']:.1f} s", ""),
-            ("fit: worst relative error", f"{100 * g['worst_fit_error']:.0f} %", "small: linear"),
-        ]
+    return rows
+
+
+def _history_cell_rows(h: dict) -> list[Row]:
+    return [
+        (
+            f"history: one more day ({h['day']})",
+            f"{h['wall_s']:.0f} s",
+            f"{h['new_records']} records, cells {h['cells_run']}",
+        )
+    ]
+
+
+def _env_build_rows(e: dict) -> list[Row]:
+    return [
+        ("env build: uv, cold cache", f"{e['uv_cold_s']:.1f} s", ""),
+        ("env build: uv, warm cache", f"{e['uv_warm_s']:.1f} s", ""),
+        ("env build: pip", f"{e['pip_s']:.1f} s", ""),
+        ("pip / uv warm", f"{e['pip_over_uv_warm']:.1f}x", "target >= 10x"),
+        ("pip / uv cold", f"{e['pip_over_uv_cold']:.1f}x", ""),
+    ]
+
+
+def _worker_rows(w: dict) -> list[Row]:
+    name = w.get("scenario", "S3")[:2]
+    return [
+        (f"{name}: one config, one worker", f"{w['one_config_one_worker_s']:.2f} s", ""),
+        (f"{name}: {w['configs']} configs, persistent worker", f"{w['persistent_total_s']:.2f} s", ""),
+        (f"{name}: {w['configs']} configs, one process each", f"{w['process_per_config_total_s']:.2f} s", ""),
+        (f"{name}: marginal config, persistent", f"{w['marginal_persistent_s']:.3f} s", ""),
+        (f"{name}: marginal config, process per config", f"{w['marginal_process_per_config_s']:.3f} s", ""),
+        (f"{name}: process per config / persistent", f"{w['process_over_persistent']:.1f}x", "target >= 5x"),
+    ]
+
+
+def _reduction_rows(r: dict) -> list[Row]:
+    coverage = f"pair coverage {100 * r['pairwise']['pair_coverage']:.0f} %"
+    rows = [
+        ("reduction: full product 4x4x4", f"{r['full_product_cells']} cells", ""),
+        ("reduction: pairwise", f"{r['pairwise']['cells']} cells", coverage),
+    ]
+    if "bisect" in r:
+        b = r["bisect"]
+        note = f"full sweep {b['full_sweep_cell_runs']}; first flip {b['first_flip']}"
+        rows.append((f"bisect over {b['releases']} releases", f"{b['cell_runs']} runs", note))
+    return rows
+
+
+def _growth_rows(g: dict) -> list[Row]:
+    fit = [
+        ("fit: fixed overhead", f"{g['fixed_s']:.1f} s", "wall = fixed + n x per-cell"),
+        ("fit: per cell", f"{g['per_cell_s']:.1f} s", ""),
+        ("fit: worst relative error", f"{100 * g['worst_fit_error']:.0f} %", "small: linear"),
+    ]
+    return [(f"matrix, {n} cell(s), S3", f"{w:.1f} s", "") for n, w in g["wall_s"].items()] + fit
+
+
+#: Each section of a report, in the order the table prints them, and how it becomes rows.
+_SECTIONS = (
+    ("site", _site_rows),
+    ("first_run", _first_run_rows),
+    ("history_cell", _history_cell_rows),
+    ("env_build", _env_build_rows),
+    ("worker", _worker_rows),
+    ("worker_s4", _worker_rows),
+    ("reduction", _reduction_rows),
+    ("growth", _growth_rows),
+)
+
+
+def print_table(report: dict) -> None:
+    """Every measured section of `report` as one table: measure | value | note."""
+    rows = [row for key, to_rows in _SECTIONS if key in report for row in to_rows(report[key])]
     width = max(len(r[0]) for r in rows)
     print(f"\n{'measure'.ljust(width)} | value      | note")
     print(f"{'-' * width}-|------------|------------")
