@@ -40,10 +40,22 @@ BNB_CPU_4BIT = (0, 46)
 _QUANTIZED_BASES = ("4bit", "manual-4bit")
 
 
+#: Checks a scenario no longer makes, and why: a record that failed one was stopped before today's check ran, so it
+#: says nothing about today's target, either way.
+RETIRED_CHECKS = {
+    "check-dora_output_dtype": (
+        "S5's retired check of DoRA's inner arithmetic dtype (fp32 inside the layer is by design from peft 0.12); "
+        "the job stopped there, before today's check of the dtype a DoRA layer hands on"
+    ),
+}
+
+
 def reason(record: Mapping[str, Any]) -> str | None:
     """Why this record is not evidence about the stack, or None when it is."""
     if record.get("outcome") not in JUDGED:
         return None
+    if record.get("outcome") != "pass" and record.get("signature") in RETIRED_CHECKS:
+        return RETIRED_CHECKS[record["signature"]]
     if record.get("outcome") != "pass":
         limit = machine_limit(record)
         if limit:

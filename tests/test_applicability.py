@@ -170,3 +170,14 @@ def test_a_failure_that_cannot_say_which_base_ran_is_judged_by_its_config_siblin
     ]
     assert failed["outcome"] == "skip" and failed["reported_signature"] == "no-grad-element-0"
     assert "this config's other jobs in the cell ran a frozen-base base" in failed["not_applicable"]
+
+
+def test_a_retired_check_is_no_evidence_either_way() -> None:
+    """S5's retired check (DoRA's inner fp32 is by design): a record that failed it stopped before today's check ran,
+    so it is set aside with the reason, never a failure the table counts."""
+    from scenarios import applicability
+
+    record = {"outcome": "fail", "signature": "check-dora_output_dtype", "hardware": {"device": "cuda"}}
+    assert "retired" in (applicability.reason(record) or "")
+    assert applicability.reason(record | {"outcome": "pass"}) is None
+    assert applicability.reason(record | {"signature": "check-dora_layer_output_dtype"}) is None
