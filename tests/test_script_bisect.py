@@ -101,6 +101,57 @@ def test_a_different_failure_on_the_way_is_reported_as_different(tmp_path: Path)
     assert verdict["target"]["error"].startswith("packaging.version.InvalidVersion")
 
 
+TWO_FAILURES = textwrap.dedent(
+    '''
+    # /// script
+    # dependencies = ["packaging"]
+    # ///
+    """One failure before packaging 21, another through the 21 series, none from 22.0 on."""
+    import packaging
+
+    major = int(packaging.__version__.split(".")[0])
+    if major < 21:
+        raise ValueError("the old failure")
+    if major == 21:
+        raise RuntimeError("the new failure")
+    print("fine")
+    '''
+)
+
+
+def test_every_failure_the_scan_saw_gets_an_answer(tmp_path: Path) -> None:
+    """Stacks in order that fail one way, then another way, then pass: the failure asked about (the newest) and the
+    older one both get the release where they ended, by the same evidence rule (the stacks failing the other way are
+    no evidence about it: stepped over, and said so); the scan line says 'fail (another failure)', never 'other'."""
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions, default_envs_dir
+    from harness.paths import MATRIX_DIR
+    from harness.tools.script_bisect import End, ScriptBisect, run, summary_lines
+
+    script = tmp_path / "two_failures.py"
+    script.write_text(TWO_FAILURES)
+    history = load_profile("history", MATRIX_DIR)
+    said: list[str] = []
+    bisect = ScriptBisect(
+        script, tmp_path / "out", history, InstallOptions(envs_dir=default_envs_dir()), say=said.append
+    )
+    ends = [End(pins={"packaging": v}) for v in ("20.0", "21.0", "23.0")]
+    verdict = run(bisect, ends, None)
+    assert verdict["target"]["error"] == "RuntimeError: the new failure"
+    (asked,) = verdict["flips"]
+    assert (asked["direction"], asked["package"], asked["first_release"]) == ("ended", "packaging", "22.0")
+    assert asked["last_release_before"].startswith("21.")
+    (old,) = [f for f in verdict["different_failures"] if f["error"] == "ValueError: the old failure"]
+    (answer,) = old["flips"]
+    assert (answer["direction"], answer["package"], answer["first_release"]) == ("ended", "packaging", "22.0")
+    assert answer["last_release_before"].startswith("20.")
+    assert all(s["version"].startswith("21.") for s in answer["stepped_over"])
+    lines = summary_lines(verdict)
+    scan = next(line for line in lines if line.strip().startswith("scan:"))
+    assert "packaging==20.0:fail (another failure)" in scan and ":other" not in scan
+    assert any("ended with packaging 22.0 (last fail: 20." in line for line in lines)
+
+
 def test_a_hang_is_a_timeout_with_the_stack(tmp_path: Path) -> None:
     script = tmp_path / "hangs.py"
     script.write_text("import time\n\ndef wait_for_peer():\n    time.sleep(600)\n\nwait_for_peer()\n")

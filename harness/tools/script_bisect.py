@@ -339,18 +339,52 @@ def run(bisect: ScriptBisect, ends: list[End], bad: End | None, *, all_moves: bo
 
     target_at = _choose_target(bisect, scan, bad)
     flips: list[Flip] = []
+    answers: dict[str, list[Flip]] = {}
     if target_at is not None:
         bisect.set_target(target_at)
-        flips = _neighbour_flips(scan) if ends[0].day else _end_flips(scan)
         by_label = {e.label: e for e in ends}
+        neighbours = bool(ends[0].day) or len(ends) > 2  # days, or several stacks of the user's own, in order
+        flips = _neighbour_flips(scan) if neighbours else _end_flips(scan)
         for flip in flips:
             _name_flip(bisect, flip, stacks[flip.older], by_label[flip.older], by_label[flip.newer], all_moves)
-    verdict = _verdict(bisect, scan, flips)
+        if neighbours:
+            answers = _answer_other_failures(bisect, scan, stacks, by_label, all_moves)
+    verdict = _verdict(bisect, scan, flips, answers)
     (bisect.out_dir / "verdict.json").write_text(json.dumps(verdict, indent=1) + "\n")
     (bisect.out_dir / "script.py").write_bytes(bisect.script.read_bytes())
     for line in summary_lines(verdict):
         say(line)
     return verdict
+
+
+def _answer_other_failures(
+    bisect: ScriptBisect, scan: list[Observation], stacks: dict[str, Stack], by_label: dict[str, End], all_moves: bool
+) -> dict[str, list[Flip]]:
+    """Every other failure the scan saw gets its own answer where the scan brackets it: the same search, the same
+    evidence rule, with that failure in the place of the one asked about (its release where it ended, or started
+    inside the scan; a stack showing yet another failure is no evidence either way). The failure asked about and its
+    states are put back afterwards."""
+    asked = (bisect.target, bisect.target_error, bisect.match)
+    others: list[Observation] = []
+    for found in scan:
+        if found.state == "other" and found.outcome in ("fail", "timeout"):
+            if found.signature not in {o.signature for o in others}:
+                others.append(found)
+    answers: dict[str, list[Flip]] = {}
+    try:
+        for first in others:
+            bisect.match = None
+            bisect.set_target(first)
+            flips = _neighbour_flips(scan)
+            for flip in flips:
+                older, newer = by_label[flip.older], by_label[flip.newer]
+                _name_flip(bisect, flip, stacks[flip.older], older, newer, all_moves)
+            answers[str(first.signature)] = flips
+    finally:
+        bisect.target, bisect.target_error, bisect.match = asked
+        for found in bisect.observations:
+            found.state = bisect.state_of(found)
+    return answers
 
 
 def _choose_target(bisect: ScriptBisect, scan: list[Observation], bad: End | None) -> Observation | None:
@@ -567,10 +601,13 @@ def _brief(found: Observation) -> dict[str, Any]:
     }
 
 
-def _verdict(bisect: ScriptBisect, scan: list[Observation], flips: list[Flip]) -> dict[str, Any]:
+def _verdict(
+    bisect: ScriptBisect, scan: list[Observation], flips: list[Flip], answers: dict[str, list[Flip]] | None = None
+) -> dict[str, Any]:
     others = sorted(
         {(o.signature or "", o.error or "") for o in bisect.observations if o.state == "other"}, key=lambda x: x[0]
     )
+    answers = answers or {}
     verdict = {
         "script": bisect.script.name,
         "script_sha256": bisect.script_sha,
@@ -582,7 +619,10 @@ def _verdict(bisect: ScriptBisect, scan: list[Observation], flips: list[Flip]) -
         "target": {"signature": bisect.target, "error": bisect.target_error},
         "scan": [{"label": o.label, **_brief(o), "versions": _key_versions(o.stack["versions"])} for o in scan],
         "flips": [f.as_script_json() for f in flips],
-        "different_failures": [{"signature": s, "error": e} for s, e in others],
+        "different_failures": [
+            {"signature": s, "error": e} | ({"flips": [f.as_script_json() for f in answers[s]]} if s in answers else {})
+            for s, e in others
+        ],
         "cost": asdict(bisect.cost)
         | {
             "runs_after_scan": sum(1 for o in bisect.observations if o.phase in ("move", "bisect")),
@@ -633,7 +673,7 @@ def summary_lines(verdict: dict[str, Any]) -> list[str]:
         lines.append(f"  no run matches --match {verdict['match']!r}: nothing to bisect")
     else:
         lines.append("  no stack fails: nothing to bisect")
-    states = " ".join(f"{s['label']}:{s['state'] or s['outcome']}" for s in verdict["scan"])
+    states = " ".join(f"{s['label']}:{_scan_word(s)}" for s in verdict["scan"])
     lines.append(f"  scan: {states}")
     ran = sorted({setup_words(s.get("setup")) for s in verdict["scan"]})
     lines += [f"  measured: {words}" for words in ran]
@@ -665,6 +705,10 @@ def summary_lines(verdict: dict[str, Any]) -> list[str]:
         lines.append(
             f"  a different failure ({', '.join(where) or 'in a probe'}): {other['error'] or other['signature']}"
         )
+        for flip in (Flip.from_json(f) for f in other.get("flips") or []):
+            lines.append("    " + _answer_line(flip))
+        if where and "flips" in other and not other["flips"]:
+            lines.append("    the scan does not bracket it (no stack around it passes)")
     cost = verdict["cost"]
     phases = ", ".join(f"{k} {v:.0f} s" for k, v in cost["phase_seconds"].items())
     lines.append(
@@ -678,6 +722,27 @@ def summary_lines(verdict: dict[str, Any]) -> list[str]:
         name = (verdict.get("device") or {}).get("name") or "the node"
         lines.append(f"  on {name}: {len(calls)} device call(s), {verdict['device_seconds']:.0f} s in all ({per_call})")
     return lines
+
+
+def _scan_word(scanned: dict[str, Any]) -> str:
+    """A scanned stack's state in the scan line: 'fail (another failure)' where the script failed otherwise."""
+    if scanned["state"] == "other" and scanned["outcome"] in ("fail", "timeout"):
+        return f"{scanned['outcome']} (another failure)"
+    return scanned["state"] or scanned["outcome"]
+
+
+def _answer_line(flip: Flip) -> str:
+    """One answer for a different failure: 'ended with packaging 22.0 (last fail: 20.9; ...)', or why not named."""
+    if flip.package and flip.release:
+        last = "fail" if flip.older_state == "target" else flip.older_state
+        line = f"{flip.direction} with {flip.package} {flip.release} (last {last}: {flip.last_release_before})"
+        stepped = sorted({str(s["version"]) for s in flip.stepped_over or [] if isinstance(s, dict)}, key=Version)
+        if stepped:
+            line += f"; {', '.join(stepped)} showed no evidence (another failure or no install)"
+        return line + f", between {flip.older} and {flip.newer}"
+    return (
+        f"between {flip.older} ({flip.older_state}) and {flip.newer} ({flip.newer_state}): {flip.note or 'not named'}"
+    )
 
 
 def _from_run(phase: str, label: str, run: ScriptRun, facts: dict[str, Any], key: str) -> Observation:
