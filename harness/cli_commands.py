@@ -36,6 +36,8 @@ def matrix(args: argparse.Namespace) -> int:
         rebuild=args.rebuild_envs,
     )
     options = MatrixOptions(**built_from(BY_NAME["matrix"], args, install=install))
+    if args.grow and not args.resume_run:
+        return _grow_atlas(args, profile, options)
     summary = run_matrix(profile, options)
     print(
         f"run {summary.run_id}: {summary.written} new records, {summary.resumed} already recorded; "
@@ -56,6 +58,46 @@ def matrix(args: argparse.Namespace) -> int:
     if summary.interrupted:
         return 143 if summary.signal == "SIGTERM" else 130
     return 1 if summary.outcomes.get("error") else 0
+
+
+def _grow_atlas(args: argparse.Namespace, profile: Any, options: Any) -> int:
+    """`matrix --grow` without --resume: what the table lacks of the days the date rule gives now, as new runs."""
+    from harness.tools.atlas_growth import grow
+
+    summaries, text = grow(profile, options)
+    (args.results_dir / "growth-summary.md").write_text(text + "\n")
+    for summary in summaries:
+        print(f"run {summary.run_id}: {summary.written} new records; outcomes {json.dumps(summary.outcomes)}")
+    if summaries and not args.no_report:
+        try:
+            print(f"table: {write_report(args.results_dir, None, None)}")
+        except NothingToReport as exc:
+            print(f"table: not written ({exc})")
+    stopped = next((s for s in summaries if s.interrupted), None)
+    if stopped is not None:
+        return 143 if stopped.signal == "SIGTERM" else 130
+    return 1 if any(s.outcomes.get("error") for s in summaries) else 0
+
+
+def watch(args: argparse.Namespace) -> int:
+    """`watch`: each release since the newest atlas day, moved alone onto that day's stack."""
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions, default_envs_dir
+    from harness.execution.options import MatrixOptions
+    from harness.tools.atlas_growth import watch as watch_releases
+
+    profile = load_profile(args.profile, MATRIX_DIR)
+    options = MatrixOptions(
+        results_dir=args.results_dir, install=InstallOptions(envs_dir=args.envs_dir or default_envs_dir())
+    )
+    watched, text = watch_releases(profile, options, args.results_dir / "watch")
+    (args.results_dir / "watch" / "latest.md").write_text(text + "\n")
+    if watched:
+        try:
+            print(f"table: {write_report(args.results_dir, None, None)}")
+        except NothingToReport as exc:
+            print(f"table: not written ({exc})")
+    return 0
 
 
 def slurm(args: argparse.Namespace) -> int:

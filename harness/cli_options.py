@@ -139,14 +139,9 @@ MATRIX_CHECKS = (
         )
     ),
     Check(lambda a: "--fresh and --resume exclude each other" if a.fresh and a.resume_run else None),
-    Check(
-        lambda a: (
-            "--grow and --add-date add days to a dated run: pass --resume RUN_ID"
-            if (a.grow or a.add_dates) and not a.resume_run
-            else None
-        )
-    ),
     Check(lambda a: "--add-date needs --grow" if a.add_dates and not a.grow else None),
+    Check(lambda a: "--grow chooses its own days: no --date with it" if a.grow and a.dates else None),
+    Check(lambda a: "--grow makes new runs of the days it adds: no --fresh with it" if a.grow and a.fresh else None),
     Check(
         lambda a: (
             "--date chooses the days of a new run; a resumed run keeps its days (--grow --add-date adds)"
@@ -291,9 +286,11 @@ COMMANDS: tuple[Command, ...] = (
                 fills="grow",
                 action="store_true",
                 help=(
-                    "with --resume on a dated run (history): add the days its date rule gives now (a new peft "
-                    "minor, today) to the run and run only the new days' cells; prints whether the newest "
-                    "stack's outcomes differ from the previous newest day's"
+                    "a dated profile (history): run, for every scenario, the install days the date rule gives now "
+                    "(a new peft minor, today) that the table has no record of, as new runs (what the table shows "
+                    "decides, never one run: a second growth the same day runs nothing); prints and writes to "
+                    "results/growth-summary.md each scenario's newest day against its previous one. With --resume "
+                    "RUN_ID: add the rule's days to that run instead (COMPAT_MATRIX_TODAY=YYYY-MM-DD sets today)"
                 ),
             ),
             Option(
@@ -409,6 +406,25 @@ COMMANDS: tuple[Command, ...] = (
             ),
             RESULTS_OPTION,
             Option(("--output",), type=Path, help="default: <results-dir>/COMPATIBILITY.md"),
+        ),
+    ),
+    Command(
+        "watch",
+        "watch",
+        help="try each release published after the newest atlas day alone on that day's stack: what it changes",
+        description=(
+            "Lists every release of torch, transformers, peft, accelerate, deepspeed and bitsandbytes first "
+            "uploaded after the newest install day the table shows for the dated profile (up to today, "
+            "COMPAT_MATRIX_TODAY=YYYY-MM-DD to set it), and runs each one moved alone onto that day's stack (every "
+            "other axis package held at the day's release, what the day does not pin resolved as of the day) with "
+            "the day's seed configs. Prints one line per release: 'breaks S7 (target now shows on 3/5)', "
+            "'fixes S1 (1/7 was 5/7)', 'no change' or 'cannot install'; the runs and watch.json go under "
+            "results/watch/<today>/. With no new release it says so and runs nothing."
+        ),
+        options=(
+            Option(("--profile",), default="history", help="the dated profile whose newest day is moved (history)"),
+            RESULTS_OPTION,
+            Option(("--envs-dir",), type=Path, help="where cell environments are kept"),
         ),
     ),
     Command(

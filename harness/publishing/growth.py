@@ -41,6 +41,44 @@ def newest_change_text(run_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def newest_change_markdown(results_dir: Path, profile_name: str) -> str:
+    """Markdown: for each scenario, its newest day in the table against its previous day there (the target state and
+    the fixes that removed it), over every run of the dated profile the table reads, and what moved in the stack.
+    What `matrix --grow` prints and the weekly workflow puts in its summary."""
+    from harness.publishing.report import select_runs
+
+    selection = select_runs(results_dir)
+    mine = {m["run_id"] for m in selection.metas if m.get("profile") == profile_name}
+    records, _ = selection.latest()
+    records = [r for r in records if r.get("run_id") in mine]
+    dates, stacks, verdicts = dated_verdicts(records, {s.id: s.spec for s in discover()})
+    if not dates:
+        return f"## The newest day\n\nNo day of profile {profile_name} is in the table."
+    changed, same = [], []
+    for scenario in sorted(verdicts):
+        days = sorted(verdicts[scenario])
+        if len(days) < 2:
+            same.append(f"- {scenario}: only {days[-1]} recorded")
+            continue
+        old, new = days[-2], days[-1]
+        before, after = _shown(verdicts[scenario][old]), _shown(verdicts[scenario][new])
+        moved = _moved(stacks.get(old, {}), stacks.get(new, {})) or "no package moved"
+        if before != after:
+            changed.append(f"- {scenario}: {new} against {old}: {before} -> {after} ({moved})")
+        else:
+            same.append(f"- {scenario}: {new} against {old}: {after}")
+    head = (
+        f"**{len(changed)} scenario(s) changed on their newest day.**"
+        if changed
+        else "Every scenario's newest day has the outcomes of its previous day."
+    )
+    lines = [f"## The newest day of {profile_name} ({dates[-1]})", "", head, ""]
+    if changed:
+        lines += ["Changed:", *changed, ""]
+    lines += ["Unchanged:" if changed else "Outcomes:", *same]
+    return "\n".join(lines)
+
+
 def _shown(found: Any) -> str:
     """The target state and the fixes that removed it, as one comparable phrase."""
     if found is None:

@@ -286,9 +286,19 @@ def _withdraw_bisect(entry: dict[str, Any]) -> None:
 
 def _held_profile(history: Profile, versions: dict[str, str], flip: Flip, day: str) -> Profile:
     """One cell: every axis package at the older date's release, everything else resolved as of `day`."""
+    return held_stack(history, versions, day, f"flip-{flip.scenario.split('-')[0]}")
+
+
+def held_stack(history: Profile, versions: dict[str, str], day: str, name: str) -> Profile:
+    """One cell of `history`: every axis package at its release in `versions`, everything else as of `day`."""
     axes: dict[str, tuple[str, ...]] = {DATE_AXIS: (day,)}
     axes |= {p: (v,) for p, v in versions.items() if v and p in AXIS_PACKAGES}
-    return replace(history, name=f"flip-{flip.scenario.split('-')[0]}", axes=axes, stacks={}, exclusions=())
+    return replace(history, name=name, axes=axes, stacks={}, exclusions=())
+
+
+def moving(held: Profile, package: str, newer: str) -> Profile:
+    """The held cell with `package` allowed up to `newer` (uv's --exclude-newer-package) and nothing else."""
+    return _moving(held, package, newer)
 
 
 def _moving(held: Profile, package: str, newer: str) -> Profile:

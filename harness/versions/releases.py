@@ -46,7 +46,7 @@ def releases(package: str, python: str | None = None, wheelhouse: Path | None = 
     for item in index_files(package):
         if item.get("yanked"):
             continue
-        version = _version_of(item.get("filename", ""))
+        version = version_of(item.get("filename", ""))
         if version is None or version.is_prerelease or version.is_devrelease:
             continue
         if python and not _admits(item.get("requires-python"), python):
@@ -59,7 +59,7 @@ def yanked(package: str) -> list[Version]:
     """Final releases every file of which is yanked: not installable by a range, so a bisect cannot try them."""
     files: dict[Version, list[bool]] = {}
     for item in index_files(package):
-        version = _version_of(item.get("filename", ""))
+        version = version_of(item.get("filename", ""))
         if version is not None and not version.is_prerelease and not version.is_devrelease:
             files.setdefault(version, []).append(bool(item.get("yanked")))
     return sorted(v for v, flags in files.items() if all(flags))
@@ -80,7 +80,7 @@ def _admits(requires_python: str | None, python: str) -> bool:
         return True  # a malformed field should not hide a release
 
 
-def _version_of(filename: str) -> Version | None:
+def version_of(filename: str) -> Version | None:
     try:
         if filename.endswith(".whl"):
             return parse_wheel_filename(filename)[1]
@@ -128,7 +128,7 @@ def minor_release_days(rule: DateRule, today: dt.date | None = None) -> list[str
     newest one can install that day), plus today: one era-consistent stack per minor."""
     first_upload: dict[tuple[int, int], dt.datetime] = {}
     for item in index_files(rule.package):
-        version = _version_of(item.get("filename", ""))
+        version = version_of(item.get("filename", ""))
         uploaded = item.get("upload-time")
         if version is None or version.is_prerelease or version.is_devrelease or not uploaded:
             continue

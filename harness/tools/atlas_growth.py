@@ -1,0 +1,291 @@
+"""The atlas keeps up: `matrix --profile history --grow` adds the install days the date rule gives now to what the
+table shows, for every scenario, and runs only what is missing; `watch` tries each release published after the
+newest atlas day alone on that day's stack.
+
+Both start from the evidence the table shows for the dated profile (every run of it that is not retired, the
+newest per cell and scenario), never from one run picked by its name: a past "today" stays a day of the atlas, a
+day that one scenario's re-check added is grown for the others, and a second growth on the same day finds nothing
+to run. `COMPAT_MATRIX_TODAY` (YYYY-MM-DD) sets the day the rule and the watch take as today (tests make time pass
+with it; unset, the UTC date).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from harness.define.profile import DATE_AXIS, RULE_PREFIX, Profile, parse_date_rule
+from harness.errors import OptionError
+from harness.publishing.report import retired
+from harness.recording import runs
+from harness.recording.records import read_records
+
+TODAY_VAR = "COMPAT_MATRIX_TODAY"
+_CELL_DAY = re.compile(r"^era_date-(\d{4}-\d{2}-\d{2})$")
+
+
+def today() -> dt.date:
+    """The day the date rule and the watch take as today: `COMPAT_MATRIX_TODAY`, else the UTC date."""
+    given = os.environ.get(TODAY_VAR)
+    if not given:
+        return dt.datetime.now(dt.UTC).date()
+    try:
+        return dt.date.fromisoformat(given)
+    except ValueError:
+        raise OptionError(f"{TODAY_VAR}={given!r}: expected YYYY-MM-DD") from None
+
+
+def atlas_evidence(results_dir: Path, profile_name: str) -> dict[str, set[str]]:
+    """Install day -> the scenarios with a record on that day's cell, over every run of the profile the table reads
+    (retired runs left out)."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for run_dir in sorted((results_dir / "runs").glob(f"{profile_name}-*")):
+        meta = runs.read_meta(run_dir)
+        if meta.get("profile") != profile_name or retired(meta):
+            continue
+        for record in read_records(run_dir / "records.jsonl", warn=False):
+            day = _CELL_DAY.match(str(record.get("cell", "")))
+            if day:
+                found[day.group(1)].add(record["scenario"])
+    return dict(found)
+
+
+def rule_days(profile: Profile, on: dt.date) -> list[str]:
+    """The install days the profile's date rule gives on `on` (the day after each minor of its package, and `on`)."""
+    from harness.versions.releases import minor_release_days
+
+    values = profile.axes.get(DATE_AXIS) or ()
+    if not (len(values) == 1 and values[0].startswith(RULE_PREFIX)):
+        raise OptionError(f'--grow: profile {profile.name} has no date rule (axes.date = "peft minors >=...")')
+    rule = parse_date_rule(str(profile.path), "axes.date", values[0][len(RULE_PREFIX) :])
+    return [d for d in minor_release_days(rule, on) if d <= on.isoformat()]
+
+
+@dataclass(frozen=True)
+class GrowthStep:
+    """One run of the growth: these scenarios on these days (days missing the same scenarios run together)."""
+
+    days: tuple[str, ...]
+    scenarios: tuple[str, ...]
+
+
+def growth_plan(
+    evidence: dict[str, set[str]], days: list[str], scenarios: list[str], added: tuple[str, ...] = ()
+) -> list[GrowthStep]:
+    """What the growth runs: on each day the rule gives (and each `added` day), and on each day newer than the
+    newest day that has every scenario (a re-check's new day, a growth cut short), the scenarios no record covers
+    there; days missing the same scenarios form one step. Empty when the atlas already has them all."""
+    complete = [d for d, have in evidence.items() if set(scenarios) <= have]
+    frontier = [d for d in evidence if not complete or d > max(complete)]
+    missing: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for day in sorted({*days, *added, *frontier}):
+        lacking = tuple(s for s in scenarios if s not in evidence.get(day, set()))
+        if lacking:
+            missing[lacking].append(day)
+    return [GrowthStep(tuple(d), s) for s, d in sorted(missing.items(), key=lambda item: item[1])]
+
+
+def runnable_scenarios(profile: Profile, patterns: tuple[str, ...] | None = None) -> list[str]:
+    """The profile's scenarios (or those `patterns` name) that can run on its device (S8 needs GPUs: a CPU atlas
+    never has it, and growth must not wait for it)."""
+    from harness.define.registry import select
+
+    chosen = select(patterns or profile.scenarios, where="--scenario")
+    return [s.id for s in chosen if s.spec.get("device", "any") in ("any", profile.device)]
+
+
+def grow(profile: Profile, options: Any, stream: TextIO | None = None) -> tuple[list[Any], str]:
+    """Run the growth plan as new runs of the profile (one per step) and say what the newest day changed.
+    Returns (the runs' summaries, the Markdown summary)."""
+    from harness.execution.matrix import run_matrix
+
+    on = today()
+    evidence = atlas_evidence(options.results_dir, profile.name)
+    wanted = runnable_scenarios(profile, options.scenario_patterns)
+    plan = growth_plan(evidence, rule_days(profile, on), wanted, options.add_dates)
+    say = (lambda text: print(text, file=stream, flush=True)) if stream else (lambda text: print(text, flush=True))
+    if not plan:
+        text = (
+            f"Nothing to grow on {on}: every install day the date rule gives ({', '.join(rule_days(profile, on))}) "
+            f"already has every scenario in the table."
+        )
+        say(text)
+        return [], text
+    summaries = []
+    for step in plan:
+        say(f"growth: {', '.join(step.days)} for {len(step.scenarios)} scenario(s): {', '.join(step.scenarios)}")
+        step_options = replace(
+            options, fresh=True, resume_run=None, grow=False, add_dates=(), dates=step.days,
+            scenario_patterns=step.scenarios,
+        )  # fmt: skip
+        summary = run_matrix(profile, step_options)
+        summaries.append(summary)
+        if summary.interrupted:
+            break
+    from harness.publishing.growth import newest_change_markdown
+
+    text = newest_change_markdown(options.results_dir, profile.name)
+    say(text)
+    return summaries, text
+
+
+# --- the release watch ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Watched:
+    """One release published after the newest atlas day, moved alone onto that day's stack."""
+
+    package: str
+    version: str
+    uploaded: str
+    day: str
+    run_id: str | None = None
+    effects: dict[str, str] = field(default_factory=dict)
+    summary: str = ""
+
+
+def new_releases(packages: list[str], after: str, until: dt.date) -> list[tuple[str, str, str]]:
+    """(package, version, first upload day) of every final release first uploaded on or after the day `after` (the
+    newest atlas day's stack is the index as of that day's start) and no later than `until`, oldest first."""
+    from harness.versions.releases import index_files, version_of
+
+    found = []
+    for package in packages:
+        first: dict[str, dt.datetime] = {}
+        for item in index_files(package):
+            version, uploaded = version_of(item.get("filename", "")), item.get("upload-time")
+            if version is None or version.is_prerelease or version.is_devrelease or not uploaded or item.get("yanked"):
+                continue
+            when = dt.datetime.fromisoformat(str(uploaded).replace("Z", "+00:00"))
+            first[str(version)] = min(first.get(str(version), when), when)
+        for version, when in first.items():
+            if after <= when.date().isoformat() <= until.isoformat():
+                found.append((package, version, when.date().isoformat()))
+    return sorted(found, key=lambda item: (item[2], item[0], item[1]))
+
+
+def write_watch(out_dir: Path, watched: list[Watched], day: str, on: dt.date) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "watch.json"
+    body = {"newest_day": day, "watched_on": on.isoformat(), "releases": [w.__dict__ for w in watched]}
+    path.write_text(json.dumps(body, indent=1) + "\n")
+    return path
+
+
+def day_versions(results_dir: Path, profile_name: str, day: str) -> dict[str, str]:
+    """The axis packages' releases the day's cell really imported (its records' `versions`, the fullest of them)."""
+    from harness.define.packages import AXIS_PACKAGES, public_version
+    from harness.publishing.glance import fullest_versions
+
+    records = []
+    for run_dir in sorted((results_dir / "runs").glob(f"{profile_name}-*")):
+        meta = runs.read_meta(run_dir)
+        if meta.get("profile") == profile_name and not retired(meta):
+            records += [
+                r for r in read_records(run_dir / "records.jsonl", warn=False) if r["cell"] == f"era_date-{day}"
+            ]
+    versions = fullest_versions(records)
+    return {p: public_version(str(versions[p])) for p in AXIS_PACKAGES if versions.get(p)}
+
+
+def moved_alone(history: Profile, versions: dict[str, str], day: str, package: str, version: str) -> Profile:
+    """The newest day's stack with `package` at `version` and every other axis package held at the day's release;
+    what the day's stack does not pin resolves as of the day, the moved package's own requirements with it."""
+    from harness.tools.flips import held_stack, moving
+
+    held = held_stack(history, versions | {package: version}, day, f"watch-{package}-{version}")
+    return moving(held, package, today().isoformat())
+
+
+def effect(scenario: str, before: Any, after: Any) -> str:
+    """One scenario's change when a release moves alone, in the reader's words."""
+    if after is None or after.state in ("install-failed", "env-broken"):
+        return "cannot install" if after is None or after.state == "install-failed" else "cannot run (env)"
+    if before is None:
+        return f"new evidence: {after.state} ({len(after.target_records)}/{after.candidates})"
+    shown, was = f"{len(after.target_records)}/{after.candidates}", f"{len(before.target_records)}/{before.candidates}"
+    if after.state == "target" and before.state != "target":
+        return f"breaks {scenario} (target now shows on {shown})"
+    if before.state == "target" and after.state != "target":
+        return f"fixes {scenario} ({shown} was {was})"
+    if after.state == "target" and shown != was:
+        return f"changes {scenario} (target on {shown}, was {was})"
+    return "no change"
+
+
+def watch(history: Profile, options: Any, out_root: Path, stream: TextIO | None = None) -> tuple[list[Watched], str]:
+    """Every release of the six packages published after the newest atlas day, moved alone onto that day's stack and
+    run with the day's configs (each scenario's seed configs, baselines): its effect per scenario against the day."""
+    from dataclasses import replace as replaced
+
+    from harness.define.packages import AXIS_PACKAGES
+    from harness.define.registry import discover
+    from harness.execution.matrix import run_matrix
+    from harness.recording.signatures import rename_all
+    from harness.recording.verdicts import verdict
+
+    say = (lambda text: print(text, file=stream, flush=True)) if stream else (lambda text: print(text, flush=True))
+    on = today()
+    evidence = atlas_evidence(options.results_dir, history.name)
+    if not evidence:
+        raise OptionError(f"watch: no day of profile {history.name} in the table")
+    newest = max(evidence)
+    versions = day_versions(options.results_dir, history.name, newest)
+    found = [r for r in new_releases(list(AXIS_PACKAGES), newest, on) if versions.get(r[0]) != r[1]]
+    out_dir = out_root / on.isoformat()
+    if not found:
+        text = f"No release of {', '.join(AXIS_PACKAGES)} since the newest atlas day ({newest}), as of {on}."
+        say(text)
+        write_watch(out_dir, [], newest, on)
+        return [], text
+    specs = {s.id: s.spec for s in discover()}
+    day_records = _day_records(options.results_dir, history.name, newest)
+    watched = []
+    for package, version, uploaded in found:
+        say(f"watch: {package} {version} (uploaded {uploaded}) alone on {newest}'s stack")
+        probe = moved_alone(history, versions, newest, package, version)
+        probe_options = replaced(
+            options, fresh=True, resume_run=None, grow=False, dates=(), results_dir=out_dir / f"{package}-{version}",
+            examples=0, example_db=None,
+        )  # fmt: skip
+        summary = run_matrix(probe, probe_options)
+        records = rename_all(read_records(summary.run_dir / "records.jsonl"))
+        item = Watched(package, version, uploaded, newest, summary.run_id)
+        for scenario in sorted({r["scenario"] for r in day_records}):
+            mine = [r for r in records if r["scenario"] == scenario and r["variant"] == "baseline"]
+            theirs = [r for r in day_records if r["scenario"] == scenario]
+            before = verdict(theirs, specs.get(scenario)) if theirs else None
+            after = verdict(mine, specs.get(scenario)) if mine else None
+            item.effects[scenario] = effect(scenario, before, after)
+        changes = sorted({e for e in item.effects.values() if e != "no change"})
+        item.summary = "; ".join(changes) if changes else "no change"
+        say(f"  {package} {version}: {item.summary}")
+        watched.append(item)
+        write_watch(out_dir, watched, newest, on)
+        if summary.interrupted:
+            break
+    text = "\n".join(f"- {w.package} {w.version}: {w.summary}" for w in watched)
+    return watched, text
+
+
+def _day_records(results_dir: Path, profile_name: str, day: str) -> list[dict[str, Any]]:
+    """The baseline records the table shows for the day's cell of the profile (newest per key)."""
+    from harness.publishing.report import latest_by_key
+    from harness.recording.signatures import rename_all
+
+    records = []
+    for run_dir in sorted((results_dir / "runs").glob(f"{profile_name}-*")):
+        meta = runs.read_meta(run_dir)
+        if meta.get("profile") == profile_name and not retired(meta):
+            records += [
+                r for r in read_records(run_dir / "records.jsonl", warn=False) if r["cell"] == f"era_date-{day}"
+            ]
+    latest, _ = latest_by_key(rename_all(records))
+    return [r for r in latest if r["variant"] == "baseline"]
