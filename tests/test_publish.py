@@ -119,9 +119,11 @@ def test_glance_grid_and_picker_agree_with_matrix_json(tmp_path: Path) -> None:
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     from harness.define.registry import discover
+    from harness.publishing.growth import lately
     from harness.publishing.report import select_runs
 
     document = build_matrix(select_runs(REPO_ROOT / "results"), None, {s.id: s.spec for s in discover()})
+    document["lately"] = lately(REPO_ROOT / "results")
     site = write_site(document, tmp_path / "site")
     assert site.stat().st_size < 64_000, "the page itself stays small; the data are beside it"
     assert (tmp_path / "site" / "data" / "glance.js").stat().st_size < 512_000
@@ -132,6 +134,12 @@ def test_glance_grid_and_picker_agree_with_matrix_json(tmp_path: Path) -> None:
         WebDriverWait(browser, 120).until(lambda b: b.execute_script("return window.__glanceRenderedAt !== undefined"))
         first_render_ms = browser.execute_script("return window.__glanceRenderedAt")
         print(f"first render of the answer grid: {first_render_ms:.0f} ms after navigation start")
+        # "What changed lately" on top: the newest atlas day's changes and the newest release watch, as the table.
+        lately_items = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#lately li")]
+        assert lately_items and any(f"atlas day ({document['lately']['newest_day']})" in t or "newest day:" in t
+                                    for t in lately_items)  # fmt: skip
+        if document["lately"].get("watch"):
+            assert any(t.startswith("release watch") for t in lately_items)
         for t, table in enumerate(tables):
             grid = browser.find_element(By.ID, f"glance-{t}")
             rows = grid.find_elements(By.CSS_SELECTOR, "tr.glance-row")

@@ -3,6 +3,7 @@ day? (`matrix --resume RUN --grow` prints it and writes it beside the run as new
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from harness.publishing.atlas import dated_verdicts
 from harness.publishing.report import latest_by_key
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
+from harness.textsafe import md
 
 
 def newest_change_text(run_dir: Path) -> str:
@@ -41,42 +43,79 @@ def newest_change_text(run_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def newest_change_markdown(results_dir: Path, profile_name: str) -> str:
-    """Markdown: for each scenario, its newest day in the table against its previous day there (the target state and
-    the fixes that removed it), over every run of the dated profile the table reads, and what moved in the stack.
-    What `matrix --grow` prints and the weekly workflow puts in its summary."""
-    from harness.publishing.report import select_runs
-
-    selection = select_runs(results_dir)
-    mine = {m["run_id"] for m in selection.metas if m.get("profile") == profile_name}
-    records, _ = selection.latest()
-    records = [r for r in records if r.get("run_id") in mine]
+def newest_changes(records: list[dict[str, Any]]) -> tuple[str | None, list[str], list[str]]:
+    """(the newest day, changed, unchanged): for each scenario of the dated `records`, its newest day against its
+    previous day there (the target state and the fixes that removed it, and what moved in the stack)."""
     dates, stacks, verdicts = dated_verdicts(records, {s.id: s.spec for s in discover()})
-    if not dates:
-        return f"## The newest day\n\nNo day of profile {profile_name} is in the table."
     changed, same = [], []
     for scenario in sorted(verdicts):
         days = sorted(verdicts[scenario])
         if len(days) < 2:
-            same.append(f"- {scenario}: only {days[-1]} recorded")
+            same.append(f"{scenario}: only {days[-1]} recorded")
             continue
         old, new = days[-2], days[-1]
         before, after = _shown(verdicts[scenario][old]), _shown(verdicts[scenario][new])
         moved = _moved(stacks.get(old, {}), stacks.get(new, {})) or "no package moved"
         if before != after:
-            changed.append(f"- {scenario}: {new} against {old}: {before} -> {after} ({moved})")
+            changed.append(f"{scenario}: {new} against {old}: {before} -> {after} ({moved})")
         else:
-            same.append(f"- {scenario}: {new} against {old}: {after}")
+            same.append(f"{scenario}: {new} against {old}: {after}")
+    return (dates[-1] if dates else None), changed, same
+
+
+def profile_records(results_dir: Path, profile_name: str) -> list[dict[str, Any]]:
+    """The records the table shows of one profile's runs."""
+    from harness.publishing.report import select_runs
+
+    selection = select_runs(results_dir)
+    mine = {m["run_id"] for m in selection.metas if m.get("profile") == profile_name}
+    return [r for r in selection.latest()[0] if r.get("run_id") in mine]
+
+
+def newest_change_markdown(results_dir: Path, profile_name: str) -> str:
+    """Markdown: each scenario's newest day against its previous day in the table, over every run of the dated
+    profile the table reads. What `matrix --grow` prints and the weekly workflow puts in its summary."""
+    newest, changed, same = newest_changes(profile_records(results_dir, profile_name))
+    if newest is None:
+        return f"## The newest day\n\nNo day of profile {profile_name} is in the table."
     head = (
         f"**{len(changed)} scenario(s) changed on their newest day.**"
         if changed
         else "Every scenario's newest day has the outcomes of its previous day."
     )
-    lines = [f"## The newest day of {profile_name} ({dates[-1]})", "", head, ""]
+    lines = [f"## The newest day of {profile_name} ({newest})", "", head, ""]
     if changed:
-        lines += ["Changed:", *changed, ""]
-    lines += ["Unchanged:" if changed else "Outcomes:", *same]
+        lines += ["Changed:", *(f"- {c}" for c in changed), ""]
+    lines += ["Unchanged:" if changed else "Outcomes:", *(f"- {u}" for u in same)]
     return "\n".join(lines)
+
+
+def lately(results_dir: Path, profile_name: str = "history") -> dict[str, Any]:
+    """'What changed lately', for the table and the site: what each scenario's newest day of the dated atlas changed
+    against its previous day, and the newest release watch (results/watch/<day>/watch.json)."""
+    newest, changed, _ = newest_changes(profile_records(results_dir, profile_name))
+    watches = sorted((results_dir / "watch").glob("*/watch.json"))
+    watch = json.loads(watches[-1].read_text()) if watches else None
+    return {"newest_day": newest, "changed": changed, "watch": watch}
+
+
+def lately_markdown(found: dict[str, Any]) -> list[str]:
+    """The section's lines (empty where there is no dated atlas)."""
+    if not found.get("newest_day"):
+        return []
+    lines = ["## What changed lately", ""]
+    if found["changed"]:
+        lines += [f"On its newest day (the atlas's newest: {found['newest_day']}):", ""]
+        lines += [f"- {md(c)}" for c in found["changed"]]
+    else:
+        lines.append(f"No scenario changed on its newest atlas day (the newest: {found['newest_day']}).")
+    watch = found.get("watch")
+    if watch:
+        lines += ["", f"Release watch of {watch['watched_on']} (each release since {watch['newest_day']} alone on it):"]
+        lines += [f"- {md(r['package'])} {md(r['version'])}: {md(r['summary'])}" for r in watch["releases"]] or [
+            f"- no release of the six packages since {watch['newest_day']}"
+        ]
+    return [*lines, ""]
 
 
 def _shown(found: Any) -> str:

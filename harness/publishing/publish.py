@@ -251,6 +251,7 @@ def write_site(document: dict[str, Any], out_dir: Path) -> Path:
         "pick_options": pick_options(document.get("glance", []), document.get("packages", [])),
         "legend": SYMBOLS_LEGEND + " Click an entry for its records.",
         "findings": document.get("findings", []),
+        "lately": document.get("lately") or {},
         "generated_at": document.get("generated_at"),
     }
     (data_dir / "glance.js").write_text(f"window.COMPAT_GLANCE = {_script_json(glance)};\n")
@@ -281,6 +282,9 @@ def publish(results_dir: Path, selection: Selection, specs: dict[str, dict[str, 
     from harness.publishing.findings import findings_rows, load_all
 
     document["findings"] = findings_rows(load_all(results_dir / "findings"), results_dir)
+    from harness.publishing.growth import lately
+
+    document["lately"] = lately(results_dir)
     matrix_path = results_dir / "matrix.json"
     matrix_path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
     site = write_site(document, results_dir / "site")

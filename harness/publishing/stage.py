@@ -31,6 +31,12 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
     known = discover()
     specs = {s.id: s.spec for s in known}
     text = render_markdown(selection, specs)
+    from harness.publishing.growth import lately, lately_markdown
+
+    recent = lately(results_dir) if run_ids is None else {}
+    if recent:  # on top of the glance: the newest atlas day's changes and the newest release watch
+        head = "## The answer at a glance"
+        text = text.replace(head, "\n".join(lately_markdown(recent)) + "\n" + head, 1) if head in text else text
     from harness.publishing.publish import changes_markdown, changes_since_previous
 
     text += changes_markdown(changes_since_previous(results_dir, selection))
