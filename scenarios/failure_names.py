@@ -167,6 +167,12 @@ UPSTREAM_HISTORY: dict[str, list[tuple[str, str, str, str]]] = {
     "identity-batch": [
         (
             "transformers",
+            "4.47.1",
+            "transformers PR #35121 (Fix GA loss bugs) passes num_items_in_batch again after 4.47.0's inverted check",
+            "appears",
+        ),
+        (
+            "transformers",
             "4.46.0",
             "transformers PR #34191: num_items_in_batch counts labels before the causal shift",
             "appears",
