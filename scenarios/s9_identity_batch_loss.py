@@ -40,6 +40,8 @@ SPEC = {
     },
     "in_step_failures": ["check:identity-"],
     "table_metrics": ["off_by"],
+    # Each config is a code path of its own (the Trainer, a loop by hand, label smoothing): flips are named per config.
+    "flips_per_config": True,
 }
 
 FIXES = ("mask_first_label",)

@@ -51,6 +51,8 @@ SPEC = {
     "in_step_failures": ["check:identity-", "not-applicable"],
     "restart_after_failure": True,
     "table_metrics": ["off_by"],
+    # Each config is a code path of its own (the Trainer, a loop by hand, label smoothing): flips are named per config.
+    "flips_per_config": True,
 }
 
 FIXES = ("full_state_dict_checkpoint", "sharded_state_dict_checkpoint")

@@ -258,3 +258,34 @@ def test_the_table_lists_a_family_flip_and_names_several_packages() -> None:
         "not named: each of torch, deepspeed alone reproduces it | - |" in text
     )
     assert "no longer see" not in text
+
+
+def test_a_config_that_heals_beside_one_that_never_does_is_a_flip_of_its_own() -> None:
+    """A scenario whose configs are code paths of their own (SPEC flips_per_config, S9): the Trainer's config heals
+    on the newer day while a loop by hand fails on both, so the cell shows the target on both days and a cell-level
+    series sees no flip; the config's own series does, and its probes run only that config. A config that fails
+    another way on a day (masked) makes no flip across that day."""
+    from harness.tools.flips import dated_states, flips_in
+
+    def rec(day: str, config: str, outcome: str, sig: str | None = None) -> dict:
+        return {
+            "run_id": "r", "cell": f"era_date-{day}", "scenario": "S9-x", "variant": "baseline", "config_id": config,
+            "config": {}, "outcome": outcome, "signature": sig, "pins": {"date": day},
+            "versions": {"transformers": "4.45.0" if day == "2024-09-26" else "4.49.0"},
+            "hardware": {"device": "cpu", "world_size": 1},
+        }  # fmt: skip
+
+    spec = {"target": ["t"], "variants": {"baseline": ("baseline", "b")}}
+    records = [
+        rec("2024-09-26", "trainer", "fail", "t"),
+        rec("2025-03-20", "trainer", "pass"),
+        rec("2024-09-26", "by-hand", "fail", "t"),
+        rec("2025-03-20", "by-hand", "fail", "t"),
+        rec("2024-09-26", "masked", "fail", "t"),
+        rec("2025-03-20", "masked", "fail", "other"),
+    ]
+    assert flips_in(dated_states(records, {"S9-x": spec})) == []  # the cell shows the target on both days
+    found = flips_in(dated_states(records, {"S9-x": spec | {"flips_per_config": True}}))
+    assert [(f.family, f.older, f.newer, f.newer_state, f.config_ids) for f in found] == [
+        ("config-trainer", "2024-09-26", "2025-03-20", "not-reproduced", ["trainer"])
+    ]

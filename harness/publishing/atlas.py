@@ -314,10 +314,17 @@ def _states_today(flip: Flip, verdicts: dict[str, Any]) -> tuple[str, str] | Non
     return _state(older), _state(newer)
 
 
+#: A series of one config (SPEC "flips_per_config"): its family name is this prefix and the config id.
+CONFIG_SERIES = "config-"
+
+
 def family_state(found: Any, family: str | None, shows: set[str]) -> tuple[str, list[dict[str, Any]]]:
     """A date's target state for one failure family of its scenario, and the records that show it (flaky ones
     define no state). Where only another family showed, on a config that shows this family on some date
-    (`shows`), this family's state is not known that day: "masked"."""
+    (`shows`), this family's state is not known that day: "masked". A config series (`config-<id>`) is that one
+    config's state."""
+    if family and family.startswith(CONFIG_SERIES):
+        return config_state(found, family[len(CONFIG_SERIES) :])
     hits = [r for r in found.target_records if r["outcome"] != "flaky"]
     if family is not None:
         hits = [r for r in hits if failure_family(r["signature"]) == family]
@@ -326,6 +333,21 @@ def family_state(found: Any, family: str | None, shows: set[str]) -> tuple[str, 
         others = {r["config_id"] for r in found.target_records if r["outcome"] != "flaky"}
         state = "masked" if others & shows else "not-reproduced"
     return state, hits
+
+
+def config_state(found: Any, config_id: str) -> tuple[str, list[dict[str, Any]]]:
+    """One config's target state on a date: it showed the target; it failed another way ("masked": not known); it
+    could not run or did not run ("skip": no evidence); a flaky target defines no state ("skip"); else it passed."""
+    mine = [r for r in found.target_records if r["config_id"] == config_id]
+    if any(r["outcome"] == "flaky" for r in mine):
+        return "skip", []
+    if mine:
+        return "target", mine
+    if config_id in found.other_ids:
+        return "masked", []
+    if config_id in found.inapplicable_ids or config_id in found.unusable_ids or config_id not in found.config_ids:
+        return "skip", []
+    return "not-reproduced", []
 
 
 def _state(found: Any) -> str:

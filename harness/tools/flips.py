@@ -25,7 +25,7 @@ from harness.define.registry import discover
 from harness.errors import UsageError
 from harness.execution.options import MatrixOptions
 from harness.paths import REPO_ROOT
-from harness.publishing.atlas import dated_verdicts, failure_family, family_state, upstream_verdict
+from harness.publishing.atlas import CONFIG_SERIES, dated_verdicts, failure_family, family_state, upstream_verdict
 from harness.recording.flip import Flip
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
@@ -47,7 +47,10 @@ def dated_states(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]
     for scenario, by_date in verdicts.items():
         hits = [r for found in by_date.values() for r in found.target_records if r["outcome"] != "flaky"]
         families = sorted({failure_family(r["signature"]) for r in hits})
-        series = families if len(families) > 1 else [None]
+        series: list[str | None] = families if len(families) > 1 else [None]
+        if (specs.get(scenario) or {}).get("flips_per_config"):
+            # Each config is its own series (S9: the Trainer's accumulation heals while a hand loop's never does).
+            series = [f"{CONFIG_SERIES}{c}" for c in sorted({r["config_id"] for r in hits})]
         shows = {
             family: {r["config_id"] for r in hits if failure_family(r["signature"]) == family} for family in families
         }
