@@ -51,7 +51,7 @@ def rename(record: dict[str, Any]) -> dict[str, Any]:
     and traceback the record kept), then the applicability rules (`scenarios/applicability.py`): a record that is
     not evidence about the stack becomes not-applicable, and one that earlier rules set aside is judged again from
     the job's own report. What changed keeps its old value in `signature_at_run` and `outcome_at_run`."""
-    today = judged(_renamed(_as_reported(record)))
+    today = judged(held(_renamed(_as_reported(record))))
     if today.get("outcome") != record.get("outcome"):
         today["outcome_at_run"] = record.get("outcome")
     if today.get("signature") != record.get("signature"):
@@ -109,6 +109,23 @@ def _renamed(record: dict[str, Any]) -> dict[str, Any]:
     if record["outcome"] == "fail" and verdict.outcome != "skip":
         renamed["outcome"] = verdict.outcome  # e.g. a failure today's rules know as our own setup's (error)
     return renamed
+
+
+def held(record: dict[str, Any]) -> dict[str, Any]:
+    """A record today's scenario counts as a pass (`failure_names.HOLDS_IN_TODAYS_SCENARIO`): its identity held, and
+    the failure it once reported is another scenario's. The job's own report stays in `reported_outcome` and
+    `reported_signature`."""
+    if record.get("outcome") != "fail" or failure_names.HOLDS_IN_TODAYS_SCENARIO.get(
+        record.get("scenario", "")
+    ) != record.get("signature"):
+        return record
+    return dict(record) | {
+        "outcome": "pass",
+        "signature": None,
+        "known_issue": [],
+        "reported_outcome": record.get("outcome"),
+        "reported_signature": record.get("signature"),
+    }
 
 
 def judged(record: dict[str, Any]) -> dict[str, Any]:
