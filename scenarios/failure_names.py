@@ -219,7 +219,7 @@ def upstream_change(
     """The upstream record for a measured flip of `signature` (its family, e.g. 'checkpoint-recompute-dtype',
     where the exact name has none) in the flip's direction, or None. Where several records of that direction exist
     (UPSTREAM_HISTORY), the one naming the `measured` (package, release), else the first."""
-    family_name = family(signature)
+    family_name = family(signature).removeprefix("check-")  # a check's record is filed under its name (S9's)
     direction = "appears" if newer_state == "target" else "ends"
     known = UPSTREAM_CHANGES.get(signature or "") or UPSTREAM_CHANGES.get(family_name)
     history = UPSTREAM_HISTORY.get(signature or "") or UPSTREAM_HISTORY.get(family_name) or ([known] if known else [])

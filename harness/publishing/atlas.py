@@ -285,8 +285,9 @@ def flips_markdown(
             package, release = "- (masking, not a cause)", "-"
             if upstream and flip.newer_state != "target":
                 agrees = f"{md(upstream['package'])} {md(upstream['release'])}: not comparable (masked, not fixed)"
+        series = f" ({md(flip.family)})" if (flip.family or "").startswith(CONFIG_SERIES) else ""  # one config's flip
         lines.append(
-            f"| {md(flip.scenario)} | {code(flip.signature or '-')} | "
+            f"| {md(flip.scenario)}{series} | {code(flip.signature or '-')} | "
             f"{change} | {md(flip.older)} .. {md(flip.newer)} | {package} | {release} | {agrees} |"
         )
     if set_aside:
