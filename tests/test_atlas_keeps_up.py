@@ -152,3 +152,35 @@ def test_a_watched_release_reads_as_its_effect() -> None:
     assert atlas_growth.effect("S1", shows(5, 7), shows(1, 7)) == "changes S1 (target on 1/7, was 5/7)"
     assert atlas_growth.effect("S2", shows(0, 4), shows(0, 4)) == "no change"
     assert atlas_growth.effect("S2", shows(0, 4), Verdict("install-failed")) == "cannot install"
+
+
+def test_a_watched_release_that_changes_a_target_is_a_named_flip() -> None:
+    watched = [
+        atlas_growth.Watched(
+            "transformers",
+            "5.25.0",
+            "2026-12-01",
+            "2026-11-27",
+            "history-x",
+            {
+                "S7-saved-adapter": "breaks S7-saved-adapter (target now shows on 3/5)",
+                "S1-dora-fsdp-checkpoint": "no change",
+            },
+        ),
+        atlas_growth.Watched(
+            "peft", "0.22.0", "2026-11-30", "2026-11-27", "history-y", {"S1-dora-fsdp-checkpoint": "no change"}
+        ),
+    ]
+    (flip,) = atlas_growth.watch_flips(watched, {"transformers": "5.24.0", "peft": "0.21.2"})
+    assert (flip.scenario, flip.older, flip.newer) == (
+        "S7-saved-adapter",
+        "2026-11-27",
+        "2026-11-27+transformers-5.25.0",
+    )
+    assert (flip.older_state, flip.newer_state, flip.package, flip.release) == (
+        "not-reproduced",
+        "target",
+        "transformers",
+        "5.25.0",
+    )
+    assert flip.last_release_before == "5.24.0" and flip.changed == {"transformers": ["5.24.0", "5.25.0"]}

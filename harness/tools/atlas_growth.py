@@ -269,10 +269,43 @@ def watch(history: Profile, options: Any, out_root: Path, stream: TextIO | None 
         say(f"  {package} {version}: {item.summary}")
         watched.append(item)
         write_watch(out_dir, watched, newest, on)
+        write_flips(out_dir, watched, versions)
         if summary.interrupted:
             break
     text = "\n".join(f"- {w.package} {w.version}: {w.summary}" for w in watched)
     return watched, text
+
+
+def watch_flips(watched: list[Watched], versions: dict[str, str]) -> list[Any]:
+    """A watched release that changes a scenario's target outcome is a named flip: the newest day against the day with
+    that one release moved (`<day>+<package>-<version>`), the package and release named by the move itself."""
+    from harness.recording.flip import Flip
+
+    flips = []
+    for item in watched:
+        for scenario, said in sorted(item.effects.items()):
+            if not said.startswith(("breaks", "fixes")):
+                continue
+            older_state, newer_state = (
+                ("not-reproduced", "target") if said.startswith("breaks") else ("target", "not-reproduced")
+            )
+            flip = Flip(
+                item.day, f"{item.day}+{item.package}-{item.version}", older_state, newer_state,
+                {item.package: [versions.get(item.package), item.version]}, scenario=scenario,
+            )  # fmt: skip
+            flip.package, flip.release = item.package, item.version
+            flip.last_release_before = versions.get(item.package)
+            flip.reproducing = [item.package]
+            flip.note = f"the release watch of its run {item.run_id}: {said}"
+            flips.append(flip)
+    return flips
+
+
+def write_flips(out_dir: Path, watched: list[Watched], versions: dict[str, str]) -> Path:
+    """results/watch/<today>/flips.json: the watch's named flips, in the atlas's layout."""
+    path = out_dir / "flips.json"
+    path.write_text(json.dumps([f.as_atlas_json() for f in watch_flips(watched, versions)], indent=1) + "\n")
+    return path
 
 
 def _day_records(results_dir: Path, profile_name: str, day: str) -> list[dict[str, Any]]:
