@@ -294,3 +294,25 @@ def test_a_failed_install_on_the_node_is_that_stacks_run_and_a_changed_launch_pl
     assert json.loads((folder / "node-plan.json").read_text())["plan_id"] != first_plan
     refused = _harness_fails(*plan_args, "--match", "InvalidVersion", "--node-runs", str(tmp_path / "o1" / "legacy"))
     assert "another plan" in refused
+
+
+def test_a_round_pins_only_the_era_packages_the_script_can_reach() -> None:
+    """A GPU round resolves and packs what the script can reach (issue 53): a Trainer + LoRA script pins
+    transformers, peft and accelerate, never DeepSpeed's or bitsandbytes' wheels; a BitsAndBytesConfig or a
+    `deepspeed=` brings them in; a package the table does not know (packaging) is always planned."""
+    from dataclasses import replace
+
+    from harness.tools.node_script import NodeAtlas, script_needs
+
+    trainer = "from transformers import Trainer, TrainingArguments\nfrom peft import LoraConfig\n"
+    assert script_needs(trainer) == {"transformers", "peft", "accelerate"}
+    qlora = trainer + "cfg = BitsAndBytesConfig(load_in_4bit=True)\n"
+    assert "bitsandbytes" in script_needs(qlora) and "deepspeed" not in script_needs(qlora)
+    assert "deepspeed" in script_needs(trainer + "args = TrainingArguments(deepspeed='ds.json')\n")
+    atlas = NodeAtlas(None, {"requirements": ["transformers", "peft", "accelerate", "deepspeed", "bitsandbytes"]}, {})  # type: ignore[arg-type]
+    profile = type(
+        "P", (), {"era_packages": ("transformers", "peft", "accelerate", "bitsandbytes", "deepspeed", "packaging")}
+    )()
+    atlas = replace(atlas, profile=profile, lock={"requirements": [*atlas.lock["requirements"], "packaging"]})
+    assert replace(atlas, needed=script_needs(trainer)).axis == ["transformers", "peft", "accelerate", "packaging"]
+    assert atlas.axis == ["transformers", "peft", "accelerate", "bitsandbytes", "deepspeed", "packaging"]

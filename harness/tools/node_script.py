@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -51,6 +52,25 @@ RESOLVERS = 8
 MAX_REPLAYS = 20
 
 
+#: What in a script's source says it needs an era package when it runs: its import name, or what makes another
+#: package load it (transformers loads bitsandbytes for a BitsAndBytesConfig and DeepSpeed for `deepspeed=`; the
+#: Trainer needs accelerate). A package not named here is always planned.
+REACHED_BY: dict[str, tuple[str, ...]] = {
+    "transformers": ("transformers",),
+    "peft": ("peft",),
+    "accelerate": ("accelerate", "Accelerator", "Trainer", "SFTTrainer"),
+    "deepspeed": ("deepspeed",),
+    "bitsandbytes": ("bitsandbytes", "bnb", "BitsAndBytesConfig", "load_in_4bit", "load_in_8bit"),
+}
+
+
+def script_needs(text: str) -> frozenset[str]:
+    """The era packages a script can reach (REACHED_BY): a GPU round resolves and packs only those (and what they
+    require), never DeepSpeed's wheels for a script that neither imports nor configures it."""
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+    return frozenset(p for p, names in REACHED_BY.items() if words & set(names))
+
+
 @dataclass(frozen=True)
 class NodeAtlas:
     """The GPU atlas a script is scanned over: the era lock of a profile (its days' stacks over the node's torch)
@@ -59,6 +79,8 @@ class NodeAtlas:
     profile: Profile
     lock: dict[str, Any]
     image: dict[str, Any]
+    #: The era packages the script can reach (`script_needs`); None: every one the lock pins.
+    needed: frozenset[str] | None = None
 
     @property
     def days(self) -> list[str]:
@@ -66,8 +88,10 @@ class NodeAtlas:
 
     @property
     def axis(self) -> list[str]:
-        """The packages a day pins (what a probe holds at the older day's release)."""
-        return [p for p in self.profile.era_packages if p in self.lock.get("requirements", [])]
+        """The packages a day pins (what a probe holds at the older day's release): those of the lock the script can
+        reach; what they require resolves with them as of the day."""
+        pinned = [p for p in self.profile.era_packages if p in self.lock.get("requirements", [])]
+        return pinned if self.needed is None else [p for p in pinned if p in self.needed or p not in REACHED_BY]
 
     @classmethod
     def of(cls, profile: Profile) -> NodeAtlas:
@@ -161,15 +185,21 @@ def launch_of(bisect: ScriptBisect, atlas: NodeAtlas, all_moves: bool) -> dict[s
         "all_moves": all_moves,
         "profile": atlas.profile.name,
         "node_torch": atlas.lock["node"].get("torch"),
+        "pinned": atlas.axis,
     }
 
 
 def launch_planned(plan: dict[str, Any], atlas: NodeAtlas) -> dict[str, Any]:
     """A plan's launch (a plan from before `launch` was recorded: its own fields, moves until one reproduces)."""
+    every = [p for p in atlas.profile.era_packages if p in atlas.lock.get("requirements", [])]  # before `pinned`
     if "launch" in plan:
-        return plan["launch"]
+        return {"pinned": every} | plan["launch"]
     keys = ("script_sha256", "nproc", "torchrun", "timeout_s", "match", "profile")
-    return {k: plan[k] for k in keys} | {"all_moves": False, "node_torch": atlas.lock["node"].get("torch")}
+    return {k: plan[k] for k in keys} | {
+        "all_moves": False,
+        "node_torch": atlas.lock["node"].get("torch"),
+        "pinned": every,
+    }
 
 
 def new_plan(
@@ -303,6 +333,9 @@ def _cache_key(atlas: NodeAtlas, request: dict[str, str], extra: tuple[str, ...]
         atlas.profile.python,
         sorted(atlas.profile.era_packages),
         list(extra),
+        *(
+            [atlas.axis] if atlas.needed is not None else []
+        ),  # a key of a plan that pinned every package stays as it was
     ]
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -455,7 +488,7 @@ def gpu_command(args: Any) -> int:
 
     if (good is not None and not good.day) or (bad is not None and not bad.day):
         raise UsageError("--device cuda scans the GPU atlas's days: --good and --bad must be days")
-    atlas = NodeAtlas.of(load_profile(args.profile, MATRIX_DIR))
+    atlas = replace(NodeAtlas.of(load_profile(args.profile, MATRIX_DIR)), needed=script_needs(args.script.read_text()))
     first = args.from_day or (min(good.day, bad.day) if good and bad else None)  # type: ignore[type-var]
     last = args.to_day or (max(good.day, bad.day) if good and bad else None)  # type: ignore[type-var]
     days = [d for d in atlas.days if (not first or d >= first) and (not last or d <= last)]
