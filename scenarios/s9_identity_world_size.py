@@ -27,9 +27,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from scenarios.compat import NotApplicable, parse_variant
+from scenarios.compat import NotApplicable
 from scenarios.kit import identities, measured, strategies
-from scenarios.kit import trainer as trainer_path
 
 SPEC = {
     "id": "S9-identity-world-size",
@@ -101,13 +100,7 @@ EXAMPLES = [
 
 
 def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, Any]:
-    measured.start(ctx)
-    fixes = parse_variant(variant, FIXES)
-    environ = dict(os.environ)
-    try:
-        return _run(config, fixes, ctx)
-    finally:
-        trainer_path.reset(environ)
+    return identities.trainer_job(_run, config, variant, FIXES, ctx)
 
 
 def _run(config: dict[str, Any], fixes: set[str], ctx: dict[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -95,6 +96,32 @@ def ci_run(tmp_path_factory) -> Path:
     proc = subprocess.run(matrix_command("ci", results), capture_output=True, text=True, cwd=REPO_ROOT, timeout=1800)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return results
+
+
+def found_in_ci_env(script_text: str, tmp_path: Path, *args: str) -> dict:
+    """Run a script in the CI profile's current cell environment (real torch, transformers and peft; built once and
+    reused) from the checkout, and return the JSON it printed after "FOUND "."""
+    import subprocess
+
+    from harness.define.cells import expand
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions, default_envs_dir, ensure_env
+    from harness.paths import MATRIX_DIR
+
+    ci = load_profile("ci", MATRIX_DIR)
+    cell = next(c for c in expand(ci) if c.cell_id.startswith("current"))
+    env = ensure_env(cell, ci, InstallOptions(envs_dir=default_envs_dir()))
+    assert env.python is not None, env.failure
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
+    done = subprocess.run(
+        [str(env.python), str(script), *args],
+        cwd=REPO_ROOT, env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    line = next((x for x in done.stdout.splitlines() if x.startswith("FOUND ")), None)
+    assert line, done.stdout + done.stderr
+    return json.loads(line[6:])
 
 
 def write_profile(tmp_path: Path, text: str, name: str = "p") -> Path:

@@ -5,14 +5,12 @@ and a merged weight without its scaling are each told apart, by how much they ar
 
 from __future__ import annotations
 
-import json
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from harness.paths import REPO_ROOT
+from tests.conftest import found_in_ci_env
 
 SCRIPT = textwrap.dedent(
     """
@@ -71,25 +69,7 @@ SCRIPT = textwrap.dedent(
 
 @pytest.mark.matrix
 def test_identities_hold_at_the_floor_and_fail_by_their_size(tmp_path: Path) -> None:
-    from harness.define.cells import expand
-    from harness.define.profile import load_profile
-    from harness.environments.envs import InstallOptions, default_envs_dir, ensure_env
-    from harness.paths import MATRIX_DIR
-
-    ci = load_profile("ci", MATRIX_DIR)
-    cell = next(c for c in expand(ci) if c.cell_id.startswith("current"))
-    env = ensure_env(cell, ci, InstallOptions(envs_dir=default_envs_dir()))
-    assert env.python is not None, env.failure
-    script = tmp_path / "identities.py"
-    script.write_text(SCRIPT)
-    done = subprocess.run(
-        [str(env.python), str(script)],
-        cwd=REPO_ROOT, env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    line = next((x for x in done.stdout.splitlines() if x.startswith("FOUND ")), None)
-    assert line, done.stdout + done.stderr
-    found = json.loads(line[6:])
+    found = found_in_ci_env(SCRIPT, tmp_path)
     for right in ("right", "adamw"):
         assert found[right]["holds"], found[right]
         # At the round-off floor, far below the update: the tolerance is not what lets it pass.

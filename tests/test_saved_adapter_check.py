@@ -3,13 +3,12 @@ from the trained one, and the trained one passes (real peft and transformers, in
 
 from __future__ import annotations
 
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from harness.paths import REPO_ROOT
+from tests.conftest import found_in_ci_env
 
 SCRIPT = textwrap.dedent(
     """
@@ -64,27 +63,7 @@ SCRIPT = textwrap.dedent(
 
 @pytest.mark.matrix
 def test_the_saved_adapter_check_can_fail(tmp_path: Path) -> None:
-    from harness.define.cells import expand
-    from harness.define.profile import load_profile
-    from harness.environments.envs import InstallOptions, default_envs_dir, ensure_env
-    from harness.paths import MATRIX_DIR
-
-    ci = load_profile("ci", MATRIX_DIR)
-    cell = next(c for c in expand(ci) if c.cell_id.startswith("current"))
-    env = ensure_env(cell, ci, InstallOptions(envs_dir=default_envs_dir()))
-    assert env.python is not None, env.failure
-    script = tmp_path / "check.py"
-    script.write_text(SCRIPT)
-    done = subprocess.run(
-        [str(env.python), str(script), str(tmp_path)],
-        cwd=REPO_ROOT, env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    line = next((x for x in done.stdout.splitlines() if x.startswith("FOUND ")), None)
-    assert line, done.stdout + done.stderr
-    import json
-
-    assert json.loads(line[6:]) == {
+    assert found_in_ci_env(SCRIPT, tmp_path, str(tmp_path)) == {
         "good": "pass",
         "empty": "saved_adapter_empty",
         "half": "saved_adapter_untrained",

@@ -209,6 +209,21 @@ def rounded(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in metrics.items()}
 
 
+def trainer_job(body: Any, config: dict[str, Any], variant: str, fixes: tuple[str, ...], ctx: dict[str, Any]) -> Any:
+    """A job of a Trainer scenario: measure what ran, read the variant's fixes, and put accelerate's state and the
+    environment back afterwards, whatever happened (one warm worker runs many Trainer jobs)."""
+    from scenarios.compat import parse_variant
+    from scenarios.kit import trainer as trainer_path
+
+    measured.start(ctx)
+    chosen = parse_variant(variant, fixes)
+    environ = dict(os.environ)
+    try:
+        return body(config, chosen, ctx)
+    finally:
+        trainer_path.reset(environ)
+
+
 # --- the HF Trainer, one SGD step ----------------------------------------------------------------------------
 
 
