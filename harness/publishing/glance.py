@@ -10,7 +10,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from harness.define.packages import AXIS_PACKAGES, public_version, short_name
-from harness.recording.verdicts import first_change, variant_kinds, verdict
+from harness.recording.verdicts import first_change, largest_off_by, variant_kinds, verdict
 from harness.textsafe import md, slug
 
 #: Longest entry of the glance table (the details are one anchor below).
@@ -69,11 +69,8 @@ def discrepancy_note(found: Any, spec: dict[str, Any] | None) -> str:
     """' · off 0.39x': how far the target's records are off their hand reference, at most, in units of what they
     compare (the update, or the adapter's effect), for scenarios that measure it (S9's `off_by`): a reader sees the
     size of a silent failure, not only that it failed."""
-    if "off_by" not in ((spec or {}).get("table_metrics") or ()):
-        return ""
-    sizes = [(r.get("metrics") or {}).get("off_by") for r in found.target_records]
-    sizes = [float(v) for v in sizes if isinstance(v, int | float) and not isinstance(v, bool)]
-    return f" · off {max(sizes):.2g}x" if sizes else ""
+    largest = largest_off_by(found.target_records, spec)
+    return f" · off {largest:.2g}x" if largest is not None else ""
 
 
 def column_labels(scenarios: list[str]) -> list[str]:

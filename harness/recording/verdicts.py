@@ -198,7 +198,7 @@ def headline(v: Verdict, spec: dict[str, Any] | None, code: Format = str, text: 
         head = ", ".join(
             f"{_word(hits, s)} {label}{code(s)}" for s, _ in sorted(by_signature.items(), key=lambda kv: -kv[1])
         )
-        lines = [f"{head} ({len(hits)}/{v.candidates})"]
+        lines = [f"{head} ({len(hits)}/{v.candidates})" + _off_by(hits, spec)]
         if v.fixed:
             lines.append("fixed by: " + ", ".join(named(n) for n in v.fixed))
         if v.partly:
@@ -228,6 +228,21 @@ def headline(v: Verdict, spec: dict[str, Any] | None, code: Format = str, text: 
         lines.append(f"controls: pass {v.controls_total}/{v.controls_total}")
     lines.append("ran: " + text(_ran_text(v.ran)))
     return lines
+
+
+def largest_off_by(hits: list[dict[str, Any]], spec: dict[str, Any] | None) -> float | None:
+    """How far the target's records are from their hand reference at most, in units of what they compare (S9's
+    `off_by`), for scenarios that measure it; None otherwise."""
+    if "off_by" not in ((spec or {}).get("table_metrics") or ()):
+        return None
+    sizes = [(r.get("metrics") or {}).get("off_by") for r in hits]
+    sizes = [float(x) for x in sizes if isinstance(x, int | float) and not isinstance(x, bool)]
+    return max(sizes) if sizes else None
+
+
+def _off_by(hits: list[dict[str, Any]], spec: dict[str, Any] | None) -> str:
+    largest = largest_off_by(hits, spec)
+    return f", off by up to {largest:.2g}x" if largest is not None else ""
 
 
 def _inapplicable_line(v: Verdict, text: Format) -> list[str]:
