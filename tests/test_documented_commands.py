@@ -222,7 +222,8 @@ def test_the_documented_torch_window_scans_both_days_on_a_fresh_clone() -> None:
     assert "--to 2024-12-07" in command
     days = atlas_days(RESULTS_DIR, load_profile("history", MATRIX_DIR))
     assert [d for d in days if "2024-09-26" <= d <= "2024-12-07"] == ["2024-09-26", "2024-12-07"]
-    assert len(days) == 14
+    # Every day of the atlas, the grown ones too (2026-11-27 for every scenario), never the re-checks' few.
+    assert days[0] == "2024-02-29" and {"2026-11-24", "2026-11-27"} <= set(days) and len(days) >= 15
 
 
 @pytest.mark.matrix
