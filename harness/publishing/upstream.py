@@ -226,6 +226,11 @@ def setup_words(setup: dict[str, Any] | None) -> str:
         if setup.get("mixed_precision"):
             details.append(f"mixed precision {one(setup['mixed_precision'])}")
         text += f"; accelerate {one(setup['distributed_type'])}: " + ", ".join(details)
+    elif setup.get("wrapped_by") or setup.get("zero_stage") is not None:
+        # The script built its engine itself (deepspeed.initialize): what wrapped the model, measured all the same.
+        engine = [f"wrapped by {one(setup['wrapped_by'])}"] if setup.get("wrapped_by") else []
+        engine += [f"ZeRO stage {one(setup['zero_stage'])}"] if setup.get("zero_stage") is not None else []
+        text += "; its own engine: " + ", ".join(engine)
     return text
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -29,7 +30,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from harness.define.cells import Cell, expand
-from harness.define.packages import AXIS_PACKAGES
+from harness.define.packages import AXIS_PACKAGES, build_env, late_installed
 from harness.define.profile import DATE_AXIS, Profile
 from harness.environments import envs
 from harness.environments import overlay as target_overlay
@@ -208,7 +209,7 @@ def _resolve(
         wanted.write_text("\n".join([*requirements, *pins]) + "\n")
         constraints.write_text("".join(f"{line}\n" for line in pins))
         output.write_text("".join(f"{n}=={v}\n" for n, v in sorted(prefer.items())))
-        flags = envs.index_flags(options=options, dated=bool(day))
+        flags = envs.index_flags(options=options, dated=bool(day)) + _built_over_base(held, requirements)
         if day:
             flags += ["--exclude-newer", f"{day}T00:00:00Z"]
             for name in moving:
@@ -218,7 +219,7 @@ def _resolve(
                 envs.uv_binary(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python",
                 str(python), *flags, str(wanted), "--constraint", str(constraints), "--output-file", str(output),
             ],
-            capture_output=True, text=True,
+            capture_output=True, text=True, env=_build_env(held, requirements),
         )  # fmt: skip
         if proc.returncode != 0:
             return None, envs.summarise_install_error(proc.stderr or proc.stdout)
@@ -250,8 +251,9 @@ def _install_overlay(base: Stack, wanted: dict[str, str], mode: str, label: str,
         # uv's pip interface, whose flags `index_flags` writes (an atlas environment has no pip of its own).
         uv_pip = [target_overlay.uv_binary(), "pip", "install", "--python", str(base.python)]
         requirements = [f"{n}=={v}" for n, v in sorted(wanted.items())]
-        argv = target_overlay.install_argv(uv_pip, target / "site", requirements, envs.index_flags(options=options))
-        proc = subprocess.run(argv, capture_output=True, text=True)
+        flags = envs.index_flags(options=options) + _built_over_base(wanted, requirements)
+        argv = target_overlay.install_argv(uv_pip, target / "site", requirements, flags)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=_build_env(wanted, requirements))
         if proc.returncode != 0:
             target_overlay.discard(target)
             return Stack(label, None, {}, "overlay", failure=envs.summarise_install_error(proc.stderr), mode=mode)
@@ -264,6 +266,21 @@ def _install_overlay(base: Stack, wanted: dict[str, str], mode: str, label: str,
         base, label=label, kind="overlay", pythonpath=path, versions=versions, reused=False, seconds=seconds,
         mode=mode, overlaid=wanted,
     )  # fmt: skip
+
+
+def _names(pins: dict[str, str], lines: list[str]) -> list[str]:
+    return sorted({*pins, *(str(canonicalize_name(Requirement(line).name)) for line in lines)})
+
+
+def _built_over_base(pins: dict[str, str], lines: list[str]) -> list[str]:
+    """uv flags for the sdist-only packages that must build over the base's torch (DeepSpeed imports torch to build,
+    and uv builds even its metadata to resolve): no build isolation for them, as the atlas's environments were built."""
+    return [f for name in late_installed(_names(pins, lines)) for f in ("--no-build-isolation-package", name)]
+
+
+def _build_env(pins: dict[str, str], lines: list[str]) -> dict[str, str]:
+    """The environment their builds need (DS_BUILD_OPS=0: a pure-Python DeepSpeed wheel)."""
+    return dict(os.environ) | build_env(_names(pins, lines))
 
 
 def _day_cell(history: Profile, day: str) -> Cell:
