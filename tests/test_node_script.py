@@ -316,3 +316,24 @@ def test_a_round_pins_only_the_era_packages_the_script_can_reach() -> None:
     atlas = replace(atlas, profile=profile, lock={"requirements": [*atlas.lock["requirements"], "packaging"]})
     assert replace(atlas, needed=script_needs(trainer)).axis == ["transformers", "peft", "accelerate", "packaging"]
     assert atlas.axis == ["transformers", "peft", "accelerate", "bitsandbytes", "deepspeed", "packaging"]
+
+
+def test_a_scan_day_overlays_only_what_the_script_can_reach_at_the_days_own_versions() -> None:
+    """The scan's days are the era lock's own resolutions, but the node gets only the reachable packages and what
+    they require (issue 53: a Trainer + LoRA script's first round built and packed three DeepSpeed wheels)."""
+    from dataclasses import replace
+
+    from harness.tools.node_script import NodeAtlas, day_entry, script_needs
+
+    resolved = {"transformers": "4.57.1", "peft": "0.18.0", "accelerate": "1.11.0", "deepspeed": "0.18.2"}
+    resolved |= {"hjson": "3.1.0", "safetensors": "0.6.2"}
+    needs = {"transformers": ["safetensors>=0.4.3"], "deepspeed": ["hjson", "torch"]}
+    profile = type("P", (), {"era_packages": ("transformers", "peft", "accelerate", "deepspeed", "bitsandbytes")})()
+    lock = {"requirements": list(profile.era_packages), "days": {"2025-11-14": {"resolved": resolved, "overlay": {}}}}
+    lock["days"]["2025-11-14"]["overlay"] = {n: v for n, v in resolved.items()}
+    atlas = NodeAtlas(profile, lock, {"packages": {"torch": "2.11.0"}, "python": "3.12.3"})  # type: ignore[arg-type]
+    trainer = replace(atlas, needed=script_needs("from transformers import Trainer\nfrom peft import LoraConfig\n"))
+    entry = day_entry(trainer, "2025-11-14", lambda name, version: needs.get(name, []))
+    reached = {"accelerate": "1.11.0", "peft": "0.18.0", "safetensors": "0.6.2", "transformers": "4.57.1"}
+    assert entry["overlay"] == reached and entry["resolved"] == resolved
+    assert day_entry(atlas, "2025-11-14", lambda name, version: [])["overlay"] == resolved  # every package: the lock's

@@ -36,6 +36,25 @@ def test_the_whole_failure_text_is_kept_beside_its_first_line(tmp_path: Path) ->
     assert found.error_text == "RuntimeError: first line\nsecond line\nthird line"
 
 
+def test_what_prepare_returns_as_a_list_is_looked_at_too(tmp_path: Path) -> None:
+    """accelerate's FSDP2 path returns `prepare(model, optimizer)` as a list, not a tuple: the probe once looked at
+    the list itself and saw no wrapper, so the Trainer's FSDP2 runs read 'not wrapped'. A stand-in `accelerate`
+    (accelerate's FSDP2 path needs GPUs) returns a list holding an engine the probe knows by its class name."""
+    package = tmp_path / "site" / "accelerate"
+    package.mkdir(parents=True)
+    package.joinpath("__init__.py").write_text("from .accelerator import Accelerator\n")
+    package.joinpath("accelerator.py").write_text(
+        "class DeepSpeedEngine:\n    pass\n\n\n"
+        "class Accelerator:\n    def prepare(self, *args):\n        return [DeepSpeedEngine(), object()]\n"
+    )
+    script = tmp_path / "prepare_list.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(package.parent)!r})\nimport accelerate\n"
+                      "accelerate.Accelerator().prepare('model', 'optimizer')\n")  # fmt: skip
+    found = run_script(Path(sys.executable), script, timeout_s=60)
+    assert found.outcome == "pass", found.stderr_tail
+    assert found.setup.get("wrapped_by") == "deepspeed", found.setup
+
+
 def test_ranks_that_disagree_are_all_listed_and_what_nobody_measured_is_absent(tmp_path: Path) -> None:
     prepare = {"distributed_type": "FSDP", "fsdp_plugin_version": 2, "state_dict_type": "FULL_STATE_DICT"}
     for rank, wrapped in (("0", "fsdp2"), ("1", "fsdp1")):
@@ -108,10 +127,7 @@ def test_a_real_accelerate_run_at_two_ranks_measures_what_ran(tmp_path: Path) ->
 
 
 #: GPU verdicts whose runs predate measuring setup and could not be made again here: each needs the machine named.
-NOT_YET_MEASURED = {
-    "qlora-fsdp-trainer-checkpointing-gpu": "2 GPUs (torchrun, 2 ranks over NCCL)",
-    "trainer-fsdp-lora-save-gpu": "2 GPUs (torchrun, 2 ranks over NCCL)",
-}
+NOT_YET_MEASURED: dict[str, str] = {}
 
 
 def test_every_committed_script_verdict_states_what_its_runs_measured() -> None:
@@ -128,5 +144,7 @@ def test_every_committed_script_verdict_states_what_its_runs_measured() -> None:
             assert not any(r.get("setup") for r in ran), f"{name} is measured now: drop it from NOT_YET_MEASURED"
             continue
         assert ran and all(r.get("setup", {}).get("ranks_reporting") for r in ran), name
+        # Where accelerate prepared an FSDP plugin, what really wrapped the model was seen (FSDP2's too).
+        assert all(r["setup"].get("wrapped_by") for r in ran if r["setup"].get("fsdp_plugin_version")), name
         if verdict["nproc"] > 1:
             assert all(r["setup"].get("world_size") == verdict["nproc"] for r in ran if r["outcome"] == "pass"), name

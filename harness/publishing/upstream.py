@@ -214,7 +214,8 @@ def setup_words(setup: dict[str, Any] | None) -> str:
         parts.append("no process group seen")
     text = ", ".join(parts)
     if setup.get("distributed_type"):
-        details = [f"wrapped by {one(setup['wrapped_by'])}" if setup.get("wrapped_by") else "not wrapped"]
+        # No wrapper seen is what the probe can say (runs before it read a list from prepare missed FSDP2's).
+        details = [f"wrapped by {one(setup['wrapped_by'])}" if setup.get("wrapped_by") else "no wrapper seen"]
         if setup.get("fsdp_plugin_version"):
             details.append(f"FSDP plugin version {one(setup['fsdp_plugin_version'])}")
         if setup.get("state_dict_type"):

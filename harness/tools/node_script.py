@@ -264,7 +264,8 @@ def plan_round(bisect: ScriptBisect, atlas: NodeAtlas, plan: dict[str, Any], nee
     todo = {**moves, **(days if extra else {})}  # a day is the lock's own entry unless the script needs more
     with ThreadPoolExecutor(max_workers=RESOLVERS) as pool:  # uv and the index, not this machine's cores
         entries = dict(zip(todo, pool.map(resolve, todo.values()), strict=True))
-    entries |= {label: dict(atlas.lock["days"][r["day"]]) for label, r in days.items() if label not in entries}
+    requires = _index_requires()
+    entries |= {label: day_entry(atlas, r["day"], requires) for label, r in days.items() if label not in entries}
     for label in new:
         if label in entries:
             plan["stacks"][label] = entries[label] | {"round": plan["round"] + 1}
@@ -315,6 +316,28 @@ def _probe_resolver(atlas: NodeAtlas, extra: tuple[str, ...]) -> Any:
         return entry | {"dependencies": way}
 
     return resolve
+
+
+def _index_requires() -> Any:
+    from harness.versions import lock as era_lock
+    from harness.versions.releases import index_url
+
+    return era_lock.index_requires(index_url())
+
+
+def day_entry(atlas: NodeAtlas, day: str, requires: Any) -> dict[str, Any]:
+    """A scan day's stack: the lock's own resolution of the day, overlaid with only what the script can reach and
+    what that requires (the same versions the atlas ran; no DeepSpeed wheel for a script that never reaches it)."""
+    from packaging.utils import canonicalize_name
+
+    from harness.versions import lock as era_lock
+
+    entry = dict(atlas.lock["days"][day])
+    if atlas.needed is None or entry.get("error"):
+        return entry
+    node = {canonicalize_name(k): v for k, v in atlas.image["packages"].items()}
+    overlay, reasons = era_lock.overlay_for(entry["resolved"], atlas.axis, node, requires, atlas.image["python"])
+    return entry | {"overlay": overlay, "overlay_reasons": reasons, "dependencies": "the day's own, as far as reached"}
 
 
 def _plan_cache() -> Path:

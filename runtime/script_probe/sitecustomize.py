@@ -137,7 +137,8 @@ def _watch_accelerator(module: Any) -> None:
     def watched_prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = prepare(self, *args, **kwargs)
         try:
-            prepared = result if isinstance(result, tuple) else (result,)
+            # Several objects come back as a tuple, or as a list (accelerate's FSDP2 path returns one).
+            prepared = tuple(result) if isinstance(result, (tuple, list)) else (result,)
             wrapped = [w for w in (_wrapped_by(p) for p in prepared) if w]
             entry = _plugin_facts(self) | {"wrapped_by": sorted(set(wrapped))}
             _facts.setdefault("accelerate", {}).setdefault("prepare", []).append(entry)
