@@ -11,8 +11,13 @@ model's logits on a fixed batch, as large as the adapter's effect on those logit
 the float64 base); each merged weight against the formula by hand in float64 (LoRA: W + s B A; DoRA: m (W + s B A) /
 ||W + s B A|| per output row); and after `merge_adapter()` then `unmerge_adapter()`, every base weight against its
 value before, as large as the merged change, with the floor of (W + D) - D in float32. The failures:
-`check-identity-merge` (the merged outputs or weights are off) and `check-identity-unmerge`. Not covered: QLoRA
-(merging into 4-bit weights requantizes them, a loss by design whose floor needs its own measurement) and bf16 bases.
+`check-identity-merge` (the merged outputs or weights are off) and `check-identity-unmerge`.
+
+QLoRA (`adapter = "qlora"`, where this stack loads 4-bit on the device): merging into 4-bit weights requantizes them,
+a loss by design, so the merged logits are checked against that same requantization done by hand
+(`kit/qlora_merge.py`), and what the requantization costs is recorded beside it. The workaround `reload_then_merge`
+merges into a 4-bit base loaded afresh with the saved adapter, before any forward on it. Unmerge is not checked on
+4-bit weights (two requantizations), nor are bf16 bases.
 """
 
 from __future__ import annotations
@@ -26,14 +31,23 @@ from scenarios.kit import identities, measured, strategies
 SPEC = {
     "id": "S9-identity-merge",
     "title": "Training identity, merge: merged outputs are the adapter model's, and unmerge gives the base back",
-    "known_issues": ["huggingface/peft#1588", "huggingface/peft#3531", "huggingface/peft#3608"],
+    "known_issues": [
+        "huggingface/peft#1588",
+        "huggingface/peft#3531",
+        "huggingface/peft#3608",
+        "bitsandbytes-foundation/bitsandbytes#2078",
+    ],
     "world_size": 1,
     "device": "any",
     "requires": ["torch", "transformers", "peft"],
     "target": ["check-identity-merge"],
     "controls": [],
     "variants": {
-        "baseline": ("baseline", "merge_and_unload(), and merge_adapter() / unmerge_adapter(), as users call them")
+        "baseline": ("baseline", "merge_and_unload(), and merge_adapter() / unmerge_adapter(), as users call them"),
+        "reload_then_merge": (
+            "workaround",
+            "QLoRA: save the adapter, load the 4-bit base afresh with it, merge before any forward on it",
+        ),
     },
     "in_step_failures": ["check:identity-"],
     "table_metrics": ["off_by"],
@@ -58,7 +72,7 @@ def strategy() -> Any:
 
     return st.fixed_dictionaries(
         {
-            "adapter": strategies.axis(SEED, "adapter", "dora"),
+            "adapter": strategies.axis(SEED, "adapter", "dora", "qlora"),
             "targets": strategies.axis(SEED, "targets", "all-linear"),
             "r": strategies.axis(SEED, "r", 4, 16),
             "alpha": strategies.axis(SEED, "alpha", 8, 32),
@@ -73,6 +87,7 @@ EXAMPLES = [
     strategies.seed_config(SEED, adapter="dora"),
     strategies.seed_config(SEED, targets="all-linear"),
     strategies.seed_config(SEED, adapter="dora", targets="all-linear"),
+    strategies.seed_config(SEED, adapter="qlora"),
 ]
 
 
@@ -80,8 +95,11 @@ def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, 
     import torch
 
     measured.start(ctx)
-    parse_variant(variant, ())
+    reload = "reload_then_merge" in parse_variant(variant, ("reload_then_merge",))
     batch = identities.rows(config)
+    if config["adapter"] == "qlora":
+        return _qlora(config, batch, reload)
+    measured.require(not reload, "reload_then_merge is a QLoRA workaround: only a 4-bit base is requantized")
     model = _trained(config, batch)
     ids = identities.stacked(batch)
     inputs = {"input_ids": ids["input_ids"], "attention_mask": ids["attention_mask"]}
@@ -118,6 +136,17 @@ def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, 
         identities.fail("identity-unmerge", unmerge, f"the base weights after unmerge ({unmerged_at})", metrics,
                         of="the merged change")  # fmt: skip
     return {"metrics": metrics, "path": "merge_and_unload"}
+
+
+def _qlora(config: dict[str, Any], batch: list[dict[str, Any]], reload: bool) -> dict[str, Any]:
+    """The merged 4-bit model's logits against the right 4-bit merge by hand (kit/qlora_merge.py)."""
+    from scenarios.kit import qlora_merge
+
+    found = qlora_merge.run(config, batch, TRAIN_STEPS, LR, reload, _lora_layers)
+    if not identities.holds(found["outputs"]):
+        identities.fail("identity-merge", found["outputs"], "the merged 4-bit model's logits (against the same "
+                        "requantization by hand)", found["metrics"], of="the adapter's effect")  # fmt: skip
+    return {"metrics": found["metrics"], "path": "reload, then merge_and_unload" if reload else "merge_and_unload"}
 
 
 def _trained(config: dict[str, Any], batch: list[dict[str, Any]]) -> Any:

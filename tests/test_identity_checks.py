@@ -81,3 +81,41 @@ def test_identities_hold_at_the_floor_and_fail_by_their_size(tmp_path: Path) -> 
     assert not found["one_percent"]["holds"], found["one_percent"]
     assert 0.009 < found["one_percent"]["off_by"] < 0.011, found["one_percent"]
     assert not found["adamw_skipped_step"]["holds"] and found["adamw_skipped_step"]["off_by"] > 0.05
+
+
+QLORA_MERGE = textwrap.dedent(
+    """
+    import json
+    from scenarios import compat
+    from scenarios import s9_identity_merge as merge
+
+    config = merge.strategies.seed_config(merge.SEED, adapter="qlora")
+    found = {}
+    for variant in ("baseline", "reload_then_merge"):
+        try:
+            found[variant] = {"outcome": "pass", **merge.run(config, variant, {"device": "cpu"})["metrics"]}
+        except compat.CheckFailed as exc:
+            found[variant] = {"outcome": exc.check, **exc.metrics}
+        except compat.NotApplicable as exc:
+            found[variant] = {"outcome": "not applicable", "why": str(exc)}
+    print("FOUND " + json.dumps(found))
+    """
+)
+
+
+@pytest.mark.matrix
+def test_a_qlora_merge_is_checked_against_the_same_requantization_by_hand(tmp_path: Path) -> None:
+    """Merging into 4-bit weights requantizes them (a loss by design, recorded); the merged model must compute what
+    that requantization by hand computes. Where bitsandbytes packed the weights for its CPU kernels before the merge,
+    peft's merge dequantizes the packed data and the merged model is off by most of the adapter's effect; a base
+    loaded afresh with the saved adapter merges right."""
+    found = found_in_ci_env(QLORA_MERGE, tmp_path)
+    base, reload = found["baseline"], found["reload_then_merge"]
+    assert reload["outcome"] == "pass", reload
+    assert reload["discrepancy"] <= 4 * reload["floor"] and not reload["packed_for_cpu_at_merge"], reload
+    design = reload["requantization_by_design"]
+    assert 0.005 < design["off_by"] < 0.5 and design["discrepancy"] > 4 * design["floor"], design  # real, measured loss
+    if base["packed_for_cpu_at_merge"]:
+        assert base["outcome"] == "identity-merge" and base["off_by"] > 0.3, base
+    else:
+        assert base["outcome"] == "pass" and base["discrepancy"] <= 4 * base["floor"], base

@@ -286,9 +286,11 @@ def accounts_for(flip: Flip, findings: list[Finding], root: Path) -> str | None:
     none (without-a-finding.toml); None where neither says anything."""
     for finding in findings:
         days = (finding.flip.get("older"), finding.flip.get("newer"))
+        # A flip's family is its failure's, or for a scenario whose flips are per config, the config's series.
         if (finding.scenario, *days) == (flip.scenario, flip.older, flip.newer) and flip.family in (
             None,
             finding.signature,
+            finding.flip.get("family"),
         ):
             return f"finding {finding.id}"
     for entry in without_a_finding(root)["flip"]:

@@ -84,7 +84,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
         shown_by: dict[tuple[str, ...], Evidence] = {}
         newest_first = sorted(by_profile[profile], key=lambda r: metas[r].get("started_at", ""), reverse=True)
         runs = ((r, rename_all(read_records(run_root / r / "records.jsonl"))) for r in newest_first)
-        for run_id, fresh, hidden in newest_per_pair(runs):
+        for run_id, fresh, hidden in newest_per_pair(runs, config_slices(metas)):
             for rec in hidden:
                 if record_key(rec) in shown and shown[record_key(rec)] != rec["outcome"]:
                     if same_code((metas[run_id], rec), shown_by[record_key(rec)]):
@@ -104,16 +104,35 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
 
 def newest_per_pair(
     runs: Iterable[tuple[str, list[dict[str, Any]]]],
+    config_slices: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]]:
     """(run id, fresh, hidden) for runs given newest first: a run gives the (cell, scenario) pairs no newer run
     covers (fresh); its records of pairs a newer run covers are hidden. A run that re-checks one scenario on one
-    cell updates that entry without hiding the rest."""
-    covered: set[tuple[str, str]] = set()
+    cell updates that entry without hiding the rest, and a run of `config_slices` (made with `--config`) covers only
+    the configs it ran: a new config on every day never hides the configs the days ran before."""
+    covered: set[tuple[str, ...]] = set()
+
+    def hidden_by_newer(record: dict[str, Any]) -> bool:
+        pair = (record["cell"], record["scenario"])
+        return pair in covered or (*pair, str(record.get("config_id"))) in covered
+
     for run_id, run_records in runs:
-        fresh = [r for r in run_records if (r["cell"], r["scenario"]) not in covered]
-        hidden = [r for r in run_records if (r["cell"], r["scenario"]) in covered]
-        covered |= {(r["cell"], r["scenario"]) for r in fresh}
+        fresh = [r for r in run_records if not hidden_by_newer(r)]
+        hidden = [r for r in run_records if hidden_by_newer(r)]
+        if run_id in config_slices:
+            covered |= {(r["cell"], r["scenario"], str(r.get("config_id"))) for r in fresh}
+        else:
+            covered |= {(r["cell"], r["scenario"]) for r in fresh}
         yield run_id, fresh, hidden
+
+
+def config_slices(metas: dict[str, dict[str, Any]]) -> frozenset[str]:
+    """Runs every attempt of which ran only chosen configs (`matrix --config`): evidence of those configs only."""
+    return frozenset(
+        run_id
+        for run_id, meta in metas.items()
+        if meta.get("attempts") and all((a.get("slice") or {}).get("config_ids") for a in meta["attempts"])
+    )
 
 
 def retired(meta: dict[str, Any]) -> bool:

@@ -132,7 +132,7 @@ def run_records(run_dirs: list[Path]) -> list[dict[str, Any]]:
     """The runs' records judged by today's rules, chosen as the table chooses them (`report.select_runs`): runs
     newest first (by their start), each giving the (cell, scenario) pairs no newer run of them covers, then the
     newest record per key."""
-    from harness.publishing.report import latest_by_key, newest_per_pair
+    from harness.publishing.report import config_slices, latest_by_key, newest_per_pair
 
     def started(run_dir: Path) -> tuple[str, str]:  # its start, then its id (which begins with its start time)
         meta = run_dir / "meta.json"
@@ -140,7 +140,8 @@ def run_records(run_dirs: list[Path]) -> list[dict[str, Any]]:
 
     newest_first = sorted(run_dirs, key=started, reverse=True)
     runs = ((d.name, rename_all(read_records(d / "records.jsonl"))) for d in newest_first)
-    return latest_by_key([r for _, fresh, _ in newest_per_pair(runs) for r in fresh])[0]
+    metas = {d.name: json.loads((d / "meta.json").read_text()) for d in run_dirs if (d / "meta.json").is_file()}
+    return latest_by_key([r for _, fresh, _ in newest_per_pair(runs, config_slices(metas)) for r in fresh])[0]
 
 
 def plan_round(
