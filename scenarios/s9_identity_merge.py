@@ -151,17 +151,7 @@ def _qlora(config: dict[str, Any], batch: list[dict[str, Any]], reload: bool) ->
 
 def _trained(config: dict[str, Any], batch: list[dict[str, Any]]) -> Any:
     """The config's model, its adapter trained TRAIN_STEPS AdamW steps on `batch` (lora_B and magnitude move)."""
-    import torch
-
-    model = identities.build_model(config)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.0)
-    every = identities.stacked(batch)
-    for _ in range(TRAIN_STEPS):
-        optimizer.zero_grad()
-        model(**every).loss.backward()
-        optimizer.step()
-    model.eval()
-    return model
+    return identities.train_adamw(identities.build_model(config), batch, TRAIN_STEPS, LR)
 
 
 def _lora_layers(model: Any) -> dict[str, Any]:

@@ -155,6 +155,21 @@ def adamw_reference(model: Any, batch_rows: list[dict[str, Any]], steps: int, lr
     return {name: p.detach().double().clone() for name, p in params.items()}
 
 
+def train_adamw(model: Any, batch: list[dict[str, Any]], steps: int, lr: float) -> Any:
+    """`steps` plain AdamW steps (no weight decay) on the whole of `batch`, then eval mode: what moves an adapter off
+    its initial values before a merge is checked."""
+    import torch
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    every = stacked(batch)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(**every).loss.backward()
+        optimizer.step()
+    model.eval()
+    return model
+
+
 def _named_trainable(model: Any) -> list[tuple[str, Any]]:
     from scenarios.kit.fsdp import clean_name
 

@@ -48,13 +48,7 @@ def trained_4bit(config: dict[str, Any], batch: list[dict[str, Any]], steps: int
     lora = lora_config(config.get("r", 8), config.get("alpha", 8), config.get("targets", "qv"), **extra)
     model = get_peft_model(model, lora)
     model.train()
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    every = identities.stacked(batch)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        model(**every).loss.backward()
-        optimizer.step()
-    model.eval()
+    identities.train_adamw(model, batch, steps, lr)
     measured.note(adapter="qlora (nf4, float32 compute)", linear4bit=len(facts["quantized"]))
     return {"model": model, "base_dir": base_dir, **facts}
 
