@@ -87,6 +87,12 @@ def watch(args: argparse.Namespace) -> int:
     from harness.tools.atlas_growth import watch as watch_releases
 
     profile = load_profile(args.profile, MATRIX_DIR)
+    if profile.era_packages:  # an era-locked GPU profile: planned here, run on a node, judged here
+        from harness.tools.node_watch import watch as watch_on_node
+
+        watched, text = watch_on_node(profile, args.results_dir)
+        (args.results_dir / "watch" / f"latest-{profile.name}.md").write_text(text + "\n")
+        return 0
     options = MatrixOptions(
         results_dir=args.results_dir, install=InstallOptions(envs_dir=args.envs_dir or default_envs_dir())
     )

@@ -419,10 +419,18 @@ COMMANDS: tuple[Command, ...] = (
             "other axis package held at the day's release, what the day does not pin resolved as of the day) with "
             "the day's seed configs. Prints one line per release: 'breaks S7 (target now shows on 3/5)', "
             "'fixes S1 (1/7 was 5/7)', 'no change' or 'cannot install'; the runs and watch.json go under "
-            "results/watch/<today>/. With no new release it says so and runs nothing."
+            "results/watch/<today>/. With no new release it says so and runs nothing. With an era-locked GPU "
+            "profile (--profile gpu-history-ws2) the node has no index: the first call writes each release as a "
+            "probe day of <profile>-probes (resolved over the node's torch) and prints the pack, node and import "
+            "commands; once the node's records are imported under results/watch/<today>/<profile>/, the same "
+            "call judges them."
         ),
         options=(
-            Option(("--profile",), default="history", help="the dated profile whose newest day is moved (history)"),
+            Option(
+                ("--profile",),
+                default="history",
+                help="the dated profile whose newest day is moved (history), or an era-locked GPU profile",
+            ),
             RESULTS_OPTION,
             Option(("--envs-dir",), type=Path, help="where cell environments are kept"),
         ),

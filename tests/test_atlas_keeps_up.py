@@ -18,7 +18,8 @@ import pytest
 from harness.define.cells import expand
 from harness.define.profile import load_profile
 from harness.environments.envs import era_flags
-from harness.paths import MATRIX_DIR, REPO_ROOT
+from harness.paths import MATRIX_DIR, REPO_ROOT, RESULTS_DIR
+from harness.recording.records import read_records
 from harness.tools import atlas_growth
 
 #: (package, version, first upload): the index the test serves. peft 0.9.0 and 0.10.0 give the atlas's old days;
@@ -64,11 +65,13 @@ def index(monkeypatch: pytest.MonkeyPatch):
     server.shutdown()
 
 
-def write_atlas_run(results: Path, run_id: str, days: list[str], scenarios: list[str], versions: dict) -> None:
-    """A run of the history profile as the table reads it: meta.json and one baseline record per day and scenario."""
+def write_atlas_run(
+    results: Path, run_id: str, days: list[str], scenarios: list[str], versions: dict, profile: str = "history"
+) -> None:
+    """A run of a dated profile as the table reads it: meta.json and one baseline record per day and scenario."""
     run = results / "runs" / run_id
     run.mkdir(parents=True)
-    meta = {"run_id": run_id, "profile": "history", "started_at": run_id, "status": "complete", "attempts": []}
+    meta = {"run_id": run_id, "profile": profile, "started_at": run_id, "status": "complete", "attempts": []}
     (run / "meta.json").write_text(json.dumps(meta))
     records = [
         {"run_id": run_id, "cell": f"era_date-{day}", "scenario": s, "variant": "baseline", "config_id": "c1",
@@ -184,3 +187,57 @@ def test_a_watched_release_that_changes_a_target_is_a_named_flip() -> None:
         "5.25.0",
     )
     assert flip.last_release_before == "5.24.0" and flip.changed == {"transformers": ["5.24.0", "5.25.0"]}
+
+
+def test_a_gpu_watch_plans_each_release_alone_for_the_node_and_judges_what_it_ran(
+    tmp_path: Path, index: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU profile the watch plans each new release as a probe day of its own (the newest GPU day with that one
+    package moved; the node's torch never moves), does nothing more the same day until the node's records are
+    imported, then reads each release's effect from them: a release whose records break S7 is a named flip."""
+    from harness.tools import node_flips, node_watch
+
+    gpu = load_profile("gpu-history-ws2", MATRIX_DIR)
+    results = tmp_path / "results"
+    day = {"torch": "2.11.0", "transformers": "5.24.0", "peft": "0.21.2", "accelerate": "1.15.0",
+           "deepspeed": "0.19.8", "bitsandbytes": "0.50.2"}  # fmt: skip
+    write_atlas_run(results, "gpu-history-ws2-20261125T000000Z-aaaa", ["2026-11-25"], ["S7-saved-adapter"], day,
+                    profile="gpu-history-ws2")  # fmt: skip
+    planned: list[list[str]] = []
+    monkeypatch.setattr(node_flips, "write_probe_profile", lambda profile, needed, *_: planned.append(list(needed)))
+    monkeypatch.setenv(atlas_growth.TODAY_VAR, "2026-12-02")
+    said: list[str] = []
+    assert node_watch.watch(gpu, results, said.append)[0] == []  # planned, nothing run yet
+    assert planned == [["2026-11-25+peft-0.22.0", "2026-11-25+transformers-5.25.0"]]  # one package moved each
+    plan = json.loads((results / "watch" / "2026-12-02" / "gpu-history-ws2" / "plan.json").read_text())
+    assert [(r["package"], r["version"]) for r in plan["releases"]] == [("peft", "0.22.0"), ("transformers", "5.25.0")]
+    assert any("scripts/gpu-node-run.sh gpu-history-ws2-probes" in line for line in said)
+    assert node_watch.watch(gpu, results, said.append)[0] == [] and len(planned) == 1  # the same day: nothing new
+    # The node's records, imported: transformers 5.25.0 makes S7's save fail (a real S7 failure record of the GPU
+    # atlas, moved onto the probe day), peft 0.22.0 keeps it passing.
+    failing = next(
+        r for d in sorted((RESULTS_DIR / "runs").glob("gpu-history-ws2-*"))
+        for r in read_records(d / "records.jsonl", warn=False)
+        if r["scenario"] == "S7-saved-adapter" and r["outcome"] == "fail" and r["variant"] == "baseline"
+    )  # fmt: skip
+    probes = []
+    for probe, outcome in (("2026-11-25+peft-0.22.0", "pass"), ("2026-11-25+transformers-5.25.0", "fail")):
+        base = failing if outcome == "fail" else {k: v for k, v in failing.items() if k != "signature"}
+        probes.append(base | {"cell": f"era_date-{probe}", "pins": {"date": probe}, "config_id": "c1",
+                              "outcome": outcome, "variant": "baseline"})  # fmt: skip
+    run = results / "watch" / "2026-12-02" / "gpu-history-ws2" / "runs" / "gpu-history-ws2-probes-x"
+    run.mkdir(parents=True)
+    (run / "meta.json").write_text(json.dumps({"run_id": run.name, "profile": "gpu-history-ws2-probes"}))
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in probes))
+    watched, text = node_watch.watch(gpu, results, said.append)
+    assert {w.package: w.summary for w in watched} == {
+        "peft": "no change",
+        "transformers": "breaks S7-saved-adapter (target now shows on 1/1)",
+    }, text
+    (flip,) = json.loads((run.parents[1] / "flips.json").read_text())
+    assert (flip["package"], flip["release"], flip["newer"]) == (
+        "transformers",
+        "5.25.0",
+        "2026-11-25+transformers-5.25.0",
+    )
+    assert len(planned) == 1  # judged, not planned again
