@@ -184,14 +184,7 @@ def day_versions(results_dir: Path, profile_name: str, day: str) -> dict[str, st
     from harness.define.packages import AXIS_PACKAGES, public_version
     from harness.publishing.glance import fullest_versions
 
-    records = []
-    for run_dir in sorted((results_dir / "runs").glob(f"{profile_name}-*")):
-        meta = runs.read_meta(run_dir)
-        if meta.get("profile") == profile_name and not retired(meta):
-            records += [
-                r for r in read_records(run_dir / "records.jsonl", warn=False) if r["cell"] == f"era_date-{day}"
-            ]
-    versions = fullest_versions(records)
+    versions = fullest_versions(_cell_records(results_dir, profile_name, day))
     return {p: public_version(str(versions[p])) for p in AXIS_PACKAGES if versions.get(p)}
 
 
@@ -246,7 +239,7 @@ def watch(history: Profile, options: Any, out_root: Path, stream: TextIO | None 
         write_watch(out_dir, [], newest, on)
         return [], text
     specs = {s.id: s.spec for s in discover()}
-    day_records = _day_records(options.results_dir, history.name, newest)
+    newest_records = day_records(options.results_dir, history.name, newest)
     watched = []
     for package, version, uploaded in found:
         say(f"watch: {package} {version} (uploaded {uploaded}) alone on {newest}'s stack")
@@ -258,9 +251,9 @@ def watch(history: Profile, options: Any, out_root: Path, stream: TextIO | None 
         summary = run_matrix(probe, probe_options)
         records = rename_all(read_records(summary.run_dir / "records.jsonl"))
         item = Watched(package, version, uploaded, newest, summary.run_id)
-        for scenario in sorted({r["scenario"] for r in day_records}):
+        for scenario in sorted({r["scenario"] for r in newest_records}):
             mine = [r for r in records if r["scenario"] == scenario and r["variant"] == "baseline"]
-            theirs = [r for r in day_records if r["scenario"] == scenario]
+            theirs = [r for r in newest_records if r["scenario"] == scenario]
             before = verdict(theirs, specs.get(scenario)) if theirs else None
             after = verdict(mine, specs.get(scenario)) if mine else None
             item.effects[scenario] = effect(scenario, before, after)
@@ -308,11 +301,17 @@ def write_flips(out_dir: Path, watched: list[Watched], versions: dict[str, str])
     return path
 
 
-def _day_records(results_dir: Path, profile_name: str, day: str) -> list[dict[str, Any]]:
+def day_records(results_dir: Path, profile_name: str, day: str) -> list[dict[str, Any]]:
     """The baseline records the table shows for the day's cell of the profile (newest per key)."""
     from harness.publishing.report import latest_by_key
     from harness.recording.signatures import rename_all
 
+    latest, _ = latest_by_key(rename_all(_cell_records(results_dir, profile_name, day)))
+    return [r for r in latest if r["variant"] == "baseline"]
+
+
+def _cell_records(results_dir: Path, profile_name: str, day: str) -> list[dict[str, Any]]:
+    """Every record of the day's cell in the profile's runs the table reads (retired runs left out)."""
     records = []
     for run_dir in sorted((results_dir / "runs").glob(f"{profile_name}-*")):
         meta = runs.read_meta(run_dir)
@@ -320,5 +319,4 @@ def _day_records(results_dir: Path, profile_name: str, day: str) -> list[dict[st
             records += [
                 r for r in read_records(run_dir / "records.jsonl", warn=False) if r["cell"] == f"era_date-{day}"
             ]
-    latest, _ = latest_by_key(rename_all(records))
-    return [r for r in latest if r["variant"] == "baseline"]
+    return records

@@ -92,7 +92,7 @@ def judge(body: dict[str, Any], results_dir: Path, say: Any = print) -> list[atl
             day = (record.get("pins") or {}).get("date", "")
             records.setdefault(day, []).append(record | {"run_id": run_dir.name})
     specs = {s.id: s.spec for s in discover()}
-    day_records = atlas_growth._day_records(results_dir, body["profile"], body["newest_day"])
+    day_records = atlas_growth.day_records(results_dir, body["profile"], body["newest_day"])
     watched = []
     for release in body["releases"]:
         mine = [r for r in records.get(release["probe_day"], []) if r["variant"] == "baseline"]
