@@ -26,12 +26,12 @@ from harness.tools import atlas_growth
 from harness.tools.node_flips import probe_day
 
 
-def newest_day(profile: Profile, results_dir: Path) -> str:
-    """The newest day of the profile's era lock that the table holds records of."""
+def newest_day(profile: Profile, evidence: dict[str, set[str]]) -> str:
+    """The newest day of the profile's era lock that the table holds records of (`evidence`: day -> scenarios)."""
     from harness.versions import lock_file
 
     lock = lock_file.read_lock(lock_file.lock_path(MATRIX_DIR, profile.name))
-    days = set(atlas_growth.atlas_evidence(results_dir, profile.name)) & set(lock["days"])
+    days = set(evidence) & set(lock["days"])
     if not days:
         from harness.errors import OptionError
 
@@ -45,11 +45,12 @@ def plan(profile: Profile, results_dir: Path, on: dt.date, say: Any = print) -> 
     from harness.define.packages import AXIS_PACKAGES
     from harness.tools.node_flips import write_probe_profile
 
-    day = newest_day(profile, results_dir)
+    evidence = atlas_growth.atlas_evidence(results_dir, profile.name)  # every record of the profile: read once
+    day = newest_day(profile, evidence)
     versions = atlas_growth.day_versions(results_dir, profile.name, day)
     found = [r for r in atlas_growth.new_releases(list(AXIS_PACKAGES), day, on) if versions.get(r[0]) != r[1]]
     found = [r for r in found if r[0] in profile.era_packages]  # the node's own torch is held: never moved
-    scenarios = sorted(atlas_growth.atlas_evidence(results_dir, profile.name)[day])
+    scenarios = sorted(evidence[day])
     probes = [probe_day(day, package, version) for package, version, _ in found]
     body = {
         "profile": profile.name,
