@@ -188,8 +188,9 @@ def flips(args: argparse.Namespace) -> int:
     run_dir = run_dirs[0]
     options = MatrixOptions(results_dir=args.results_dir, install=InstallOptions(envs_dir=default_envs_dir()))
     for flip in find_flips(
-        run_dir, profile, options, args.results_dir / "flips", scenarios=args.scenario, again=args.again
-    ):
+        run_dir, profile, options, args.results_dir / "flips", scenarios=args.scenario, again=args.again,
+        span=(args.from_day, args.to_day), windows=args.windows, sweep=not args.bisect,
+    ):  # fmt: skip
         print(describe(flip), flush=True)
     return 0
 
@@ -351,7 +352,7 @@ def report(args: argparse.Namespace) -> int:
 def lookup(args: argparse.Namespace) -> int:
     from harness.tools.lookup import lookup as nearest_rows
 
-    print(nearest_rows(args.results_dir, args.versions, args.scenario, args.device))
+    print(nearest_rows(args.results_dir, args.versions, args.scenario, args.device, args.setup, args.measure))
     return 0
 
 

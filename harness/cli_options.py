@@ -464,15 +464,40 @@ COMMANDS: tuple[Command, ...] = (
         "lookup",
         help=("the measured rows nearest your versions, the verdict per scenario there and the fix to try"),
         description=(
-            "Finds the table's rows whose versions match PACKAGE==VERSION (a version like 2.4 matches "
-            "every 2.4.x); without one, the two atlas dates whose stacks bracket your versions; without "
-            "those, the nearest rows, saying plainly that it is extrapolating. Prints each row's "
-            "versions and, per scenario, the verdict and the fixes that remove the failure."
+            "Finds every record whose versions match PACKAGE==VERSION (a version like 2.4 matches every "
+            "2.4.x): the table's install days and the probes of flips, sweeps and bisects; without one, it says "
+            "the releases were not measured and shows the two atlas dates whose stacks bracket them (or the "
+            "nearest rows, saying plainly that it is extrapolating). Prints each row's versions and, per "
+            "scenario and setup, the verdict and the way out: the release that ends it, the last good one "
+            "to pin, the fixes that remove it. A config that fails on every release is shown once as a "
+            "pitfall, never as a failure of these versions."
         ),
         options=(
             Option(("versions",), nargs="+", metavar="PACKAGE==VERSION"),
             Option(("--scenario",), action="append", metavar="ID", help="only these scenarios (e.g. S1)"),
-            Option(("--device",), choices=["cpu", "cuda"], help="only rows measured on this device"),
+            Option(
+                ("--device",),
+                choices=["cpu", "cuda"],
+                help="only rows measured on this device (default: CPU rows for a scenario that runs on CPU)",
+            ),
+            Option(
+                ("--setup",),
+                action="append",
+                metavar="WORDS",
+                help=(
+                    "only configs of your setup: engine (ddp, fsdp1, fsdp2, zero3), adapter (lora, dora, qlora, "
+                    "none), path (trainer, accelerate, hand); e.g. --setup fsdp2,lora"
+                ),
+            ),
+            Option(
+                ("--measure",),
+                action="store_true",
+                help=(
+                    "where no record holds these releases: build them here on CPU over the nearest older atlas day's "
+                    "stack, run the --scenario seed configs with their fixes (minutes; recorded under "
+                    "results/measured/), and answer from that row"
+                ),
+            ),
             RESULTS_OPTION,
         ),
     ),
@@ -676,6 +701,26 @@ COMMANDS: tuple[Command, ...] = (
                 action="store_true",
                 help=("probe flips an earlier invocation named too (default: those are kept from flips.json)"),
             ),
+            Option(("--from",), dest="from_day", metavar="YYYY-MM-DD", help="only day pairs from this day on"),
+            Option(("--to",), dest="to_day", metavar="YYYY-MM-DD", help="only day pairs up to this day"),
+            Option(
+                ("--windows",),
+                action="store_true",
+                help=(
+                    "also sweep day pairs whose outcome agrees, over the packages the scenario's upstream record or "
+                    "its earlier flips name: a fix and the break after it inside one interval (each sweep prints its "
+                    "bound in runs before it starts)"
+                ),
+            ),
+            Option(
+                ("--bisect",),
+                action="store_true",
+                help=(
+                    "name a flip's release by a binary search (one change assumed) instead of the default sweep of "
+                    "every release that can change it (all where 8 or fewer, else the first and last patch of each "
+                    "minor, then each gap whose ends differ)"
+                ),
+            ),
             RESULTS_OPTION,
         ),
     ),
@@ -756,6 +801,16 @@ COMMANDS: tuple[Command, ...] = (
         options=(
             Option(("finding",), nargs="?", default=None, metavar="ID", help="a finding's folder name"),
             Option(("--verify",), action="store_true", help="run and trace the reproducer at both releases"),
+            Option(
+                ("--node-wheels",),
+                type=Path,
+                metavar="DIR",
+                help=(
+                    "on an air-gapped GPU node (a finding whose reproducer needs GPUs): run the reproducer with this "
+                    "interpreter, the package moved to each release from the wheels in DIR (a --target overlay over "
+                    "the node's own stack, no uv, no network), instead of `uv run`"
+                ),
+            ),
             RESULTS_OPTION,
         ),
     ),

@@ -167,6 +167,18 @@ UPSTREAM_HISTORY: dict[str, list[tuple[str, str, str, str]]] = {
     "identity-batch": [
         (
             "transformers",
+            "4.47.0",
+            "transformers PR #34915 inverted model_accepts_loss_kwargs: num_items_in_batch no longer reaches the loss",
+            "ends",
+        ),
+        (
+            "transformers",
+            "4.48.0",
+            "transformers PR #35438 brought the inverted condition back (#35663, #35787)",
+            "ends",
+        ),
+        (
+            "transformers",
             "4.47.1",
             "transformers PR #35121 (Fix GA loss bugs) passes num_items_in_batch again after 4.47.0's inverted check",
             "appears",
@@ -175,6 +187,12 @@ UPSTREAM_HISTORY: dict[str, list[tuple[str, str, str, str]]] = {
             "transformers",
             "4.46.0",
             "transformers PR #34191: num_items_in_batch counts labels before the causal shift",
+            "appears",
+        ),
+        (
+            "transformers",
+            "4.48.1",
+            "transformers PR #35651 (Fix condition when GA loss bug fix is not performed): the count reaches the loss",
             "appears",
         ),
         (
@@ -226,8 +244,33 @@ def upstream_change(
     mine = [k for k in history if k[3] == direction]
     if not mine:
         return None
-    chosen = next((k for k in mine if (k[0], k[1]) == measured), mine[0])
+    chosen = next((k for k in mine if (k[0], k[1]) == measured), None) or _nearest(mine, measured) or mine[0]
     return {"package": chosen[0], "release": chosen[1], "source": chosen[2], "direction": direction}
+
+
+def upstream_packages(signature: str | None) -> set[str]:
+    """The packages the upstream record names for a failure (any direction): where a release of one can change it,
+    so two install days that agree are still swept over that package's releases between them."""
+    family_name = family(signature).removeprefix("check-")
+    known = UPSTREAM_CHANGES.get(signature or "") or UPSTREAM_CHANGES.get(family_name)
+    history = UPSTREAM_HISTORY.get(signature or "") or UPSTREAM_HISTORY.get(family_name) or ([known] if known else [])
+    return {entry[0] for entry in history}
+
+
+def _nearest(
+    records: list[tuple[str, str, str, str]], measured: tuple[str | None, str | None]
+) -> tuple[str, str, str, str] | None:
+    """Of the records naming the measured package, the newest release at or before the measured one (the record a
+    measured release is to be compared with where none names it exactly), or None."""
+    package, release = measured
+    if not package or not release:
+        return None
+
+    def key(version: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+
+    before = [k for k in records if k[0] == package and key(k[1]) <= key(release)]
+    return max(before, key=lambda k: key(k[1])) if before else None
 
 
 _METADATA = re.compile(r"saved metadata: \{(?P<saved>[^}]*)\}\s*recomputed metadata: \{(?P<recomputed>[^}]*)\}", re.S)

@@ -35,6 +35,13 @@ SPEC = {
         ),
         "peft_then_compile": ("workaround", "get_peft_model first, torch.compile on the PEFT model after"),
     },
+    # Why the compile-first order fails on every release, where the records say it does (listed once, as a pitfall).
+    "own_code": {
+        "order=compile_then_peft": (
+            "an adapter added after torch.compile: its keys are saved under '_orig_mod.' and reload as a no-op, "
+            "whatever the release"
+        ),
+    },
 }
 
 FIXES = ("strip_orig_mod_prefix", "peft_then_compile")

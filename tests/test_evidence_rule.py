@@ -247,6 +247,11 @@ def test_every_committed_cpu_probe_state_is_what_its_records_show() -> None:
                 state, _ = probe_state(_records(run_dir), signature, configs)
                 assert move["state"] == state, (path.parent.name, entry["scenario"], move["package"], move["run_id"])
                 checked += 1
+            for probe in (entry.get("sweep") or {}).get("runs", []):
+                [run_dir] = list(path.parent.glob(f"**/runs/{probe['run_id']}"))
+                state, _ = probe_state(_records(run_dir), signature, configs)
+                assert probe["state"] == state, (entry["scenario"], entry.get("family"), probe["version"])
+                checked += 1
             folder = REPO_ROOT / (entry.get("bisect") or "-")
             if not (folder / "verdict.json").is_file():
                 continue

@@ -3,15 +3,18 @@ run, and replays every committed bisect exactly (the same probes in the same ord
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.version import Version
 
-from harness.tools.flip_search import next_step
+from harness.recording.flip import changes_words
+from harness.tools.flip_search import Sweep, next_step, next_sweep, sweep_bound
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -145,3 +148,87 @@ def test_a_move_reproduces_only_the_newer_sides_state_in_either_vocabulary() -> 
     # A script: probes and sides say target/pass; a run that failed another way or could not run says nothing.
     assert reproduces("target", "target") and reproduces("pass", "pass")
     assert not any(reproduces(s, side) for s in ("other", "unusable") for side in ("target", "pass"))
+
+
+# --- The sweep: every change between two measured points ----------------------------------------------------------
+
+
+def _sweep(candidates: list[str], truth: dict[str, str]) -> tuple[Sweep, list[str]]:
+    """Run the sweep to its end against `truth`; (the answer, the releases measured in order)."""
+    known: dict[str, str] = {}
+    measured: list[str] = []
+    while not (step := next_sweep(candidates, known)).done:
+        for version in step.probes:
+            assert version not in known, "a release is never measured twice"
+            known[version] = truth[version]
+            measured.append(version)
+    return step, measured
+
+
+def _words(answer: Sweep, package: str = "") -> str:
+    return changes_words([{**asdict(c), "direction": c.direction, "package": package} for c in answer.changes])
+
+
+def test_a_fix_and_the_break_after_it_inside_one_interval_are_both_named() -> None:
+    """Both ends fail (a binary search sees no flip at all): the sweep finds the pass window inside."""
+    releases = ["4.45.0", "4.45.1", "4.45.2", "4.46.0", "4.46.1", "4.46.2", "4.46.3", "4.47.0"]
+    truth = {v: "pass" if v.startswith("4.46.") else "fail" for v in releases}
+    answer, measured = _sweep(releases, truth)
+    assert [(c.direction, c.release, c.last_before) for c in answer.changes] == [
+        ("ended", "4.46.0", "4.45.2"),
+        ("started", "4.47.0", "4.46.3"),
+    ]
+    assert _words(answer, "transformers") == "ended with transformers 4.46.0 · started with transformers 4.47.0"
+    assert measured == releases  # eight or fewer: every release
+
+
+def test_three_changes_between_ends_that_differ_are_all_named_in_order() -> None:
+    releases = ["4.47.0", "4.47.1", "4.48.0", "4.48.1", "4.48.2", "4.48.3", "4.49.0"]
+    truth = dict(zip(releases, ["fail", "pass", "fail", "pass", "pass", "pass", "pass"], strict=True))
+    answer, _ = _sweep(releases, truth)
+    assert _words(answer) == "ended with 4.47.1 · started with 4.48.0 · ended again with 4.48.1"
+
+
+def test_a_release_that_is_no_evidence_is_stepped_over_and_listed_with_the_change() -> None:
+    releases = ["1.0", "1.1", "1.2", "1.3"]
+    truth = {"1.0": "fail", "1.1": "no-evidence", "1.2": "pass", "1.3": "pass"}
+    answer, _ = _sweep(releases, truth)
+    [change] = answer.changes
+    assert (change.release, change.last_before, change.stepped_over) == ("1.2", "1.0", ["1.1"])
+
+
+@st.composite
+def patch_histories(draw: st.DrawFn) -> tuple[list[str], dict[str, str]]:
+    """Releases over several minors (many patches each), with at most one change inside each minor's patches and any
+    state at each minor's first release: the histories a sweep must see whole."""
+    candidates, truth = [], {}
+    for minor in range(draw(st.integers(1, 6))):
+        patches = draw(st.integers(1, 7))
+        start = draw(st.sampled_from(["pass", "fail"]))
+        change_at = draw(st.integers(0, patches))  # patches: no change inside this minor
+        for patch in range(patches):
+            version = f"1.{minor}.{patch}"
+            candidates.append(version)
+            flipped = patch >= change_at and change_at > 0
+            truth[version] = ({"pass": "fail", "fail": "pass"}[start]) if flipped else start
+    for version in draw(st.sets(st.sampled_from(candidates), max_size=len(candidates) // 4)):
+        truth[version] = "no-evidence"
+    return candidates, truth
+
+
+@settings(max_examples=300, deadline=None)
+@given(patch_histories())
+def test_every_change_is_found_where_each_minor_changes_at_most_once(case: tuple[list[str], dict[str, str]]) -> None:
+    candidates, truth = case
+    answer, measured = _sweep(candidates, truth)
+    evidence = [v for v in candidates if truth[v] != "no-evidence"]
+    expected = [
+        (newer, older) for older, newer in itertools.pairwise(evidence) if truth[older] != truth[newer]
+    ]  # what a run of every release would show, stepping over the releases that are no evidence
+    # A change hidden behind releases that were no evidence at a sweep point may be found at the next evidence.
+    found = [(c.release, c.last_before) for c in answer.changes]
+    if not any(truth[v] == "no-evidence" for v in candidates):
+        assert found == expected
+        assert len(measured) <= sweep_bound(candidates)
+    assert all(truth[c.release] != "no-evidence" and truth[c.last_before] != "no-evidence" for c in answer.changes)
+    assert set(answer.unmeasured) == set(candidates) - set(measured)

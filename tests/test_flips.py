@@ -289,3 +289,59 @@ def test_a_config_that_heals_beside_one_that_never_does_is_a_flip_of_its_own() -
     assert [(f.family, f.older, f.newer, f.newer_state, f.config_ids) for f in found] == [
         ("config-trainer", "2024-09-26", "2025-03-20", "not-reproduced", ["trainer"])
     ]
+
+
+S9A = "S9-identity-grad-accumulation"
+
+
+def _day(date: str, transformers: str, outcome: str) -> dict:
+    return {
+        "cell": f"era_date-{date}", "pins": {"date": date}, "scenario": S9A, "variant": "baseline",
+        "config": {"path": "trainer"}, "config_id": "c0", "outcome": outcome,
+        "signature": "check-identity-accumulation" if outcome == "fail" else None,
+        "versions": {"torch": "2.4.1", "transformers": transformers, "peft": "0.13.0"},
+        "hardware": {"device": "cpu", "world_size": 1},
+    }  # fmt: skip
+
+
+def test_a_fix_and_the_break_after_it_inside_one_interval_are_both_named(tmp_path: Path, monkeypatch) -> None:
+    """Two install days that both fail (a binary search sees nothing to name): the upstream record names
+    transformers for this failure, so its releases between the days are swept, and the pass window inside is named
+    at both ends, each backed by the runs at both releases."""
+    from harness.tools import release_sweep
+
+    releases = ["4.45.0", "4.45.1", "4.45.2", "4.46.1", "4.46.2", "4.46.3", "4.47.0"]
+    monkeypatch.setattr(release_sweep, "candidates_between", lambda *_: releases)
+    monkeypatch.setattr(release_sweep, "yanked_between", lambda *_: ["4.46.0"])
+    rows = [_day("2024-09-26", "4.45.0", "fail"), _day("2024-12-07", "4.47.0", "fail")]
+    spec = {S9A: {"target": ["check-identity-accumulation"], "flips_per_config": True}}
+    states = flips.dated_states(rows, spec)
+    assert flips.flips_in(states) == []  # the days agree: no flip
+    [window] = flips.windows_in(states, spec, earlier=[])
+    assert (window.older, window.newer, window.changed) == (
+        "2024-09-26",
+        "2024-12-07",
+        {"transformers": ["4.45.0", "4.47.0"]},
+    )
+    ran = []
+
+    def probe(profile, base, package, version, scenario, variant, options, out_dir, signature, **_):
+        ran.append((package, version, dict(base.pins)["date"], options.config_ids))
+        state = "pass" if version.startswith("4.46.") else "fail"
+        return bisection.Probe(version, state, [signature] if state == "fail" else [], f"run-{version}", 1)
+
+    profile = load_profile("history", REPO_ROOT / "matrix")
+    options = MatrixOptions(results_dir=tmp_path, install=InstallOptions(envs_dir=tmp_path / "envs"))
+    older = {"torch": "2.4.1", "transformers": "4.45.0", "peft": "0.13.0"}
+    named = flips.sweep_window(window, profile, older, options, tmp_path / "w", probe=probe)
+    assert named.is_window
+    assert named.changes_words() == "ended with transformers 4.46.1 · started with transformers 4.47.0"
+    assert [(c["release"], c["last_before"], c["runs"]) for c in named.changes] == [
+        ("4.46.1", "4.45.2", ["run-4.45.2", "run-4.46.1"]),
+        ("4.47.0", "4.46.3", ["run-4.46.3", "run-4.47.0"]),
+    ]
+    assert sorted(v for _, v, _, _ in ran) == releases  # seven releases: every one measured, on the older day's stack
+    assert {d for _, _, d, _ in ran} == {"2024-09-26"} and named.sweep["yanked"] == ["4.46.0"]
+    # Written and read back as flips.json keeps it.
+    again = Flip.from_json(json.loads(json.dumps(named.as_atlas_json())))
+    assert again.changes == named.changes and again.sweep == named.sweep

@@ -257,7 +257,15 @@ def flips_markdown(
     ]
     verdicts = dated_verdicts(records, specs or {})[2] if records else {}
     set_aside: list[str] = []
+    quiet: list[str] = []
     for flip in flips:
+        if flip.older_state == flip.newer_state:
+            # A window: two days that agree, swept over the releases between them (a fix and the break after it).
+            if flip.changes:
+                lines.append(_window_line(flip))
+            elif flip.sweep:
+                quiet.append(f"{md(flip.scenario)}{_series(flip)} {md(flip.older)} .. {md(flip.newer)}")
+            continue
         upstream = upstream_verdict(flip)
         agrees = ""
         if upstream:
@@ -285,11 +293,20 @@ def flips_markdown(
             package, release = "- (masking, not a cause)", "-"
             if upstream and flip.newer_state != "target":
                 agrees = f"{md(upstream['package'])} {md(upstream['release'])}: not comparable (masked, not fixed)"
-        series = f" ({md(flip.family)})" if (flip.family or "").startswith(CONFIG_SERIES) else ""  # one config's flip
+        if flip.changes and not others:
+            # A sweep: every change between the two days, each compared with the upstream record of its direction.
+            release = md(flip.changes_words())
+            agrees = "; ".join(_change_upstream_words(flip, c) for c in flip.changes)
         lines.append(
-            f"| {md(flip.scenario)}{series} | {code(flip.signature or '-')} | "
+            f"| {md(flip.scenario)}{_series(flip)} | {code(flip.signature or '-')} | "
             f"{change} | {md(flip.older)} .. {md(flip.newer)} | {package} | {release} | {agrees} |"
         )
+    if quiet:
+        lines += [
+            "",
+            "Day pairs whose outcome agrees, swept over the releases the upstream record names between them, with no "
+            "change found inside (`compat-matrix flips --windows`): " + "; ".join(quiet) + ".",
+        ]
     if set_aside:
         lines += [
             "",
@@ -299,6 +316,59 @@ def flips_markdown(
             *set_aside,
         ]
     return "\n".join(lines) + "\n"
+
+
+def _series(flip: Flip) -> str:
+    """' (config-6827e2abe2)' for one config's series, '' for a scenario's."""
+    return f" ({md(flip.family)})" if (flip.family or "").startswith(CONFIG_SERIES) else ""
+
+
+def change_upstream(flip: Flip, change: dict[str, Any]) -> dict[str, Any] | None:
+    """The upstream record of one change a sweep found (its own direction), and whether it names this release."""
+    from scenarios.failure_names import upstream_change
+
+    newer_state = "target" if change["direction"] == "started" else "not-reproduced"
+    known = upstream_change(flip.signature, newer_state, (change["package"], change["release"]))
+    if known is None:
+        return None
+    same = (change["package"], change["release"]) == (known["package"], known["release"])
+    # A release the record names that was yanked (no run can install it) lies between the sweep's last release
+    # before the change and the change: the change's release is the first installable one after it.
+    yanked = known["release"] in ((flip.sweep or {}).get("yanked") or []) and known["package"] == change["package"]
+    between = yanked and _release(change.get("last_before")) < _release(known["release"]) < _release(change["release"])
+    return known | {"agrees": same or between, "yanked": between}
+
+
+def _release(version: str | None) -> tuple[int, ...]:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version or "0").release
+    except InvalidVersion:
+        return (0,)
+
+
+def _change_upstream_words(flip: Flip, change: dict[str, Any]) -> str:
+    known = change_upstream(flip, change)
+    if known is None:
+        return f"{md(change['release'])}: no upstream record"
+    if known.get("yanked"):
+        return (
+            f"{md(change['release'])}: agrees ({md(known['release'])} is yanked; {md(change['release'])} is the next)"
+        )
+    return f"{md(change['release'])}: " + ("agrees" if known["agrees"] else f"differs ({md(known['release'])})")
+
+
+def _window_line(flip: Flip) -> str:
+    """A window's row: both days agree, the sweep names every change between them and the runs behind each."""
+    state = md(flip.older_state)
+    agrees = "; ".join(_change_upstream_words(flip, c) for c in flip.changes)
+    note = f" ({md(flip.note)})" if flip.note else ""
+    return (
+        f"| {md(flip.scenario)}{_series(flip)} | {code(flip.signature or '-')} | {state} on both days, a window "
+        f"inside | {md(flip.older)} .. {md(flip.newer)} | {md(flip.package or '-')} | {md(flip.changes_words())}"
+        f"{note} | {agrees} |"
+    )
 
 
 def _states_today(flip: Flip, verdicts: dict[str, Any]) -> tuple[str, str] | None:

@@ -49,6 +49,11 @@ class Finding:
     link: str = ""
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)
     changed: dict[str, Any] | None = None
+    #: GPUs the reproducer needs (0: it runs on CPU with `uv run`).
+    gpus: int = 0
+    #: Where no atlas flip names the release (its onset day is masked): the probe run that showed it, the day it moved
+    #: the package onto and the config ({run, day, config, atlas_run, pass_run, pass_day}).
+    probe: dict[str, Any] = field(default_factory=dict)
 
     @property
     def verified(self) -> bool:
@@ -85,7 +90,8 @@ def load_finding(folder: Path) -> Finding:
     return Finding(
         id=folder.name, folder=folder, **{k: str(data[k]) for k in _REQUIRED}, flip=data.get("flip") or {},
         searched=list(upstream.get("searched") or []), status=str(upstream.get("status") or "new"),
-        link=str(upstream.get("link") or ""), runs=runs, changed=changed,
+        link=str(upstream.get("link") or ""), runs=runs, changed=changed, gpus=int(data.get("gpus") or 0),
+        probe=dict(data.get("probe") or {}),
     )  # fmt: skip
 
 
@@ -96,6 +102,8 @@ def load_all(root: Path) -> list[Finding]:
 def still_seen(finding: Finding, results_dir: Path) -> str | None:
     """None while the atlas flip that found it still stands (its run not superseded, the flip in its flips.json with
     the same package and releases); else why it is no longer seen."""
+    if finding.probe:
+        return _probe_still_seen(finding, results_dir)
     run = finding.flip.get("run", "")
     meta_path = results_dir / "runs" / run / "meta.json"
     if not meta_path.is_file():
@@ -120,9 +128,27 @@ def still_seen(finding: Finding, results_dir: Path) -> str | None:
     return f"no flip of {finding.scenario} between {finding.flip.get('older')} and {finding.flip.get('newer')} in {run}"
 
 
+def _probe_still_seen(finding: Finding, results_dir: Path) -> str | None:
+    """A finding found by a probe (no atlas flip names it): None while the probe run's record of the config still shows
+    the failure by today's rules."""
+    from harness.recording.packing import run_dirs
+
+    run = str(finding.probe.get("run"))
+    folders = [d for d in run_dirs(results_dir) if d.name == run]
+    if not folders:
+        return f"its probe run {run} is not under {results_dir}"
+    records = rename_all(read_records(folders[0] / "records.jsonl"))
+    mine = [r for r in records if r["config_id"] == finding.probe.get("config") and r["variant"] == "baseline"]
+    if any(r.get("signature") == finding.signature for r in mine):
+        return None
+    return f"its probe run {run} no longer shows {finding.signature} on config {finding.probe.get('config')}"
+
+
 def fixes_that_pass(finding: Finding, results_dir: Path, spec: dict[str, Any] | None) -> list[tuple[str, str, str]]:
     """(variant, kind, what it does) of every change that removed the failure on the flip's failing day, from the
     scenario's records there (the table's own verdict)."""
+    if finding.probe:
+        return []  # no atlas day holds the finding's own flip: its fixes are in the table, per day
     run = finding.flip.get("run", "")
     day = finding.flip.get("newer") if finding.direction == "starts" else finding.flip.get("older")
     records = [
@@ -154,7 +180,8 @@ def issue_body(finding: Finding, results_dir: Path | None = None, spec: dict[str
         f"**{issue_title(finding)}**",
         "",
         "### System Info\n",
-        f"The two runs of the reproducer below (`uv run repro.py`), as their processes imported them "
+        f"The two runs of the reproducer below (`uv run repro.py`{_on_gpus(finding)}), as their processes imported "
+        "them "
         f"({'verified' if finding.verified else 'NOT verified: the runs do not flip as the atlas did'}):",
         "",
         f"| package | failing ({finding.package} {finding.bad}) | passing ({finding.package} {finding.good}) |",
@@ -191,7 +218,26 @@ def issue_body(finding: Finding, results_dir: Path | None = None, spec: dict[str
     return "\n".join(lines) + "\n"
 
 
+def _on_gpus(finding: Finding) -> str:
+    """' on 2 GPUs (NVIDIA H200 x 2)' for a reproducer that needs GPUs, from the machine its runs measured."""
+    if not finding.gpus:
+        return ""
+    machine = (finding.runs.get("bad") or {}).get("machine") or {}
+    names = ", ".join(machine.get("gpu") or [])
+    return f" on {finding.gpus} GPUs" + (f" ({names} x {machine.get('gpus')})" if names else "")
+
+
 def _which_release(finding: Finding) -> str:
+    if finding.probe:
+        probe = finding.probe
+        return (
+            f"Measured on {finding.gpus} GPUs, in the atlas's probes ({finding.scenario}, `{finding.signature}`): on "
+            f"the install day {probe.get('older_day')}'s stack, moving {finding.package} alone to {finding.bad} brings "
+            f"it (probe run `{probe.get('run')}`, day `{probe.get('day')}`, config {probe.get('config')}); the day "
+            f"itself fails otherwise first (the uninterrupted run is off there), so no atlas flip names it. The "
+            f"reproducer above, run on {finding.gpus} GPUs at {finding.bad} and at {finding.good} with every other pin "
+            "held, shows the same."
+        )
     flip = finding.flip
     where = (
         f"The atlas flip of run `{flip.get('run')}` ({finding.scenario}, `{finding.signature}`, between the install "

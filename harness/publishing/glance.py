@@ -10,6 +10,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from harness.define.packages import AXIS_PACKAGES, public_version, short_name
+from harness.publishing import knowledge
 from harness.recording.verdicts import first_change, largest_off_by, variant_kinds, verdict
 from harness.textsafe import md, slug
 
@@ -39,9 +40,18 @@ LEGEND = (
 )
 
 
-def entry(found: Any, spec: dict[str, Any] | None) -> str:
-    """'✗ 5/6 · try cast_forward_inputs', '✓ 0/4 (!)', 'n/a', within ENTRY_LIMIT characters."""
-    if found.state in ("empty", "no-baseline"):
+def entry(found: Any, spec: dict[str, Any] | None, pitfalls: int = 0) -> str:
+    """'✗ 5/6 · try cast_forward_inputs', '✓ 0/4 (!)', 'n/a', within ENTRY_LIMIT characters; ' · ⚠ 1 pitfall' where
+    configs that fail on every release were left out of the count (listed once, under the glance), and '⚠ pitfall'
+    alone where nothing else of the scenario ran there."""
+    text = _entry(found, spec)
+    if pitfalls:
+        text = "⚠ pitfall" if text in ("-", "n/a") else f"{text} · ⚠ {pitfalls} pitfall{'s' if pitfalls > 1 else ''}"
+    return text if len(text) <= ENTRY_LIMIT else text[: ENTRY_LIMIT - 1] + "…"
+
+
+def _entry(found: Any, spec: dict[str, Any] | None) -> str:
+    if found is None or found.state in ("empty", "no-baseline"):
         return "-"
     symbol = SYMBOLS.get(found.state, found.state)
     if found.state in ("target", "failures"):
@@ -62,7 +72,7 @@ def entry(found: Any, spec: dict[str, Any] | None) -> str:
         text = f"{symbol} 0/{found.candidates}" + (" (!)" if found.others else "")
     else:
         text = symbol
-    return text if len(text) <= ENTRY_LIMIT else text[: ENTRY_LIMIT - 1] + "…"
+    return text
 
 
 def discrepancy_note(found: Any, spec: dict[str, Any] | None) -> str:
@@ -109,10 +119,17 @@ def fullest_versions(cell_records: list[dict[str, Any]]) -> dict[str, Any]:
     return max(with_versions, key=lambda v: sum(1 for p in AXIS_PACKAGES if v.get(p)), default={})
 
 
-def glance_tables(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def glance_tables(
+    records: list[dict[str, Any]],
+    specs: dict[str, dict[str, Any]],
+    pitfalls: dict[tuple[str, str], knowledge.Pitfall] | None = None,
+) -> list[dict[str, Any]]:
     """One table per (device, world size): its scenario columns and its rows, newest first, each row named by
     the versions that ran, with the cell it stands for and one short entry per scenario. The Markdown table,
-    matrix.json and the site's answer grid are all drawn from this."""
+    matrix.json and the site's answer grid are all drawn from this. A config that fails on every release measured
+    (`knowledge.pitfalls`, from these records where none are given) never counts in an entry's k/n."""
+    if pitfalls is None:
+        pitfalls = knowledge.pitfalls(records, specs)
     by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         by_cell[record["cell"]].append(record)
@@ -131,10 +148,13 @@ def glance_tables(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]
         label = (version_label(versions) or cell) + (f" ({date})" if date else "")
         entries = []
         for scenario in scenarios:
-            subset = [r for r in cell_records if r["scenario"] == scenario]
+            subset, left_out = knowledge.without_pitfalls(
+                [r for r in cell_records if r["scenario"] == scenario], pitfalls
+            )
             found = verdict(subset, specs.get(scenario)) if subset else None
-            text = entry(found, specs.get(scenario)) if found else "-"
-            entries.append({"scenario": scenario, "text": text, "state": found.state if found else "empty"})
+            text = entry(found, specs.get(scenario), len(left_out)) if found or left_out else "-"
+            state = found.state if found else "empty"
+            entries.append({"scenario": scenario, "text": text, "state": state, "pitfalls": sorted(left_out)})
         order = tuple(public_version(str(versions.get(p) or "0")) for p in AXIS_PACKAGES)
         row = {"label": label, "cell": cell, "day": date or None, "versions": shown, "entries": entries}
         groups[(device, ranks)].append((order, row))
@@ -169,10 +189,17 @@ def _title(device: str, ranks: int) -> str:
     return f"CPU, up to {ranks} rank{plural}" if device == "CPU" else f"GPU, {ranks} rank{plural}"
 
 
-def glance_markdown(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> list[str]:
-    """The glance table's lines: one table per (device, world size), rows named by versions, newest first."""
+def glance_markdown(
+    records: list[dict[str, Any]],
+    specs: dict[str, dict[str, Any]],
+    pitfalls: dict[tuple[str, str], knowledge.Pitfall] | None = None,
+) -> list[str]:
+    """The glance table's lines: one table per (device, world size), rows named by versions, newest first; then the
+    pitfalls, once each."""
+    if pitfalls is None:
+        pitfalls = knowledge.pitfalls(records, specs)
     lines = ["## The answer at a glance", "", LEGEND, ""]
-    tables = glance_tables(records, specs)
+    tables = glance_tables(records, specs, pitfalls)
     if tables:
         heads = "; ".join(f"**{md(c['label'])}**: {md(c['what'])}" for c in tables[0]["columns"] if c["what"])
         lines += [f"Columns: {heads}.", ""]
@@ -184,7 +211,66 @@ def glance_markdown(records: list[dict[str, Any]], specs: dict[str, dict[str, An
         for row in table["rows"]:
             lines.append(f"| {md(row['label'])} | " + " | ".join(md(e["text"]) for e in row["entries"]) + " |")
         lines.append("")
-    return lines
+    return lines + pitfalls_markdown(pitfalls, specs)
+
+
+def pitfall_rows(
+    pitfalls: dict[tuple[str, str], knowledge.Pitfall], specs: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each pitfall once, in words: scenario, device, setup, why, where measured, how far off, the way out (for the
+    Markdown list, matrix.json and the site)."""
+    rows = []
+    for pitfall in sorted(pitfalls.values(), key=lambda p: (p.scenario, p.device, p.config_id)):
+        spec = specs.get(pitfall.scenario)
+        kinds = variant_kinds(spec)
+        off = ""
+        if pitfall.off_by:
+            low, high = pitfall.off_by
+            off = f"off {low:.2g}x" if f"{low:.2g}" == f"{high:.2g}" else f"off {low:.2g}x to {high:.2g}x"
+        fixes = [
+            f"{n}" + ("" if kinds.get(n) == "fix" else " (w/a)")
+            for n in sorted(pitfall.fixes, key=lambda n: kinds.get(n) != "fix")
+        ]
+        rows.append(
+            {
+                "scenario": pitfall.scenario,
+                "config_id": pitfall.config_id,
+                "device": "GPU" if pitfall.device == "cuda" else "CPU",
+                "setup": knowledge.setup_words(pitfall.config),
+                "why": pitfall.words(spec),
+                "measured": f"{pitfall.stacks} stacks, {pitfall.first_day} to {pitfall.last_day}",
+                "off": off,
+                "way_out": ", ".join(fixes) or "no measured change removes it",
+                "failure": pitfall.family,
+            }
+        )
+    return rows
+
+
+def pitfalls_markdown(
+    pitfalls: dict[tuple[str, str], knowledge.Pitfall], specs: dict[str, dict[str, Any]]
+) -> list[str]:
+    """'### Pitfalls': each config that fails on every release measured, once; the grid's counts leave them out."""
+    rows = pitfall_rows(pitfalls, specs)
+    if not rows:
+        return []
+    lines = [
+        "### Pitfalls: setups that fail on every release measured",
+        "",
+        "Not a version failure: each config below shows its scenario's failure on every install day it ran on that "
+        "device (every other record of it, probes included, never passed), so no upgrade or pin leaves it; the grid's "
+        "k/n counts leave them out (⚠ marks where one was left out). The way out is a change of the setup.",
+        "",
+        "| scenario | device | setup | what | measured | way out |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        what = md(row["why"]) + (f" ({md(row['off'])})" if row["off"] else "")
+        lines.append(
+            f"| {md(row['scenario'])} | {row['device']} | {md(row['setup'])} | {what} | {md(row['measured'])} | "
+            f"{md(row['way_out'])} |"
+        )
+    return [*lines, ""]
 
 
 def pick_options(tables: list[dict[str, Any]], packages: list[str]) -> dict[str, list[str]]:

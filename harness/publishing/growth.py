@@ -9,6 +9,7 @@ from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES, public_version
 from harness.define.registry import discover
+from harness.publishing import knowledge
 from harness.publishing.atlas import dated_verdicts
 from harness.publishing.report import latest_by_key
 from harness.recording.records import read_records
@@ -45,8 +46,11 @@ def newest_change_text(run_dir: Path) -> str:
 
 def newest_changes(records: list[dict[str, Any]]) -> tuple[str | None, list[str], list[str]]:
     """(the newest day, changed, unchanged): for each scenario of the dated `records`, its newest day against its
-    previous day there (the target state and the fixes that removed it, and what moved in the stack)."""
-    dates, stacks, verdicts = dated_verdicts(records, {s.id: s.spec for s in discover()})
+    previous day there (the target state and the fixes that removed it, and what moved in the stack). A config that
+    fails on every release (a pitfall, `knowledge.pitfalls`) is no change of any day: it is left out."""
+    specs = {s.id: s.spec for s in discover()}
+    records, _ = knowledge.without_pitfalls(records, knowledge.pitfalls(records, specs))
+    dates, stacks, verdicts = dated_verdicts(records, specs)
     changed, same = [], []
     for scenario in sorted(verdicts):
         days = sorted(verdicts[scenario])

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES
-from harness.publishing.glance import SYMBOLS_LEGEND, glance_tables, pick_options
+from harness.publishing.glance import SYMBOLS_LEGEND, glance_tables, pick_options, pitfall_rows
 from harness.publishing.report import Selection, retired, same_code
 from harness.recording import runs
 from harness.recording.outcomes import BAD
@@ -39,6 +39,7 @@ def build_matrix(
     """The document behind matrix.json and the site (schema: docs/matrix-json.md)."""
     specs = specs or {}
     records, flaky = selection.latest()
+    pitfalls = selection.pitfalls(specs)
     grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         grouped[(record["cell"], record["scenario"])].append(record)
@@ -109,7 +110,8 @@ def build_matrix(
         },
         "records": slim,
         "flaky_keys": sorted(list(k) for k in flaky),
-        "glance": glance_tables(records, specs),
+        "glance": glance_tables(records, specs, pitfalls),
+        "pitfalls": pitfall_rows(pitfalls, specs),
     }
 
 
@@ -251,6 +253,7 @@ def write_site(document: dict[str, Any], out_dir: Path) -> Path:
         "pick_options": pick_options(document.get("glance", []), document.get("packages", [])),
         "legend": SYMBOLS_LEGEND + " Click an entry for its records.",
         "findings": document.get("findings", []),
+        "pitfalls": document.get("pitfalls", []),
         "lately": document.get("lately") or {},
         "generated_at": document.get("generated_at"),
     }

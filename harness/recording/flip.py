@@ -57,12 +57,27 @@ class Flip:
     #: The packaging bisect's variant and the cell its probes vary.
     variant: str | None = None
     base_cell: str | None = None
+    #: Every change a sweep of the package's releases found between the two sides, in order (`release_sweep`):
+    #: {package, release, last_before, before, after, direction, stepped_over, runs}. A flip whose sides agree and
+    #: whose sweep found changes inside is a window (a fix and the break after it, or the other way round).
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    #: The sweep behind `changes`: candidates, points, runs (each with its seconds), releases never measured.
+    sweep: dict[str, Any] | None = None
     #: The dated run the flip was found in (set when the table reads flips.json; never written).
     run_id: str | None = None
 
     @property
     def direction(self) -> str:
         return "started" if self.newer_state == "target" else "ended"
+
+    @property
+    def is_window(self) -> bool:
+        """Both sides agree, and a sweep found changes between them: what a binary search cannot see."""
+        return self.older_state == self.newer_state and bool(self.changes)
+
+    def changes_words(self) -> str:
+        """'ended with transformers 4.46.0 · started again with transformers 4.47.0', from the sweep; '' without."""
+        return changes_words(self.changes)
 
     @property
     def search_bound(self) -> int:
@@ -98,7 +113,7 @@ class Flip:
             "probes": self.moves, "reproducing": self.reproducing, "package": self.package, "release": self.release,
             "bisect": self.bisect, "upstream": self.upstream, "config_ids": self.config_ids, "family": self.family,
             "last_release_before": self.last_release_before, "note": self.note,
-        }  # fmt: skip
+        } | ({"changes": self.changes, "sweep": self.sweep} if self.sweep else {})  # fmt: skip
 
     def as_script_json(self) -> dict[str, Any]:
         """A `bisect-script` verdict's layout of one flip."""
@@ -142,6 +157,19 @@ class Flip:
         if "first_release" in data:
             values["release"] = data["first_release"]
         return cls(**values)
+
+
+def changes_words(changes: list[dict[str, Any]]) -> str:
+    """A sweep's changes in order: 'ended with transformers 4.46.0 · started again with transformers 4.47.0' (the
+    first of each direction without 'again'); '' where there is none."""
+    seen: set[str] = set()
+    words = []
+    for change in changes:
+        again = " again" if change["direction"] in seen else ""
+        seen.add(change["direction"])
+        package = f"{change['package']} " if change.get("package") else ""
+        words.append(f"{change['direction']}{again} with {package}{change['release']}")
+    return " · ".join(words)
 
 
 def move_words(move: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from harness.errors import UsageError
 from harness.execution import hardware
 from harness.execution.launcher import LaunchSpec, WorkerSession, stack_env
 from harness.execution.scenario_run import observed
+from harness.publishing import knowledge
 from harness.recording.record import judge, make_record
 from harness.recording.verdicts import headline, verdict
 
@@ -60,6 +61,7 @@ def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sy
     print("this environment: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f"; {device}", file=stream)
     reproduced: list[str] = []
     outcomes: dict[str, list[dict[str, Any]]] = {}
+    known_pitfalls = published_pitfalls(results_dir)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="compat-check-") as workdir:
         runnable: list[Scenario] = []
@@ -80,9 +82,12 @@ def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sy
                 sessions[position].close()
                 took = time.monotonic() - scenario_started
                 outcomes[scenario.id] = records
-                found = verdict(records, scenario.spec)
+                counted, left_out = knowledge.without_pitfalls(records, known_pitfalls)
+                found = verdict(counted, scenario.spec)
                 print(f"\n{scenario.id}: {scenario.spec.get('title', '')}", file=stream)
-                for line in headline(found, scenario.spec):
+                for line in headline(found, scenario.spec) if counted else []:
+                    print(f"  {line}", file=stream)
+                for line in pitfall_lines(records, left_out, known_pitfalls, scenario.spec):
                     print(f"  {line}", file=stream)
                 print(f"  took: {took:.0f} s ({len(records)} runs)", file=stream)
                 if found.state == "target":
@@ -99,6 +104,41 @@ def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sy
         return 1
     print("no target failure reproduced in this environment", file=stream)
     return 0
+
+
+def published_pitfalls(results_dir: Path) -> dict[tuple[str, str], knowledge.Pitfall]:
+    """The configs the published table lists as pitfalls (fail on every release measured); none where there is no
+    table to read."""
+    from harness.publishing.report import select_runs
+
+    try:
+        selection = select_runs(results_dir)
+    except UsageError:
+        return {}
+    return selection.pitfalls({s.id: s.spec for s in discover()}) if selection.run_ids else {}
+
+
+def pitfall_lines(
+    records: list[dict[str, Any]],
+    left_out: set[str],
+    pitfalls: dict[tuple[str, str], knowledge.Pitfall],
+    spec: dict[str, Any],
+) -> list[str]:
+    """The pitfall configs this check ran, each once: what it showed here and why it is no failure of these versions
+    (it fails on every release measured), never counted in the k/n above nor in the exit code."""
+    lines = []
+    for config_id in sorted(left_out):
+        mine = [r for r in records if r["config_id"] == config_id and r["variant"] == "baseline"]
+        if not mine:
+            continue
+        pitfall = pitfalls[knowledge.pitfall_key(mine[0]["scenario"], knowledge.device_class(mine[0]), config_id)]
+        here = "shows here too" if mine[0]["outcome"] != "pass" else "PASSES here (the first release measured to)"
+        lines.append(
+            f"pitfall, not counted ({knowledge.setup_words(pitfall.config)}): {pitfall.words(spec)}; {here}; "
+            f"fails on every release measured ({pitfall.stacks} stacks, {pitfall.first_day} to {pitfall.last_day}); "
+            f"way out: {', '.join(pitfall.fixes) or 'no measured change removes it'}"
+        )
+    return lines
 
 
 def _jit_cache_dir() -> Path:

@@ -96,10 +96,72 @@ def run_traced(text: str, package: str, trace_dir: Path, timeout_s: float = RUN_
     }
 
 
-def verify(folder: Path, say: Any = print) -> dict[str, Any]:
+def run_on_node(text: str, package: str, version: str, wheels: Path, trace_dir: Path) -> dict[str, Any]:
+    """One run of the reproducer on an air-gapped node: this interpreter over the node's own stack, with a `--target`
+    overlay first on PYTHONPATH (as the node's rounds layer releases) of `package` at `version` and every other wheel
+    in `wheels` (the reproducer's other pins where the node's own releases differ, and what they need), every process
+    traced. The run's `machine` says which GPUs ran it and what the overlay held; its `versions`, what the processes
+    imported."""
+    import sys
+
+    from harness.define.packages import import_name
+    from harness.execution import hardware
+
+    prefix = import_name(package)
+    found = sorted(wheels.glob(f"{prefix}-{version}-*.whl"))
+    if not found:
+        raise UsageError(f"no wheel of {package} {version} in {wheels}")
+    others = sorted(w for w in wheels.glob("*.whl") if not w.name.startswith(f"{prefix}-"))
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="finding-") as scratch:
+        site = Path(scratch) / "site"
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile", "--target",
+             str(site), str(found[0]), *map(str, others)], check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        env = dict(os.environ) | {
+            "PYTHONPATH": os.pathsep.join(p for p in (str(TRACER_DIR), str(site), os.environ.get("PYTHONPATH")) if p),
+            "COMPAT_MATRIX_TRACE_PACKAGE": import_name(package),
+            "COMPAT_MATRIX_TRACE_DIR": str(trace_dir),
+        }
+        script = Path(scratch) / "repro.py"
+        script.write_text(text)
+        started = time.monotonic()
+        try:
+            proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=scratch,
+                                  timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)  # fmt: skip
+            code, out, err = proc.returncode, proc.stdout, proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            code, out, err = None, str(exc.stdout or ""), str(exc.stderr or "")
+    lines = [line for line in out.splitlines() if line.strip()]
+    _, _, versions = changed_code.read_traces(trace_dir)
+    gpus = hardware.visible_gpus()
+    return {
+        "exit_code": code,
+        "line": lines[-1] if lines else None,
+        "seconds": round(time.monotonic() - started, 1),
+        "versions": versions,
+        "machine": {"gpus": len(gpus), "gpu": sorted(set(gpus)), "overlay": [found[0].name, *(w.name for w in others)]},
+        "stdout_tail": out[-_TAIL:],
+        "stderr_tail": err[-_TAIL:],
+    }
+
+
+def verify(folder: Path, say: Any = print, node_wheels: Path | None = None) -> dict[str, Any]:
     """Run the finding's reproducer at the first bad and the last good release, traced, and record both runs and
-    the changed code. Returns the two runs."""
+    the changed code. Returns the two runs. A reproducer that needs GPUs runs where they are: with `node_wheels`,
+    on the node's own stack (`run_on_node`); without, only where this machine has as many GPUs."""
     finding = load_finding(folder)
+    if finding.gpus and node_wheels is None:
+        from harness.execution import hardware
+
+        have = len(hardware.visible_gpus())
+        if have < finding.gpus:
+            raise UsageError(
+                f"{finding.id}'s reproducer needs {finding.gpus} GPUs, this machine has {have}: run "
+                f"`python3 -m harness findings {finding.id} --verify --node-wheels DIR` on a GPU node, DIR holding "
+                f"the {finding.package} {finding.bad} and {finding.good} wheels (docs/findings.md)"
+            )
     text = (folder / "repro.py").read_text()
     bad_text = pinned_variant(text, finding.package, finding.bad)
     if bad_text != text:
@@ -109,7 +171,10 @@ def verify(folder: Path, say: Any = print) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="finding-traces-") as traces:
         for side, version, body in (("bad", finding.bad, bad_text), ("good", finding.good, good_text)):
             say(f"{finding.id}: {finding.package}=={version} ({side}) ...")
-            found = run_traced(body, finding.package, Path(traces) / side)
+            if node_wheels is not None:
+                found = run_on_node(body, finding.package, version, node_wheels, Path(traces) / side)
+            else:
+                found = run_traced(body, finding.package, Path(traces) / side)
             run = {
                 "side": side, "package": finding.package, "version": version, "pins": pins_of(body),
                 "script_sha256": hashlib.sha256(body.encode()).hexdigest(), "made_at": now_iso(), **found,
@@ -146,8 +211,8 @@ def command(args: Any) -> int:
     if not (folder / "finding.toml").is_file():
         known = ", ".join(sorted(p.parent.name for p in root.glob("*/finding.toml"))) or "none"
         raise UsageError(f"no finding {args.finding!r} under {root} (known: {known})")
-    if args.verify:
-        verify(folder)
+    if args.verify or args.node_wheels:
+        verify(folder, node_wheels=args.node_wheels)
         return 0
     from harness.define.registry import discover
 

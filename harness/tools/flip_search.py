@@ -14,6 +14,8 @@ a GPU node where each round is a device call).
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass, field
 
 
@@ -85,3 +87,112 @@ def reproduces(state: str, newer_state: str) -> bool:
     if newer_state in _SHOWS:
         return state in _SHOWS
     return newer_state in _ABSENT and state in _ABSENT
+
+
+# --- The sweep: every change between two measured points, not only one -------------------------------------------
+#
+# A binary search assumes one change between its ends. Between two install days a release can fix a failure and a
+# later one break it again (transformers' gradient accumulation: fixed in 4.46.0, broken in 4.47.0, fixed in
+# 4.47.1, broken in 4.48.0, fixed in 4.48.1); ends that agree then hide two changes, ends that differ hide three.
+# The sweep measures every release where there are few, else the first and the last patch of every minor in
+# between, then searches each gap between two neighbouring measured releases whose states differ. It finds every
+# change the sweep points can see; a change and its undoing inside one minor's patches, with neither end showing
+# it, stays unseen, and the sweep says which releases it did not measure.
+
+#: Where a range has this many releases or fewer, the sweep measures every one.
+FEW_RELEASES = 8
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change the sweep found: the first release with the new state, the last one with the old state before it,
+    and releases between them that were no evidence (stepped over: the change may hide in them)."""
+
+    release: str
+    last_before: str
+    before: str
+    after: str
+    stepped_over: list[str] = field(default_factory=list)
+
+    @property
+    def direction(self) -> str:
+        """'ended' where the failure stops showing, 'started' where it starts."""
+        return "started" if evidence_state(self.after) == SHOWS else "ended"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Where a sweep stands: the releases to measure next, or (none left) every change found, in order."""
+
+    probes: list[str]
+    changes: list[Change] = field(default_factory=list)
+    stepped_over: list[str] = field(default_factory=list)
+    #: Releases of the range the sweep never measured (no change can be named inside them from the records).
+    unmeasured: list[str] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return not self.probes
+
+
+def evidence_state(state: str) -> str:
+    """A probe's state in the one rule's words: SHOWS, ABSENT, or NO_EVIDENCE (anything else)."""
+    if state in _SHOWS or state == SHOWS:
+        return SHOWS
+    if state in _ABSENT or state == ABSENT:
+        return ABSENT
+    return NO_EVIDENCE
+
+
+def sweep_points(candidates: list[str], few: int = FEW_RELEASES) -> list[str]:
+    """The releases a sweep measures first: all of them where there are `few` or fewer, else both ends and the first
+    and the last release of every minor in between (oldest first)."""
+    if len(candidates) <= few:
+        return list(candidates)
+    from packaging.version import Version
+
+    chosen = {candidates[0], candidates[-1]}
+    by_minor: dict[tuple[int, ...], list[str]] = {}
+    for version in candidates:
+        by_minor.setdefault(Version(version).release[:2], []).append(version)
+    for releases in by_minor.values():
+        chosen |= {releases[0], releases[-1]}
+    return [v for v in candidates if v in chosen]
+
+
+def sweep_bound(candidates: list[str], few: int = FEW_RELEASES) -> int:
+    """The most runs a sweep of `candidates` can take if every gap between two sweep points held a change: its
+    points, plus a binary search of each gap (ceil(log2(gap + 1)) runs)."""
+    points = sweep_points(candidates, few)
+    index = [candidates.index(p) for p in points]
+    gaps = [b - a - 1 for a, b in itertools.pairwise(index) if b - a > 1]
+    return len(points) + sum(math.ceil(math.log2(g + 1)) for g in gaps)
+
+
+def next_sweep(candidates: list[str], known: dict[str, str], few: int = FEW_RELEASES) -> Sweep:
+    """The next releases to measure over `candidates` (oldest first) from `known` (release -> state), or every change.
+
+    First the sweep points (all at once: their order does not matter); then, for each pair of neighbouring releases
+    that are evidence and whose states differ with unmeasured releases between them, the midpoint of those (a
+    binary search per gap, all gaps at once). A release that was no evidence is stepped over: listed, never the
+    answer. Done when every differing pair of neighbours is adjacent among the releases not stepped over."""
+    missing = [v for v in sweep_points(candidates, few) if v not in known]
+    if missing:
+        return Sweep(missing)
+    usable = [(i, v) for i, v in enumerate(candidates) if v in known and evidence_state(known[v]) != NO_EVIDENCE]
+    stepped = [v for v in candidates if v in known and evidence_state(known[v]) == NO_EVIDENCE]
+    probes: list[str] = []
+    changes: list[Change] = []
+    for (i, older), (j, newer) in itertools.pairwise(usable):
+        if evidence_state(known[older]) == evidence_state(known[newer]):
+            continue
+        gap = [v for v in candidates[i + 1 : j] if v not in known]
+        if gap:
+            probes += spread(gap, 1)
+        else:
+            between = [v for v in candidates[i + 1 : j] if v in stepped]
+            changes.append(Change(newer, older, known[older], known[newer], between))
+    if probes:
+        return Sweep(probes)
+    unmeasured = [v for v in candidates if v not in known]
+    return Sweep([], changes, stepped, unmeasured)

@@ -25,11 +25,12 @@ from harness.define.registry import discover
 from harness.errors import UsageError
 from harness.execution.options import MatrixOptions
 from harness.paths import REPO_ROOT
+from harness.publishing import knowledge
 from harness.publishing.atlas import CONFIG_SERIES, dated_verdicts, failure_family, family_state, upstream_verdict
 from harness.recording.flip import Flip
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
-from harness.tools import bisection, flip_search
+from harness.tools import bisection, flip_search, release_sweep
 
 #: Target states that say something about the target (not a skip, not a broken environment).
 KNOWN_STATES = ("target", "not-reproduced")
@@ -138,10 +139,16 @@ def name_flip(
     options: MatrixOptions,
     out_dir: Path,
     probe: Probe = bisection.probe_cell,
-    bisector: Callable[..., Flip] = bisection.bisect,
+    bisector: Callable[..., Flip] | None = None,
+    run_ids: tuple[str, ...] = (),
+    runs_dir: Path | None = None,
 ) -> Flip:
-    """Move each changed package alone; bisect the one whose move reproduces the newer outcome. The probes run
-    only the configs that showed the target (a config that never showed it says nothing about the change)."""
+    """Move each changed package alone; sweep the releases of the one whose move reproduces the newer outcome (every
+    change between the two days, `release_sweep`), or bisect them where a `bisector` is given (one change assumed).
+    The probes judge only the configs that showed the target (a config that never showed it says nothing about the
+    change); a sweep runs `run_ids` (the day pair's configs) in `runs_dir` (the pair's shared folder) so the pair's
+    other series judge the same runs."""
+    sweep_options = options
     if flip.config_ids:
         options = replace(options, config_ids=tuple(flip.config_ids))
     held_for: dict[str, Profile] = {}
@@ -169,9 +176,16 @@ def name_flip(
     flip.package = flip.reproducing[0]
     old, new = flip.changed[flip.package]
     for superseded in (out_dir / "bisect").glob("*/verdict.json"):
-        superseded.unlink()  # an earlier bisect of this flip: its runs stay, judged again by this one
+        superseded.unlink()  # an earlier bisect of this flip: its runs stay, judged again by this one or the sweep
         if not any(superseded.parent.iterdir()):
             superseded.parent.rmdir()
+    if bisector is None:
+        swept = release_sweep.sweep_flip(
+            flip, held_for[flip.package], flip.package, old, new, sweep_options, out_dir / "sweep", run_ids=run_ids,
+            runs_dir=(runs_dir / flip.package) if runs_dir else None, probe=probe,
+        )  # fmt: skip
+        swept.bisect = _shown_path(Path(swept.bisect or out_dir))
+        return swept
     verdict_ = bisector(
         held_for[flip.package],
         flip.package,
@@ -218,10 +232,17 @@ def find_flips(
     out_root: Path,
     scenarios: list[str] | None = None,
     again: bool = False,
+    span: tuple[str | None, str | None] = (None, None),
+    windows: bool = False,
+    sweep: bool = True,
 ) -> list[Flip]:
     """Every flip of the run, named where a probe could name it; written to `out_root/<run-id>/flips.json`. A flip an
     earlier invocation named (same dates, states and failure) is taken from flips.json unless `again`; an earlier
-    entry that is no flip of the run's records any more (the records or today's rules changed) is dropped."""
+    entry that is no flip of the run's records any more (the records or today's rules changed) is dropped.
+
+    `span`: only day pairs inside these dates. `windows`: also sweep day pairs whose states agree, for the packages
+    the scenario's upstream record or its earlier flips name (a fix and the break after it inside one interval).
+    `sweep`: a named package's releases are swept (every change); without it, bisected (one change assumed)."""
     # Judged by today's rules, as the table judges them: a flip the table does not show is not probed.
     records = rename_all(read_records(run_dir / "records.jsonl"))
     if not records:
@@ -235,9 +256,16 @@ def find_flips(
     # Flips named by an earlier invocation (e.g. of other scenarios) stay in flips.json unless named again.
     earlier = json.loads((out_dir / "flips.json").read_text()) if (out_dir / "flips.json").is_file() else []
     found = flips_in(states)
+    # A config that fails on every day (a pitfall of its setup) has no window to look inside.
+    pitfalls = {config_id for _, config_id in knowledge.pitfalls(records, specs)}
+    found_windows = [w for w in windows_in(states, specs, earlier) if not set(w.config_ids) <= pitfalls]
+    current = [*found, *found_windows]
     by_key = {_key(e): e for e in earlier}
-    for flip in found:
+    todo = [*found, *(found_windows if windows else [])]
+    for flip in todo:
         if scenarios and not any(flip.scenario.startswith(s) for s in scenarios):
+            continue
+        if (span[0] and flip.older < span[0]) or (span[1] and flip.newer > span[1]):
             continue
         previous = by_key.get(_key(flip.as_atlas_json()))
         same = ("older_state", "newer_state", "signature")
@@ -248,18 +276,120 @@ def find_flips(
             )
             continue
         older = next(r["versions"] for r in states[flip.scenario] if r["date"] == flip.older)
+        older_versions = {p: public_version(older.get(p)) for p in AXIS_PACKAGES}
         # The mode's number names the folder, or the full id where a mode has two scenarios (S2).
         mode = flip.scenario.split("-")[0]
-        label = mode if len({f.scenario for f in found if f.scenario.split("-")[0] == mode}) == 1 else flip.scenario
+        label = mode if len({f.scenario for f in current if f.scenario.split("-")[0] == mode}) == 1 else flip.scenario
         where = out_dir / "-".join(p for p in (label, flip.family, flip.older, flip.newer) if p)
-        flip = name_flip(flip, history, {p: public_version(older.get(p)) for p in AXIS_PACKAGES}, options, where)
+        run_ids = pair_configs(flip, current)
+        shared = out_dir / "-".join((label, flip.older, flip.newer, "sweeps"))  # every series of the pair reads it
+        if flip.older_state == flip.newer_state:
+            flip = sweep_window(flip, history, older_versions, options, where, run_ids, runs_dir=shared)
+        else:
+            bisector = None if sweep else bisection.bisect
+            flip = name_flip(flip, history, older_versions, options, where, bisector=bisector, run_ids=run_ids,
+                             runs_dir=shared)  # fmt: skip
         flip.upstream = upstream_verdict(flip)
         named.append(flip)
         out_dir.mkdir(parents=True, exist_ok=True)
-        _write_flips(out_dir, earlier, named, found)
+        _write_flips(out_dir, earlier, named, current)
     if earlier and not named:
-        _write_flips(out_dir, earlier, named, found)  # only to drop what is no flip any more
+        _write_flips(out_dir, earlier, named, current)  # only to drop what is no flip any more
     return named
+
+
+def windows_in(
+    states: dict[str, list[dict[str, Any]]], specs: dict[str, dict[str, Any]], earlier: list[dict[str, Any]]
+) -> list[Flip]:
+    """Neighbouring dates of a series whose target states agree (both known) while a package that the scenario's
+    upstream record or its earlier flips name changed between them: the day pairs a sweep must look inside, since
+    a fix and the break after it (or the other way round) leave the two days alike. Each is a Flip whose sides agree;
+    `changed` holds only the named packages."""
+    found = []
+    for scenario, all_rows in sorted(states.items()):
+        named = knowledge.named_packages((specs.get(scenario) or {}).get("target") or [])
+        named |= {str(e["package"]) for e in earlier if e.get("scenario") == scenario and e.get("package")}
+        for family in dict.fromkeys(r.get("family") for r in all_rows):
+            rows = [r for r in all_rows if r.get("family") == family and r["state"] in KNOWN_STATES]
+            signature = next((r["signature"] for r in all_rows if r.get("family") == family and r["signature"]), None)
+            shows = sorted({c for r in all_rows if r.get("family") == family for c in r["target_ids"]})
+            for older, newer in itertools.pairwise(rows):
+                if older["state"] != newer["state"]:
+                    continue
+                changed = {
+                    p: [public_version(older["versions"].get(p)), public_version(newer["versions"].get(p))]
+                    for p in sorted(named)
+                    if public_version(older["versions"].get(p)) != public_version(newer["versions"].get(p))
+                }
+                if not all(changed.values()) or not changed or any(None in v for v in changed.values()):
+                    continue
+                window = Flip(older["date"], newer["date"], older["state"], newer["state"], changed,
+                              scenario=scenario, signature=signature)  # fmt: skip
+                window.family = family
+                mine = family[len(CONFIG_SERIES) :] if (family or "").startswith(CONFIG_SERIES) else None
+                window.config_ids = [mine] if mine else shows
+                found.append(window)
+    return found
+
+
+def _end_note(sweep: dict[str, Any], flip: Flip, package: str, new: str) -> str:
+    """Where the sweep's newest release, on the older day's stack, is not in the newer day's state: the newer day's
+    state then comes from another package's change, which this sweep did not move. Said, never hidden."""
+    last = next((r for r in sweep.get("runs", []) if r["version"] == new), None)
+    if last is None:
+        return ""
+    wanted = flip_search.SHOWS if flip.newer_state == "target" else flip_search.ABSENT
+    state = flip_search.evidence_state(last["state"])
+    if state in (wanted, flip_search.NO_EVIDENCE):
+        return ""
+    shown = "shows the failure" if state == flip_search.SHOWS else "passes"
+    return (
+        f"{package} {new} on the {flip.older} stack {shown}, unlike the {flip.newer} day: another package's "
+        f"change between the days brings the {flip.newer} state (not swept)"
+    )
+
+
+def pair_configs(flip: Flip, current: list[Flip]) -> tuple[str, ...]:
+    """The configs a probe of this day pair runs: every config of the scenario's flips and windows over the same two
+    days (S9's series are per config: one run of all of them serves each series' judgement)."""
+    same = [f for f in current if (f.scenario, f.older, f.newer) == (flip.scenario, flip.older, flip.newer)]
+    return tuple(sorted({c for f in same for c in f.config_ids}))
+
+
+def sweep_window(
+    flip: Flip,
+    history: Profile,
+    older_versions: dict[str, str],
+    options: MatrixOptions,
+    out_dir: Path,
+    run_ids: tuple[str, ...] = (),
+    probe: Probe = bisection.probe_cell,
+    runs_dir: Path | None = None,
+) -> Flip:
+    """Sweep each named package that changed between two days that agree, over the older day's stack (everything
+    else as of the older day; releases that cannot install so are stepped over and listed): every change found.
+    `runs_dir`: the day pair's shared folder of probe runs (one subfolder per package)."""
+    changes: list[dict[str, Any]] = []
+    sweeps = []
+    for package, (old, new) in flip.changed.items():
+        held = _moving(_held_profile(history, older_versions, flip, flip.older), package, flip.newer)
+        fallback = _moving(_held_profile(history, older_versions, flip, flip.newer), package, flip.newer)
+        swept = release_sweep.sweep_flip(
+            replace(flip, changes=[], sweep=None, package=None), held, package, old, new, options,
+            out_dir / f"sweep-{package}", run_ids=run_ids, probe=probe,
+            runs_dir=(runs_dir / package) if runs_dir else None, fallback=fallback,
+        )  # fmt: skip
+        changes += swept.changes
+        if swept.sweep:
+            sweeps.append(swept.sweep)
+            flip.note = "; ".join(x for x in (flip.note, _end_note(swept.sweep, flip, package, new)) if x)
+        elif swept.note:
+            flip.note = swept.note
+    flip.changes = changes
+    flip.package = next((c["package"] for c in changes), None)
+    flip.sweep = sweeps[0] if len(sweeps) == 1 else ({"packages": sweeps} if sweeps else None)
+    flip.bisect = _shown_path(out_dir)
+    return flip
 
 
 def _key(flip: dict[str, Any]) -> tuple[Any, ...]:
@@ -267,10 +397,16 @@ def _key(flip: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _write_flips(out_dir: Path, earlier: list[dict[str, Any]], named: list[Flip], found: list[Flip]) -> None:
+    """flips.json: what this invocation named, and each earlier entry that is still a flip (or window) of the records
+    with the same states; an entry whose day pair now reads otherwise (a flip whose days now agree) is dropped."""
     fresh = {_key(f.as_atlas_json()) for f in named}
-    current = {_key(f.as_atlas_json()) for f in found}
-    kept = [e for e in earlier if _key(e) in current - fresh]
-    for gone in (e for e in earlier if _key(e) not in current):
+    current = {_key(f.as_atlas_json()): (f.older_state, f.newer_state) for f in found}
+
+    def still(entry: dict[str, Any]) -> bool:
+        return current.get(_key(entry)) == (entry.get("older_state"), entry.get("newer_state"))
+
+    kept = [e for e in earlier if still(e) and _key(e) not in fresh]
+    for gone in (e for e in earlier if not still(e)):
         _withdraw_bisect(gone)
     (out_dir / "flips.json").write_text(json.dumps([*kept, *(f.as_atlas_json() for f in named)], indent=1) + "\n")
 
@@ -314,6 +450,13 @@ def describe(flip: Flip) -> str:
     """'S4 checkpoint-recompute-shape[0]: target -> not-reproduced between 2026-04-15 and 2026-07-29, by
     deepspeed 0.19.3 (bisected)'."""
     change = f"{flip.older_state} -> {flip.newer_state} between {flip.older} and {flip.newer}"
+    if flip.older_state == flip.newer_state:
+        swept = flip.changes_words() or ("no change found by the sweep" if flip.sweep else "not swept")
+        note = f" ({flip.note})" if flip.note else ""
+        where = f"{flip.older_state} on {flip.older} and {flip.newer}"
+        return f"{flip.scenario.split('-')[0]} {flip.signature} {flip.family or ''}: {where}: {swept}{note}"
+    if flip.changes:
+        return f"{flip.scenario.split('-')[0]} {flip.signature} {flip.family or ''}: {change}: {flip.changes_words()}"
     if flip.package and flip.release:
         by = f"{flip.package} {flip.release_words()}"
     elif flip.package:

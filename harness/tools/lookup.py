@@ -1,13 +1,21 @@
-"""`compat-matrix lookup torch==2.4 transformers==4.44 peft==0.12`: the measured rows nearest a user's versions, the
-verdict per scenario there and the first fix to try, saying plainly whether the answer is an exact match, lies
-between two atlas dates, or is an extrapolation outside what was measured.
+"""`compat-matrix lookup transformers==4.46.3 --scenario S9-identity-grad-accumulation`: what the records say about a
+user's exact releases, per setup, with the way out.
 
-A version given as `2.4` matches every 2.4.x release (prefix on release components). Rows are the table's cells
-(newest evidence per profile and GPU count), each with the versions its records imported.
+Exact records first: any record of the asked releases, whatever run holds it (the table's install days, the probes
+of flips, sweeps and bisects, the release watch, an earlier `--measure`). Each scenario answers per setup (engine,
+Trainer or a loop by hand, adapter: `knowledge.setup_of`), each setup with its state and its way out: a release that
+ends the failure (an upgrade), the last good release before one that brought it (a pin), or a fix measured there. A
+config that fails on every release is a pitfall, shown once as such, never as a failure of these versions. Where no
+record has the exact releases, it says so plainly and shows the two atlas dates whose stacks bracket them (or the
+nearest rows, marked as an extrapolation); `--measure` then builds that stack here and answers from its own row.
+
+A version given as `2.4` matches every 2.4.x release (prefix on release components). Without `--device`, a scenario
+that runs on CPU answers from CPU rows.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +27,11 @@ from packaging.version import InvalidVersion, Version
 from harness.define.packages import AXIS_PACKAGES, public_version
 from harness.define.profile import DATE_AXIS
 from harness.errors import UsageError
-from harness.recording.verdicts import first_change, headline, verdict
+from harness.recording.verdicts import first_change, headline, largest_off_by, verdict
+from harness.versions.matching import at_least as _at_least
+from harness.versions.matching import at_most as _at_most
+from harness.versions.matching import matches
+from harness.versions.matching import release_key as _key
 
 CASES = ("exact", "between atlas dates", "outside the atlas", "nearest only")
 
@@ -33,6 +45,9 @@ class Row:
     versions: dict[str, str]
     date: str | None
     by_scenario: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: "table" (an install day or a profile's cell) or "probe" (a flip's move or sweep, a bisect, the watch, --measure).
+    source: str = "table"
+    run_ids: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -61,27 +76,27 @@ def parse_query(items: list[str]) -> dict[str, str]:
     return wanted
 
 
-def matches(have: str | None, wanted: str) -> bool:
-    """'2.4' matches 2.4.0 and 2.4.1; '2.4.1' only 2.4.1."""
-    if not have:
-        return False
-    have_parts, wanted_parts = Version(public_version(have) or have).release, Version(wanted).release
-    return have_parts[: len(wanted_parts)] == wanted_parts
-
-
-def rows_of(records: list[dict[str, Any]]) -> list[Row]:
-    """The table's cells as rows (records of one cell share its versions; the first with versions speaks)."""
-    rows: dict[str, Row] = {}
+def rows_of(records: list[dict[str, Any]], source: str = "table") -> list[Row]:
+    """The records as rows: one per cell and device (records of one cell share its versions; the first with versions
+    speaks). Probe runs of one stack share a cell id: their records are one row, the newest per key."""
+    rows: dict[tuple[str, str], Row] = {}
     for record in records:
-        row = rows.get(record["cell"])
+        device = str((record.get("hardware") or {}).get("device") or "cpu")
+        row = rows.get((record["cell"], device))
         if row is None:
-            device = str((record.get("hardware") or {}).get("device") or "cpu")
-            row = rows[record["cell"]] = Row(record["cell"], device, {}, (record.get("pins") or {}).get(DATE_AXIS))
+            date = (record.get("pins") or {}).get(DATE_AXIS)
+            row = rows[(record["cell"], device)] = Row(record["cell"], device, {}, date, source=source)
         if not row.versions and record.get("versions"):
             row.versions = {
                 p: str(public_version(str(record["versions"][p]))) for p in AXIS_PACKAGES if record["versions"].get(p)
             }
         row.by_scenario.setdefault(record["scenario"], []).append(record)
+        row.run_ids.add(str(record.get("run_id")))
+    if source != "table":
+        from harness.publishing.report import latest_by_key
+
+        for row in rows.values():
+            row.by_scenario = {s: latest_by_key(found)[0] for s, found in row.by_scenario.items()}
     return list(rows.values())
 
 
@@ -109,18 +124,6 @@ def answer(rows: list[Row], wanted: dict[str, str], device: str | None = None) -
     return Answer("nearest only" if inside else "outside the atlas", nearest, _differs(nearest, wanted))
 
 
-def _key(version: str) -> tuple[int, ...]:
-    return Version(public_version(version) or version).release
-
-
-def _at_most(have: str | None, wanted: str) -> bool:
-    return bool(have) and (matches(have, wanted) or _key(have) < _key(wanted))  # type: ignore[arg-type]
-
-
-def _at_least(have: str | None, wanted: str) -> bool:
-    return bool(have) and (matches(have, wanted) or _key(have) > _key(wanted))  # type: ignore[arg-type]
-
-
 def _distance(row: Row, wanted: dict[str, str]) -> tuple[int, int]:
     """(packages that differ, how far the first differing one is, in release components)."""
     off = [p for p, v in wanted.items() if not matches(row.versions.get(p), v)]
@@ -140,28 +143,192 @@ def _differs(rows: list[Row], wanted: dict[str, str]) -> dict[str, list[str]]:
     return found
 
 
-def render(result: Answer, specs: dict[str, dict[str, Any]], scenarios: list[str] | None = None) -> str:
-    """The terminal answer: the case, the rows with their versions, and per scenario the verdict and first fix."""
+def render(
+    result: Answer,
+    specs: dict[str, dict[str, Any]],
+    scenarios: list[str] | None = None,
+    context: Context | None = None,
+) -> str:
+    """The terminal answer: the case, the rows with their versions, and per scenario and setup the verdict and the
+    way out (`context`: the pitfalls, the changes the flips name, the setup asked for)."""
+    context = context or Context()
     notes = {
-        "exact": "measured rows with these versions",
-        "between atlas dates": "no row has these versions; the two atlas dates whose stacks bracket them",
+        "exact": "measured: records at exactly these releases",
+        "between atlas dates": "NOT MEASURED at these releases; the two atlas dates whose stacks bracket them",
         "outside the atlas": "EXTRAPOLATING: these versions lie outside everything measured; the nearest rows",
         "nearest only": "EXTRAPOLATING: no row matches and no two atlas dates bracket them; the nearest rows",
     }
     lines = [f"{result.case}: {notes[result.case]}"]
     for package, (want, have) in result.differs.items():
         lines.append(f"  differs: {package} {want} asked, {have} measured")
+    if result.case != "exact" and context.measure_hint:
+        lines.append(f"  to measure them here: {context.measure_hint}")
+    shown_pitfalls: set[tuple[str, str]] = set()
     for row in result.rows:
         stack = " ".join(f"{p} {row.versions[p]}" for p in AXIS_PACKAGES if p in row.versions)
-        lines.append(f"\n{row.cell} ({row.device}{', ' + row.date if row.date else ''}): {stack}")
+        where = ", ".join(x for x in (row.device, row.date, _source_words(row)) if x)
+        lines.append(f"\n{row.cell} ({where}): {stack}")
         for scenario in sorted(row.by_scenario, key=lambda s: (int(s[1:].split("-")[0]), s)):
             if scenarios and not any(scenario.startswith(s) for s in scenarios):
                 continue
-            spec = specs.get(scenario)
-            lines.append(f"  {scenario}: {short_answer(verdict(row.by_scenario[scenario], spec), spec)}")
+            lines += scenario_lines(scenario, row, specs.get(scenario), context, shown_pitfalls)
         if scenarios and not any(s.startswith(tuple(scenarios)) for s in row.by_scenario):
             lines.append(f"  (no records of {', '.join(scenarios)} in this row)")
     return "\n".join(lines)
+
+
+@dataclass
+class Context:
+    """What the answer needs beside a row's records: the pitfalls, every change the flips and sweeps name, the user's
+    setup words (`--setup`), and how to measure the asked releases (`--measure`)."""
+
+    pitfalls: dict[tuple[str, str], Any] = field(default_factory=dict)
+    changes: list[Any] = field(default_factory=list)
+    setup: tuple[str, ...] = ()
+    measure_hint: str = ""
+
+
+def _source_words(row: Row) -> str:
+    if row.source == "table":
+        return ""
+    return "probe run " + ", ".join(sorted(row.run_ids)[:2]) + (" ..." if len(row.run_ids) > 2 else "")
+
+
+def scenario_lines(
+    scenario: str, row: Row, spec: dict[str, Any] | None, context: Context, shown: set[tuple[str, str]]
+) -> list[str]:
+    """One scenario in one row: a line per setup (its state and way out), the pitfalls once, a single line where the
+    scenario's configs are one setup."""
+    from harness.publishing import knowledge
+
+    records = row.by_scenario[scenario]
+    if context.setup:
+        records = [r for r in records if knowledge.matches_setup(r.get("config"), context.setup)]
+        if not records:
+            return [f"  {scenario}: no config of this setup ({' '.join(context.setup)}) in this row"]
+    counted, left_out = knowledge.without_pitfalls(records, context.pitfalls)
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in counted:
+        groups[knowledge.setup_words(record.get("config"))].append(record)
+    lines = []
+    if len(groups) == 1 and not left_out:
+        [(_, mine)] = groups.items()
+        lines.append(f"  {scenario}: {setup_answer(mine, row, spec, context)}")
+    else:
+        lines.append(f"  {scenario}:")
+        for words, mine in sorted(groups.items()):
+            lines.append(f"    {words}: {setup_answer(mine, row, spec, context)}")
+    # The scenario's pitfalls on this device that the row did not run are said too: they hold whatever the versions.
+    known = [
+        c for (sc, c), pitfall in context.pitfalls.items()
+        if sc == f"{scenario}@{row.device.split('-')[0]}" and knowledge.matches_setup(pitfall.config, context.setup)
+    ]  # fmt: skip
+    for config_id in sorted({*left_out, *known}):
+        key = knowledge.pitfall_key(scenario, row.device, config_id)
+        pitfall = context.pitfalls.get(key)
+        if pitfall is None:
+            continue
+        again = " (as above)" if key in shown else ""
+        shown.add(key)
+        way = ", ".join(pitfall.fixes) or "no measured change removes it"
+        lines.append(
+            f"    {knowledge.setup_words(pitfall.config)}: PITFALL, not a version failure{again}: "
+            + ("" if again else f"{pitfall.words(spec)}; fails on every release measured ({pitfall.stacks} stacks, "
+               f"{pitfall.first_day} to {pitfall.last_day}); way out: {way}")
+        )  # fmt: skip
+    return lines
+
+
+def setup_answer(records: list[dict[str, Any]], row: Row, spec: dict[str, Any] | None, context: Context) -> str:
+    """One setup's line: its verdict and first fix (`short_answer`), then the releases that change it after (or
+    before) the row's: an upgrade that ends it, the last good release before the one that brought it."""
+    found = verdict(records, spec)
+    text = short_answer(found, spec)
+    which = which_configs(records, {r["config_id"] for r in found.target_records})
+    if which:
+        text = text.replace(" configs", f" configs ({which})", 1)
+    if row.source != "table" and not any(r["variant"] != "baseline" for r in records):
+        text = text.replace("; no measured change removes it", "; fixes not run in this probe")
+    if found.state in ("target", "not-reproduced"):
+        failing = {r["config_id"] for r in found.target_records}
+        holding = {r["config_id"] for r in records if r["variant"] == "baseline"} - failing
+        scenario = records[0]["scenario"]
+        words = release_way_out(scenario, row, failing, True, context.changes) if failing else ""
+        held = release_way_out(scenario, row, holding, False, context.changes) if holding else ""
+        if words:
+            text += "; " + words
+        if held:
+            text += "; " + ("the others: " if failing else "") + held
+    return text
+
+
+def which_configs(records: list[dict[str, Any]], failing: set[str]) -> str:
+    """Where some configs of a setup fail and others hold: what sets the failing ones apart ('smoothing=0.1'), each
+    key whose value differs from the one most of the setup's configs have."""
+    configs = {r["config_id"]: r.get("config") or {} for r in records if r["variant"] == "baseline"}
+    if not failing or len(failing) == len(configs):
+        return ""
+    common = {}
+    for key in {k for c in configs.values() for k in c}:
+        values = [json.dumps(c.get(key), sort_keys=True) for c in configs.values()]
+        common[key] = max(set(values), key=values.count)
+    parts = []
+    for config_id in sorted(failing):
+        own = configs.get(config_id, {})
+        odd = [f"{k}={own.get(k)}" for k in sorted(own) if json.dumps(own.get(k), sort_keys=True) != common.get(k)]
+        parts.append(", ".join(odd) or config_id)
+    return "; ".join(parts)
+
+
+def release_way_out(scenario: str, row: Row, config_ids: set[str], failing: bool, changes: list[Any]) -> str:
+    """What the flips and sweeps measured for these configs around the row's releases: where it fails, the changes
+    after the row's release ('upgrade transformers: ended with 4.47.1 · started again with 4.48.0 · ended again with
+    4.48.1') or, where a release brought it and none ends it, the last good one to pin; where it holds, a later
+    release that brings it. Only changes measured on the row's device class."""
+    device = row.device.split("-")[0]
+    mine = [
+        c for c in changes
+        if c.scenario == scenario and c.device == device and (not c.config_ids or set(c.config_ids) & config_ids)
+    ]  # fmt: skip
+    parts = []
+    for package in sorted({c.package for c in mine}):
+        have = row.versions.get(package)
+        if not have:
+            continue
+        ordered = _unique(sorted((c for c in mine if c.package == package), key=lambda c: _key(c.release)))
+        later = [c for c in ordered if _key(c.release) > _key(have)]
+        earlier = [c for c in ordered if _key(c.release) <= _key(have)]
+        if failing and later:
+            parts.append(f"after {package} {have}: {_timeline(later, package)} (measured)")
+        elif failing and earlier and earlier[-1].direction == "started" and earlier[-1].last_before:
+            start = earlier[-1]
+            parts.append(
+                f"started with {package} {start.release}, no measured release ends it: pin {package} "
+                f"{start.last_before} (last good, measured)"
+            )
+        elif not failing and later and later[0].direction == "started":
+            parts.append(f"holds until {package} {later[0].release}: {_timeline(later, package)} (measured)")
+    return "; ".join(parts)
+
+
+def _unique(changes: list[Any]) -> list[Any]:
+    """One change per (release, direction): several configs' flips name the same release."""
+    seen, found = set(), []
+    for change in changes:
+        if (change.release, change.direction) not in seen:
+            seen.add((change.release, change.direction))
+            found.append(change)
+    return found
+
+
+def _timeline(changes: list[Any], package: str) -> str:
+    seen: set[str] = set()
+    words = []
+    for change in changes:
+        again = " again" if change.direction in seen else ""
+        seen.add(change.direction)
+        words.append(f"{change.direction}{again} with {package} {change.release}")
+    return " · ".join(words)
 
 
 def short_answer(found: Any, spec: dict[str, Any] | None) -> str:
@@ -169,6 +336,8 @@ def short_answer(found: Any, spec: dict[str, Any] | None) -> str:
     if found.state in ("target", "failures"):
         signatures = sorted({str(r.get("signature")) for r in found.target_records})
         head = f"FAILS ({', '.join(signatures)}) on {len(found.target_records)}/{found.candidates} configs"
+        off = largest_off_by(found.target_records, spec)
+        head += f", off by up to {off:.2g}x" if off is not None else ""
         change = first_change(found, spec)
         return head + (f"; try: {change[0]} ({change[1]})" if change else "; no measured change removes it")
     if found.state in ("not-reproduced", "passes"):
@@ -177,12 +346,64 @@ def short_answer(found: Any, spec: dict[str, Any] | None) -> str:
     return " | ".join(headline(found, spec))
 
 
-def lookup(results_dir: Path, items: list[str], scenarios: list[str] | None, device: str | None) -> str:
+def scenario_device(scenario: str, rows: list[Row], spec: dict[str, Any] | None) -> str | None:
+    """Where a scenario answers without --device: CPU where it runs there and a CPU row holds its records, else
+    wherever its records are."""
+    if (spec or {}).get("device", "any") != "cuda" and any(
+        r.device == "cpu" and scenario in r.by_scenario for r in rows
+    ):
+        return "cpu"
+    return None
+
+
+def lookup(
+    results_dir: Path,
+    items: list[str],
+    scenarios: list[str] | None,
+    device: str | None,
+    setup: list[str] | None = None,
+    measure: bool = False,
+) -> str:
+    """The answer for `items` (PACKAGE==VERSION); with `measure`, where no record holds them, the stack built and
+    the scenarios run here first (`tools/measure.py`), then the answer from that row."""
     from harness.define.registry import discover
+    from harness.publishing import knowledge
     from harness.publishing.report import select_runs
 
     wanted = parse_query(items)
-    rows = rows_of(select_runs(results_dir).latest()[0])
+    if measure and (not scenarios or device == "cuda"):
+        raise UsageError("--measure runs here on CPU: name the scenarios to run with --scenario (and no --device cuda)")
+    selection = select_runs(results_dir)
+    table = selection.latest()[0]
+    rows = rows_of(table) + rows_of(list(selection.probes), source="probe")
     if not rows:
         raise UsageError(f"no records under {results_dir / 'runs'}")
-    return render(answer(rows, wanted, device), {s.id: s.spec for s in discover()}, scenarios)
+    if measure:
+        asked = [
+            r for r in rows if r.device == "cpu" and any(s.startswith(tuple(scenarios or [])) for s in r.by_scenario)
+        ]
+        if answer(asked, wanted, "cpu").case != "exact":
+            from harness.tools.measure import measure as measure_here
+
+            names = [s.id for s in discover() if s.id.startswith(tuple(scenarios or []))]
+            run_dir = measure_here(results_dir, rows, wanted, names)
+            print(f"recorded: {run_dir}\n", flush=True)
+            selection = select_runs(results_dir)
+            rows = rows_of(table) + rows_of(list(selection.probes), source="probe")
+    specs = {s.id: s.spec for s in discover()}
+    words = tuple(w.strip().lower() for item in setup or [] for w in item.replace(",", " ").split() if w.strip())
+    context = Context(
+        pitfalls=selection.pitfalls(specs),
+        changes=knowledge.changes_for(knowledge.flips_everywhere(results_dir), knowledge.atlas_of_runs(table)),
+        setup=words,
+        measure_hint="compat-matrix lookup " + " ".join(items) + " --measure"
+        + "".join(f" --scenario {s}" for s in scenarios or []),
+    )  # fmt: skip
+    if scenarios:
+        holding = [r for r in rows if any(s.startswith(tuple(scenarios)) for s in r.by_scenario)]
+        rows = holding or rows  # rows without a record of the scenarios asked about answer nothing
+    if device is None and scenarios:
+        chosen = {scenario_device(s.id, rows, s.spec) for s in discover() if any(s.id.startswith(p) for p in scenarios)}
+        device = chosen.pop() if len(chosen) == 1 else None
+    result = answer(rows, wanted, device)
+    return render(result, specs, scenarios, context)

@@ -1,0 +1,144 @@
+"""What the atlas knows, in one place (`harness/publishing/knowledge.py`): a config that fails on every release is a
+pitfall of its setup, listed once and never counted as a version failure; lookup answers per setup, with the releases
+the flips and sweeps measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.define.registry import discover
+from harness.publishing import knowledge
+from harness.publishing.glance import glance_tables, pitfalls_markdown
+from harness.publishing.report import select_runs
+from harness.recording.flip import Flip
+from harness.tools.lookup import Context, answer, render, rows_of
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+S9W = "S9-identity-world-size"
+SPEC = {
+    "target": ["check-identity-world-size"],
+    "variants": {"baseline": ("baseline", ""), "global_token_mean": ("fix", "")},
+    "own_code": {"path=hand": "your own loop: each rank's own token mean"},
+}
+STACKS = {
+    "2025-07-04": {"torch": "2.7.1", "transformers": "4.53.0", "accelerate": "1.8.1"},
+    "2025-08-02": {"torch": "2.7.1", "transformers": "4.54.1", "accelerate": "1.9.0"},
+    "2025-11-14": {"torch": "2.9.1", "transformers": "4.57.1", "accelerate": "1.11.0"},
+    "2026-04-15": {"torch": "2.11.0", "transformers": "5.5.4", "accelerate": "1.13.0"},
+}
+CONFIGS = {
+    "hand": {"path": "hand", "engine": "fsdp1", "adapter": "lora"},
+    "trainer": {"path": "trainer", "engine": "ddp", "adapter": "lora"},
+}
+
+
+def rec(day: str, config: str, outcome: str, variant: str = "baseline", device: str = "cpu", run: str = "h") -> dict:
+    return {
+        "cell": f"era_date-{day}", "pins": {"date": day}, "scenario": S9W, "variant": variant,
+        "config": CONFIGS[config], "config_id": config, "outcome": outcome,
+        "signature": "check-identity-world-size" if outcome == "fail" else None,
+        "versions": STACKS[day], "hardware": {"device": device, "world_size": 2}, "run_id": run,
+        "metrics": {"off_by": 0.39} if outcome == "fail" else {},
+    }  # fmt: skip
+
+
+def atlas() -> list[dict]:
+    """The loop by hand fails on every day (its fix passes); the Trainer fails until 2025-08-02, then holds."""
+    records = []
+    for day in STACKS:
+        records += [rec(day, "hand", "fail"), rec(day, "hand", "pass", "global_token_mean")]
+        records.append(rec(day, "trainer", "fail" if day < "2025-08-02" else "pass"))
+    return records
+
+
+def test_a_config_that_fails_on_every_release_is_a_pitfall_and_leaves_the_count() -> None:
+    found = knowledge.pitfalls(atlas(), {S9W: SPEC})
+    [(key, pitfall)] = found.items()
+    assert key == knowledge.pitfall_key(S9W, "cpu", "hand")
+    assert (pitfall.stacks, pitfall.first_day, pitfall.last_day, pitfall.fixes) == (
+        4, "2025-07-04", "2026-04-15", ["global_token_mean"],
+    )  # fmt: skip
+    [table] = glance_tables(atlas(), {S9W: SPEC}, found)
+    entries = {row["day"]: row["entries"][0]["text"] for row in table["rows"]}
+    assert entries["2026-04-15"] == "✓ 0/1 · ⚠ 1 pitfall"  # the newest day: the Trainer holds, the loop is apart
+    assert entries["2025-07-04"].startswith("✗ 1/1")  # the Trainer's own failure still counts
+    listed = "\n".join(pitfalls_markdown(found, {S9W: SPEC}))
+    assert listed.count("your own loop") == 1 and "4 stacks, 2025-07-04 to 2026-04-15" in listed
+
+
+def test_a_config_that_passed_anywhere_or_failed_another_way_is_no_pitfall() -> None:
+    """A pass in a probe (a flip's move or sweep) is a release where it works; a day that failed another way is a
+    history of versions: either makes the failure a version's, counted as such."""
+    passed_in_probe = [{**rec("2025-08-02", "hand", "pass"), "pins": {}, "run_id": "probe"}]
+    assert knowledge.pitfalls(atlas(), {S9W: SPEC}, passed_in_probe) == {}
+    other = [r if (r["pins"]["date"], r["config_id"], r["variant"]) != ("2025-07-04", "hand", "baseline")
+             else {**r, "signature": "unclassified-RuntimeError"} for r in atlas()]  # fmt: skip
+    assert knowledge.pitfalls(other, {S9W: SPEC}) == {}
+    # On GPUs it is measured apart: the CPU pitfall says nothing of a GPU that passes, nor the other way round.
+    on_gpu = [rec(day, "hand", "pass", device="cuda") for day in STACKS]
+    assert list(knowledge.pitfalls(atlas() + on_gpu, {S9W: SPEC})) == [knowledge.pitfall_key(S9W, "cpu", "hand")]
+
+
+def test_two_releases_are_not_every_release() -> None:
+    few = [r for r in atlas() if r["pins"]["date"] in ("2025-07-04", "2025-08-02")]
+    assert knowledge.pitfalls(few, {S9W: SPEC}) == {}
+
+
+def test_lookup_answers_per_setup_with_the_release_that_ends_it() -> None:
+    """An exact row: the Trainer fails (and a release ended it, measured), the loop by hand is a pitfall said once;
+    --setup narrows the answer to the user's setup."""
+    records = atlas()
+    found = knowledge.pitfalls(records, {S9W: SPEC})
+    flip = Flip("2025-07-04", "2025-08-02", "target", "not-reproduced", {}, scenario=S9W, package="transformers",
+                release="4.54.0", last_release_before="4.53.3", config_ids=["trainer"], run_id="h")  # fmt: skip
+    changes = knowledge.changes_for([flip], {"h": "cpu"})
+    context = Context(pitfalls=found, changes=changes)
+    text = render(answer(rows_of(records), {"transformers": "4.53.0"}), {S9W: SPEC}, [S9W], context)
+    assert "the Trainer · DDP · LoRA: FAILS (check-identity-world-size) on 1/1 configs" in text
+    assert "after transformers 4.53.0: ended with transformers 4.54.0 (measured)" in text
+    assert "a loop by hand · FSDP1 · LoRA: PITFALL, not a version failure: your own loop" in text
+    narrowed = render(answer(rows_of(records), {"transformers": "4.53.0"}), {S9W: SPEC}, [S9W],
+                      Context(pitfalls=found, changes=changes, setup=("ddp",)))  # fmt: skip
+    assert "PITFALL" not in narrowed and "FAILS" in narrowed
+    held = render(answer(rows_of(records), {"transformers": "5.5.4"}), {S9W: SPEC}, [S9W], context)
+    assert "target not reproduced (0/1)" in held and "FAILS" not in held
+
+
+def test_the_newest_glance_rows_count_no_config_that_fails_on_every_release() -> None:
+    """On the committed table: no entry of the newest row of each CPU and GPU table counts a config that showed its
+    target on every install day of its device and never passed; those are listed once, under the glance."""
+    selection = select_runs(RESULTS)
+    specs = {s.id: s.spec for s in discover()}
+    found = selection.pitfalls(specs)
+    assert found, "the loops written by hand (S9) fail on every release: the table lists them as pitfalls"
+    records = selection.latest()[0]
+    for table in glance_tables(records, specs, found):
+        dated = [row for row in table["rows"] if row["day"]]
+        if not dated:
+            continue
+        newest = dated[0]
+        for entry in newest["entries"]:
+            counted = [
+                r for r in records
+                if r["cell"] == newest["cell"] and r["scenario"] == entry["scenario"] and r["variant"] == "baseline"
+                and r["config_id"] not in entry["pitfalls"] and r["outcome"] == "fail"
+            ]  # fmt: skip
+            for failing in counted:  # each failure counted here passed somewhere, or failed otherwise on a day
+                key = (failing["scenario"], failing["config_id"])
+                same = [
+                    r for r in [*records, *selection.probes]
+                    if (r["scenario"], r["config_id"], r["variant"]) == (*key, "baseline")
+                    and knowledge.device_class(r) == knowledge.device_class(failing)
+                ]  # fmt: skip
+                stacks = {tuple(sorted((r.get("versions") or {}).items())) for r in same if r["outcome"] == "fail"}
+                assert any(r["outcome"] != "fail" or r.get("signature") != failing["signature"] for r in same) or (
+                    len(stacks) < knowledge.PITFALL_STACKS
+                ), (table["title"], failing["scenario"], failing["config_id"])
+            assert set(entry["pitfalls"]) == {
+                r["config_id"] for r in records
+                if r["cell"] == newest["cell"] and r["scenario"] == entry["scenario"] and knowledge.is_pitfall(r, found)
+            }  # fmt: skip
+    markdown = "\n".join(pitfalls_markdown(found, specs))
+    for pitfall in found.values():
+        assert markdown.count(knowledge.setup_words(pitfall.config)) >= 1
+    assert len(markdown.splitlines()) == len(found) + 6  # each pitfall once
