@@ -305,7 +305,7 @@ def flips_markdown(
         lines += [
             "",
             "Day pairs whose outcome agrees, swept over the releases the upstream record names between them, with no "
-            "change found inside (`compat-matrix flips --windows`): " + "; ".join(quiet) + ".",
+            "change found inside (`compat-matrix flips --run RUN --windows`): " + "; ".join(quiet) + ".",
         ]
     if set_aside:
         lines += [

@@ -43,6 +43,7 @@ SETUP_WORDS = {
     "trainer": "the Trainer",
     "accelerate": "accelerate's loop by hand",
     "hand": "a loop by hand",
+    "manual": "FSDP by hand",
     "ddp": "DDP",
     "fsdp1": "FSDP1",
     "fsdp2": "FSDP2",
@@ -246,6 +247,9 @@ class Change:
     config_ids: tuple[str, ...]
     device: str
     run_id: str | None
+    #: Whether `last_before` was measured in the older state (a pass before an onset): False where it failed another
+    #: way (a bisect's "first shows; before it ..."), so it is no release to pin.
+    before_measured: bool = True
 
 
 def changes_for(flips: Iterable[Flip], atlas_of_run: dict[str, str]) -> list[Change]:
@@ -259,8 +263,28 @@ def changes_for(flips: Iterable[Flip], atlas_of_run: dict[str, str]) -> list[Cha
                 found.append(Change(str(flip.scenario), change["package"], change["release"], change.get("last_before"),
                                     change["direction"], ids, device, flip.run_id))  # fmt: skip
         elif flip.package and flip.release:
+            # A bisect's note says the release before the named one was no evidence (another failure came first).
             found.append(Change(str(flip.scenario), flip.package, flip.release, flip.last_release_before,
-                                flip.direction, ids, device, flip.run_id))  # fmt: skip
+                                flip.direction, ids, device, flip.run_id, before_measured=not flip.note))  # fmt: skip
+    return found
+
+
+def finding_changes(results_dir: Path) -> list[Change]:
+    """The release each verified finding names, as a change of its scenario's configs: its reproducer flipped at
+    both releases with every other pin held (`findings --verify`), the evidence a masked flip could not give."""
+    from harness.publishing.findings import load_all
+
+    found = []
+    for finding in load_all(results_dir / "findings"):
+        if not finding.verified:
+            continue
+        config = finding.probe.get("config") or str(finding.flip.get("family") or "").removeprefix("config-")
+        starts = finding.direction == "starts"
+        found.append(Change(
+            finding.scenario, finding.package, finding.bad if starts else finding.good,
+            finding.good if starts else finding.bad, "started" if starts else "ended",
+            (config,) if config else (), "cuda" if finding.gpus else "cpu", None,
+        ))  # fmt: skip
     return found
 
 

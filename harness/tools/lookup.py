@@ -108,7 +108,7 @@ def answer(rows: list[Row], wanted: dict[str, str], device: str | None = None) -
         return Answer("exact", exact, {})
     by_device: dict[str, list[Row]] = defaultdict(list)
     for row in pool:
-        if row.date:
+        if row.date and row.source == "table":  # the atlas's own days bracket; a probe's stack is no install day
             by_device[row.device].append(row)
     for dated in by_device.values():
         dated.sort(key=lambda r: r.date or "")
@@ -166,7 +166,7 @@ def render(
     shown_pitfalls: set[tuple[str, str]] = set()
     for row in result.rows:
         stack = " ".join(f"{p} {row.versions[p]}" for p in AXIS_PACKAGES if p in row.versions)
-        where = ", ".join(x for x in (row.device, row.date, _source_words(row)) if x)
+        where = ", ".join(x for x in (row.device, row.date, _source_words(row, scenarios)) if x)
         lines.append(f"\n{row.cell} ({where}): {stack}")
         for scenario in sorted(row.by_scenario, key=lambda s: (int(s[1:].split("-")[0]), s)):
             if scenarios and not any(scenario.startswith(s) for s in scenarios):
@@ -188,10 +188,13 @@ class Context:
     measure_hint: str = ""
 
 
-def _source_words(row: Row) -> str:
+def _source_words(row: Row, scenarios: list[str] | None = None) -> str:
+    """'probe run X, Y ...': the probe runs that hold the row's records of the scenarios asked about."""
     if row.source == "table":
         return ""
-    return "probe run " + ", ".join(sorted(row.run_ids)[:2]) + (" ..." if len(row.run_ids) > 2 else "")
+    shown = [s for s in row.by_scenario if not scenarios or s.startswith(tuple(scenarios))]
+    runs = sorted({str(r.get("run_id")) for s in shown for r in row.by_scenario[s]}) or sorted(row.run_ids)
+    return "probe run " + ", ".join(runs[:2]) + (f" and {len(runs) - 2} more" if len(runs) > 2 else "")
 
 
 def scenario_lines(
@@ -248,7 +251,7 @@ def setup_answer(records: list[dict[str, Any]], row: Row, spec: dict[str, Any] |
     if which:
         text = text.replace(" configs", f" configs ({which})", 1)
     if row.source != "table" and not any(r["variant"] != "baseline" for r in records):
-        text = text.replace("; no measured change removes it", "; fixes not run in this probe")
+        text = text.replace("; no measured fix removes it", "; fixes not run in this probe")
     if found.state in ("target", "not-reproduced"):
         failing = {r["config_id"] for r in found.target_records}
         holding = {r["config_id"] for r in records if r["variant"] == "baseline"} - failing
@@ -266,8 +269,8 @@ def which_configs(records: list[dict[str, Any]], failing: set[str]) -> str:
     """Where some configs of a setup fail and others hold: what sets the failing ones apart ('smoothing=0.1'), each
     key whose value differs from the one most of the setup's configs have."""
     configs = {r["config_id"]: r.get("config") or {} for r in records if r["variant"] == "baseline"}
-    if not failing or len(failing) == len(configs):
-        return ""
+    if not failing or len(failing) * 2 > len(configs):
+        return ""  # most of the setup fails: what sets them apart is no help
     common = {}
     for key in {k for c in configs.values() for k in c}:
         values = [json.dumps(c.get(key), sort_keys=True) for c in configs.values()]
@@ -276,7 +279,7 @@ def which_configs(records: list[dict[str, Any]], failing: set[str]) -> str:
     for config_id in sorted(failing):
         own = configs.get(config_id, {})
         odd = [f"{k}={own.get(k)}" for k in sorted(own) if json.dumps(own.get(k), sort_keys=True) != common.get(k)]
-        parts.append(", ".join(odd) or config_id)
+        parts.append(", ".join(odd) if 0 < len(odd) <= 3 else config_id)
     return "; ".join(parts)
 
 
@@ -302,10 +305,11 @@ def release_way_out(scenario: str, row: Row, config_ids: set[str], failing: bool
             parts.append(f"after {package} {have}: {_timeline(later, package)} (measured)")
         elif failing and earlier and earlier[-1].direction == "started" and earlier[-1].last_before:
             start = earlier[-1]
-            parts.append(
-                f"started with {package} {start.release}, no measured release ends it: pin {package} "
-                f"{start.last_before} (last good, measured)"
-            )
+            if start.before_measured:
+                pin = f"pin {package} {start.last_before} (last good, measured)"
+            else:
+                pin = f"before it {package} {start.last_before} failed another way: no release measured good to pin"
+            parts.append(f"started with {package} {start.release}, no measured release ends it: {pin}")
         elif not failing and later and later[0].direction == "started":
             parts.append(f"holds until {package} {later[0].release}: {_timeline(later, package)} (measured)")
     return "; ".join(parts)
@@ -339,7 +343,7 @@ def short_answer(found: Any, spec: dict[str, Any] | None) -> str:
         off = largest_off_by(found.target_records, spec)
         head += f", off by up to {off:.2g}x" if off is not None else ""
         change = first_change(found, spec)
-        return head + (f"; try: {change[0]} ({change[1]})" if change else "; no measured change removes it")
+        return head + (f"; try: {change[0]} ({change[1]})" if change else "; no measured fix removes it")
     if found.state in ("not-reproduced", "passes"):
         others = f"; other failures: {', '.join(sorted(found.others))}" if found.others else ""
         return f"target not reproduced (0/{found.candidates}){others}"
@@ -394,7 +398,8 @@ def lookup(
     words = tuple(w.strip().lower() for item in setup or [] for w in item.replace(",", " ").split() if w.strip())
     context = Context(
         pitfalls=selection.pitfalls(specs),
-        changes=knowledge.changes_for(knowledge.flips_everywhere(results_dir), knowledge.atlas_of_runs(table)),
+        changes=knowledge.changes_for(knowledge.flips_everywhere(results_dir), knowledge.atlas_of_runs(table))
+        + knowledge.finding_changes(results_dir),
         setup=words,
         measure_hint="compat-matrix lookup " + " ".join(items) + " --measure"
         + "".join(f" --scenario {s}" for s in scenarios or []),

@@ -38,13 +38,14 @@ def exact_release(package: str, wanted: str, python: str | None) -> str:
 
 
 def base_days(rows: list[Any], wanted: dict[str, str]) -> tuple[Any, Any | None]:
-    """(the CPU atlas day whose stack is the newest at or below every asked release, the next day after it): the
-    stack the asked releases are moved onto, and the one whose dependencies are tried where they need newer ones."""
+    """(the CPU atlas day whose stack is the newest at or below every asked release, else the oldest day; the next day
+    after it): the stack the asked releases are moved onto, and the one whose dependencies are tried where they need
+    newer ones."""
     dated = sorted((r for r in rows if r.date and r.device == "cpu" and r.source == "table"), key=lambda r: r.date)
+    if not dated:
+        raise UsageError("no CPU atlas day in the table: no stack to move these releases onto")
     below = [r for r in dated if all(at_most(r.versions.get(p), v) for p, v in wanted.items())]
-    if not below:
-        raise UsageError("every CPU atlas day is newer than these releases: nothing to move them onto")
-    base = below[-1]
+    base = below[-1] if below else dated[0]  # older than every day: moved back onto the oldest
     after = [r for r in dated if r.date > base.date]
     return base, (after[0] if after else None)
 
