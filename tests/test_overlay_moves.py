@@ -85,3 +85,43 @@ def test_torch_s_cuda_libraries_are_never_a_move_of_their_own() -> None:
         "tqdm": ["4.66.5", "4.67.1"],
     }
     assert script_bisect.move_order(changed, None) == ["torch", "transformers", "tqdm"]
+
+
+def test_a_torch_move_is_an_environment_of_its_own_never_an_overlay(tmp_path: Path, monkeypatch) -> None:
+    """torch's native libraries and its triton must be the build of the torch that loads them: a CPU bisect's torch
+    move gets a whole environment resolved like an atlas day (every other axis package held at the older stack's
+    release), as of the older day, else as of the newer day; a resolver that kept another torch is no run."""
+    from types import SimpleNamespace
+
+    from harness.define.profile import load_profile
+    from harness.environments import envs
+    from harness.tools import script_stacks
+
+    built: list[tuple[dict[str, str], object, object]] = []
+    installs = iter(
+        [
+            envs.EnvResult(None, {}, False, 1.0, failure="torch 2.6.0 needs newer CUDA libraries"),
+            envs.EnvResult(Path(sys.executable), {"torch": "2.6.0+cu124", "transformers": "4.45.0"}, False, 90.0),
+        ]
+    )
+
+    def ensure_env(cell, profile, options):
+        built.append((dict(cell.pins), profile.outside_era, profile.outside_era_day))
+        return next(installs)
+
+    monkeypatch.setattr(envs, "ensure_env", ensure_env)
+    history = load_profile("history", Path(__file__).resolve().parents[1] / "matrix")
+    stacks = script_stacks.LocalStacks(history, [], InstallOptions(envs_dir=tmp_path))
+    older, newer = SimpleNamespace(day="2024-09-26"), SimpleNamespace(day="2025-03-20")
+    moved = stacks.move(base(DAY_2024_09_26 | {"peft": "0.13.0"}), "torch", "2.6.0", older, newer)
+    assert [pins["date"] for pins, _, _ in built] == ["2024-09-26", "2025-03-20"]
+    pins, freed, until = built[-1]
+    assert (pins["torch"], pins["transformers"], pins["peft"]) == ("2.6.0", "4.45.0", "0.13.0")
+    assert (freed, until) == (("torch",), "2025-03-20") and "triton" not in pins and "nvidia-nccl-cu12" not in pins
+    assert (moved.kind, moved.mode, moved.python) == ("moved", "newer-dependencies", Path(sys.executable))
+    # The resolver kept another torch: the move is a failure, never a run of the wrong release.
+    installs = iter([envs.EnvResult(Path(sys.executable), {"torch": "2.4.1+cu121"}, True, 0.0)])
+    kept = stacks.move(base(DAY_2024_09_26), "torch", "2.6.0", older, newer)
+    assert kept.python is None and kept.failure == "torch 2.6.0 asked, 2.4.1 installed"
+    # Every other package still moves as an overlay over the older stack's environment.
+    assert "torch" in script_stacks.NATIVE_MOVES and "transformers" not in script_stacks.NATIVE_MOVES

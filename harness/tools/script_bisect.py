@@ -294,8 +294,9 @@ class ScriptBisect:
                 self.cost.overlays_reused += 1
             elif stack.python is not None:
                 self.cost.overlays_built += 1
-        # The environments are the scanned stacks' (a move's is its older stack's, counted there).
-        if phase == "scan" and stack.environment_reused is not None:
+        # The environments are the scanned stacks' (a move's is its older stack's, counted there), and a torch move's
+        # own (`script_stacks.NATIVE_MOVES`).
+        if (phase == "scan" or stack.kind == "moved") and stack.environment_reused is not None:
             if stack.environment_reused:
                 self.cost.environments_reused += 1
             else:

@@ -8,9 +8,9 @@ resolved by uv together with the base's exact versions (dependencies as of the o
 requirements count, so a move never installs a release a held package excludes (tokenizers 0.21 under
 transformers 4.45 is refused with uv's reason, not built and run). Where that cannot resolve, only the atlas
 packages stay held and the rest resolves as of the newer day (what moved with it is listed in `overlaid`).
-A moved torch carries its CUDA libraries and triton into the overlay: its libraries find them next to it
-($ORIGIN/../../nvidia/...), not in the environment under it. Overlays are cached by what they contain, so a
-second invocation reuses every probe it has made.
+A moved torch gets an environment of its own (`NATIVE_MOVES`), resolved like an atlas day, so its CUDA libraries and
+triton are the build of the torch that loads them (an overlay would mix them with the base's). Overlays are cached by
+what they contain, and environments by their pins, so a second invocation reuses every probe it has made.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Stack:
     label: str
     python: Path | None
     versions: dict[str, str]
-    #: "dated", "pinned" or "overlay".
+    #: "dated", "pinned", "overlay", or "moved" (a torch move: an environment of its own).
     kind: str
     pythonpath: str | None = None
     #: Why it could not be built (the installer's reason); then nothing runs in it.
@@ -86,9 +86,12 @@ class LocalStacks:
         return pinned_stack(self.history, end.label, end.pins, self.extras, self.options)
 
     def move(self, base: Stack, package: str, version: str, older: Any, newer: Any) -> Stack:
+        label = f"{base.label} + {package}=={version}"
+        if package in NATIVE_MOVES:
+            return native_move(self.history, base, package, version, older, newer, self.options, label)
         return overlay(
             base, [f"{package}=={version}"], older_day=older.day, newer_day=newer.day, moving=(package,),
-            options=self.options, label=f"{base.label} + {package}=={version}",
+            options=self.options, label=label,
         )  # fmt: skip
 
     def releases(self, package: str, old: str, new: str) -> list[str]:
@@ -98,6 +101,46 @@ class LocalStacks:
 
     def yanked(self, package: str) -> list[str]:
         return [] if self.options.offline else [str(v) for v in releases.yanked(package)]
+
+
+#: Packages whose move gets an environment of its own, never an overlay: torch's native libraries and its triton must
+#: be the same kind of build as the torch that loads them. A torch 2.6.0 (CUDA 12) layered over a day's torch 2.14.0
+#: (CUDA 13) environment failed every run on triton's "0 active drivers" (measured 2026-11-27): the move said nothing.
+NATIVE_MOVES = ("torch",)
+
+
+def native_move(
+    history: Profile, base: Stack, package: str, version: str, older: Any, newer: Any, options: InstallOptions,
+    label: str,
+) -> Stack:  # fmt: skip
+    """`base`'s atlas packages with `package` moved to `version`, built as a whole environment the way the atlas builds
+    a day (its own torch, CUDA libraries and triton from one resolution): every other axis package held at `base`'s
+    release and the rest as of the older day, else, where that cannot install, as of the newer day. Whether the moved
+    release is the one installed is read back: a resolver that kept another is a failure of the move, not a run."""
+    from harness.tools.flips import held_stack, moving
+
+    pins = {p: str(v).split("+")[0] for p, v in base.packages().items() if p in AXIS_PACKAGES} | {package: version}
+    if not older.day:  # a user's pinned end: the same pins, the script's dependencies resolved today
+        moved = pinned_stack(history, label, pins, [], options)
+        return _checked(replace(moved, kind="moved", mode="environment", overlaid={package: version}), package, version)
+    built = None
+    for mode, day in (("older-dependencies", older.day), ("newer-dependencies", newer.day or older.day)):
+        profile = moving(held_stack(history, pins, day, f"script-move-{package}"), package, newer.day or older.day)
+        cell = expand(profile)[0]
+        built = _from_env(label, envs.ensure_env(cell, profile, options), "moved")
+        if built.python is not None:
+            built = replace(built, mode=mode, overlaid={package: version})
+            break
+    assert built is not None
+    return _checked(built, package, version)
+
+
+def _checked(stack: Stack, package: str, version: str) -> Stack:
+    """The stack, or its failure where the release of `package` it installed is not the one asked for."""
+    have = str(stack.versions.get(package) or "").split("+")[0]
+    if stack.python is not None and have != version:
+        return replace(stack, python=None, failure=f"{package} {version} asked, {have or 'none'} installed")
+    return stack
 
 
 def releases_after(package: str, python: str, old: str, new: str, wheelhouse: Path | None = None) -> list[str]:
