@@ -584,6 +584,15 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(("--fresh",), action="store_true", help="ignore the runs an earlier invocation recorded"),
             Option(
+                ("--bisect",),
+                action="store_true",
+                help=(
+                    "name a flip's release by a binary search (one change assumed) instead of the default sweep "
+                    "(every release where 8 or fewer, else the first and last patch of each minor, then each gap "
+                    "whose ends differ: every change between the two stacks, in order)"
+                ),
+            ),
+            Option(
                 ("--device",),
                 choices=("cpu", "cuda"),
                 default="cpu",

@@ -93,6 +93,8 @@ def test_every_committed_script_bisect_replays_exactly() -> None:
             package = flip.get("package")
             if not package or not flip.get("candidates") or flip["changed"][package][0] is None:
                 continue
+            if flip.get("sweep"):
+                continue  # a sweep's verdict: replayed by test_every_committed_script_sweep_replays_exactly
             recorded = [(r["version"], r["state"]) for r in flip["bisect_runs"]]
             after = flip["candidates"]
             candidates = [str(Version(flip["changed"][package][0])), *after]
@@ -107,6 +109,32 @@ def test_every_committed_script_bisect_replays_exactly() -> None:
             assert (step.first, step.last_before) == (flip["first_release"], flip["last_release_before"]), path
             replayed_flips += 1
     assert replayed_flips >= 3
+
+
+def test_every_committed_script_sweep_replays_exactly() -> None:
+    """A bisect-script verdict made with the sweep: replaying the sweep over its own recorded states takes the same
+    releases (in the order it measured them, sweep points first) and finds the same changes."""
+    replayed_flips = 0
+    for path in sorted(RESULTS.glob("script-bisect/*/verdict.json")):
+        for flip in json.loads(path.read_text())["flips"]:
+            if not flip.get("sweep"):
+                continue
+            package = flip["package"]
+            candidates = flip["sweep"]["candidates"]
+            recorded = {r["version"]: r["state"] for r in flip["bisect_runs"]}
+            known = {candidates[0]: flip["older_state"], candidates[-1]: flip["newer_state"]}
+            order = []
+            while not (step := next_sweep(candidates, known)).done:
+                for version in step.probes:
+                    if version not in known:
+                        known[version] = recorded[version]
+                        order.append(version)
+            assert order == [r["version"] for r in flip["bisect_runs"]], path
+            found = [(c.direction, c.release, c.last_before) for c in step.changes]
+            assert found == [(c["direction"], c["release"], c["last_before"]) for c in flip["changes"]], path
+            assert all(c["package"] == package for c in flip["changes"])
+            replayed_flips += 1
+    assert replayed_flips >= 1, "a committed bisect-script verdict made with the sweep"
 
 
 def _same_layout(written: dict, entry: dict, added_since: set[str]) -> bool:

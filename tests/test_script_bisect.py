@@ -69,11 +69,12 @@ def test_names_the_release_where_the_failure_starts(tmp_path: Path) -> None:
     (flip,) = verdict["flips"]
     assert (flip["package"], flip["first_release"], flip["last_release_before"]) == ("packaging", "22.0", "21.3")
     assert flip["direction"] == "started"
-    # Both ends are known before the binary search: n releases take ceil(log2 n) runs, plus one per release
-    # stepped over (none here: every release between installs and passes or fails the same way).
+    # Both ends are known before the sweep: it measures the releases between them (every one here: each packaging
+    # release is a minor of its own), within the bound it states, and finds the one change (none stepped over).
     assert not flip["stepped_over"]
-    assert len(flip["bisect_runs"]) <= math.ceil(math.log2(len(flip["candidates"])))
-    assert verdict["cost"]["runs_after_scan"] <= math.ceil(math.log2(len(flip["candidates"]))) + 3
+    assert [(c["direction"], c["release"], c["last_before"]) for c in flip["changes"]] == [("started", "22.0", "21.3")]
+    assert len(flip["bisect_runs"]) <= flip["sweep"]["bound"] - 2
+    assert verdict["cost"]["runs_after_scan"] <= flip["sweep"]["bound"] + 3
     assert "started with packaging 22.0 (last pass: 21.3)" in out
     issue = (tmp_path / "results" / "script-bisect" / "user_script" / "issue.md").read_text()
     assert "since packaging 22.0 (last good: 21.3)" in issue and 'parse("not-a-version")' in issue
@@ -84,6 +85,14 @@ def test_names_the_release_where_the_failure_starts(tmp_path: Path) -> None:
     assert again["cost"]["runs"] == 0 and again["cost"]["runs_reused"] >= verdict["cost"]["runs"]
     assert again["flips"][0]["first_release"] == "22.0"
     assert [r["state"] for r in again["flips"][0]["bisect_runs"]] == [r["state"] for r in flip["bisect_runs"]]
+
+
+def test_the_binary_search_is_still_there_for_one_change(tmp_path: Path) -> None:
+    """--bisect: one change assumed, ceil(log2 n) runs (how the committed verdicts made before the sweep ran)."""
+    verdict, _ = bisect_script(tmp_path, BREAKS_AT_22, "--bisect")
+    (flip,) = verdict["flips"]
+    assert (flip["first_release"], flip["last_release_before"]) == ("22.0", "21.3") and "sweep" not in flip
+    assert len(flip["bisect_runs"]) <= math.ceil(math.log2(len(flip["candidates"])))
 
 
 def test_a_different_failure_on_the_way_is_reported_as_different(tmp_path: Path) -> None:

@@ -123,7 +123,7 @@ class Flip:
             "first_release": self.release, "last_release_before": self.last_release_before,
             "candidates": self.candidates, "bisect_runs": self.bisect_runs, "stepped_over": self.stepped_over,
             "held": self.held, "note": self.note, "untried": self.untried, "direction": self.direction,
-        }  # fmt: skip
+        } | ({"changes": self.changes, "sweep": self.sweep} if self.sweep else {})  # fmt: skip
 
     def as_bisect_json(self) -> dict[str, Any]:
         """A packaging bisect's verdict.json layout (its probes are the search's runs, the older end first)."""

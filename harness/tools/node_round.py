@@ -129,6 +129,7 @@ def node_command(args: Any) -> int:
     bisect = ScriptBisect(
         script, out_dir, profile, InstallOptions(envs_dir=work), nproc=plan["nproc"], torchrun=plan["torchrun"],
         timeout_s=plan["timeout_s"], match=plan["match"], device=device,
+        search=(plan.get("launch") or {}).get("search", "bisect"),  # the planner's (a plan before the sweep bisected)
     )  # fmt: skip
     node = NodeOverlays(python, wheels, work, profile.optional, started + args.time_limit, plan["timeout_s"])
     bisect.source = PlannedStacks(plan, bisect, node)

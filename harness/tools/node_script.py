@@ -186,6 +186,7 @@ def launch_of(bisect: ScriptBisect, atlas: NodeAtlas, all_moves: bool) -> dict[s
         "profile": atlas.profile.name,
         "node_torch": atlas.lock["node"].get("torch"),
         "pinned": atlas.axis,
+        "search": bisect.search,
     }
 
 
@@ -193,7 +194,7 @@ def launch_planned(plan: dict[str, Any], atlas: NodeAtlas) -> dict[str, Any]:
     """A plan's launch (a plan from before `launch` was recorded: its own fields, moves until one reproduces)."""
     every = [p for p in atlas.profile.era_packages if p in atlas.lock.get("requirements", [])]  # before `pinned`
     if "launch" in plan:
-        return {"pinned": every} | plan["launch"]
+        return {"pinned": every, "search": "bisect"} | plan["launch"]  # a plan from before the sweep bisected
     keys = ("script_sha256", "nproc", "torchrun", "timeout_s", "match", "profile")
     return {k: plan[k] for k in keys} | {
         "all_moves": False,
@@ -389,14 +390,20 @@ def _name(line: str) -> str:
 
 
 def _bisect_of(bisect: ScriptBisect, moves: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The bisect probes a move would need if it reproduced the flip, in the order the search may take them."""
+    """The release probes a move would need if it reproduced the flip, in the order the search may take them: a
+    sweep's points (known before any run: a round carries all of them), or a binary search's probes level by
+    level."""
+    from harness.tools.flip_search import sweep_points
     from harness.tools.script_bisect import search_order
 
     probes: list[dict[str, str]] = []
     for move in (m for m in moves if m.get("old")):
         after = bisect.source.releases(move["package"], move["old"], move["version"])
         candidates = [move["old"], *after]
-        order = search_order(candidates, {candidates[0]: "before", candidates[-1]: "after"}, "before", "after")
+        if bisect.search == "sweep":
+            order = [v for v in sweep_points(candidates) if v not in (candidates[0], candidates[-1])]
+        else:
+            order = search_order(candidates, {candidates[0]: "before", candidates[-1]: "after"}, "before", "after")
         probes += [move | {"version": v, "phase": "bisect"} for v in order]
     return probes
 
@@ -528,6 +535,7 @@ def gpu_command(args: Any) -> int:
     bisect = ScriptBisect(
         args.script, out_dir, atlas.profile, InstallOptions(envs_dir=default_envs_dir()), nproc=args.nproc,
         torchrun=args.torchrun, timeout_s=args.timeout, match=args.match, fresh=args.fresh,
+        search="bisect" if args.bisect else "sweep",
     )  # fmt: skip
     plan_path = out_dir / PLAN
     plan = json.loads(plan_path.read_text()) if plan_path.is_file() else None

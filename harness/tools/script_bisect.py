@@ -167,6 +167,7 @@ class ScriptBisect:
         say: Callable[[str], None] = print,
         source: Any = None,
         device: dict[str, Any] | None = None,
+        search: str = "sweep",
     ) -> None:
         if not script.is_file():
             raise UsageError(f"{script}: no such file")
@@ -175,6 +176,11 @@ class ScriptBisect:
         except ValueError as exc:  # tomllib.TOMLDecodeError is one, as is "two blocks"
             raise UsageError(f"{script}: its PEP 723 block does not parse: {exc}") from None
         self.script, self.out_dir, self.history, self.options = script, out_dir, history, options
+        if search not in SEARCHES:
+            raise UsageError(f"search {search!r}: one of {', '.join(SEARCHES)}")
+        #: How a named package's releases are searched: "sweep" (every change, `flip_search.next_sweep`) or
+        #: "bisect" (one change assumed; the committed verdicts made before the sweep replay with it).
+        self.search = search
         self.nproc, self.timeout_s, self.say = nproc, timeout_s, say
         self.torchrun = torchrun or nproc > 1
         try:
@@ -527,6 +533,10 @@ def _bisect_releases(
     # Both ends are measured already: the older stack's release and the newer stack's (the move that reproduced).
     candidates = [str(Version(old)), *after]
     known = {candidates[0]: flip.older_state, after[-1]: flip.newer_state}
+    if bisect.search == "sweep":
+        _sweep_releases(bisect, flip, base, older, newer, package, candidates, known)
+        _release_notes(bisect, flip, package)
+        return
     step = flip_search.next_step(candidates, known, flip.older_state, flip.newer_state)
     while not step.done:
         bisect.expected = [
@@ -542,6 +552,14 @@ def _bisect_releases(
         known[version] = found.state
         step = flip_search.next_step(candidates, known, flip.older_state, flip.newer_state)
     flip.release, flip.last_release_before = step.first, step.last_before
+    _release_notes(bisect, flip, package)
+
+
+def _release_notes(bisect: ScriptBisect, flip: Flip, package: str) -> None:
+    """What lies between the named release and the one before it that no run could judge: a yanked release, or
+    releases that failed another way or could not run (the change may hide in them)."""
+    if not flip.release or not flip.last_release_before:
+        return
     gone = [v for v in bisect.source.yanked(package) if _between(v, flip.last_release_before, flip.release)]
     if gone:
         flip.note = f"{', '.join(gone)} (yanked from the index) lies between and was not tried. "
@@ -552,6 +570,47 @@ def _bisect_releases(
             f"{', '.join(s['version'] for s in skipped)} (between {flip.last_release_before} and "
             f"{flip.release}) {how}: the change may be in one of them, masked"
         )
+
+
+#: The release searches: the sweep finds every change between the two ends, the bisect assumes one.
+SEARCHES = ("sweep", "bisect")
+
+
+def _sweep_releases(
+    bisect: ScriptBisect, flip: Flip, base: Stack, older: End, newer: End, package: str, candidates: list[str],
+    known: dict[str, str],
+) -> None:  # fmt: skip
+    """Every release that can change the outcome between the two ends (both known already): the sweep points at
+    once, then each gap whose two ends differ; every change found goes into the flip, in order, and the flip's
+    release is the last change (after which the newer end's state holds)."""
+    step = flip_search.next_sweep(candidates, known)
+    while not step.done:
+        pending = [v for v in step.probes if v not in known]
+        for index, version in enumerate(pending):
+            bisect.expected = [
+                {"day": older.label, "package": package, "version": v, "newer": newer.label, "phase": "bisect"}
+                for v in pending[index + 1 :]
+            ]
+            found = bisect.observe("bisect", bisect.moved(base, package, version, older, newer))
+            entry = {"version": version, **_brief(found)}
+            flip.bisect_runs.append(entry)
+            if found.state not in (flip.older_state, flip.newer_state):
+                flip.stepped_over.append(entry)  # failed another way or could not run: not the answer
+            known[version] = found.state
+        step = flip_search.next_sweep(candidates, known)
+    flip.changes = [{"package": package, **asdict(change), "direction": change.direction} for change in step.changes]
+    flip.sweep = {
+        "candidates": candidates,
+        "points": flip_search.sweep_points(candidates),
+        "bound": flip_search.sweep_bound(candidates),
+        "stepped_over": step.stepped_over,
+        "unmeasured": step.unmeasured,
+    }
+    last = next(
+        (c for c in reversed(step.changes) if (c.direction == "started") == (flip.newer_state == "target")), None
+    )
+    if last is not None and last is step.changes[-1]:
+        flip.release, flip.last_release_before = last.release, last.last_before
 
 
 def search_order(candidates: list[str], known: dict[str, str], before: str, after: str, limit: int = 16) -> list[str]:
@@ -693,8 +752,11 @@ def summary_lines(verdict: dict[str, Any]) -> list[str]:
                 f"{p} {v}" for p, v in list(flip.held.items())[:8]
             )
             lines.append(f"    held: {held}")
+            if flip.sweep:
+                lines.append(f"    every change the sweep found: {flip.changes_words()}")
+            search = "sweep" if flip.sweep else "bisect"
             lines.append(
-                f"    probes: {len(flip.moves)} move(s), {len(flip.bisect_runs)} bisect run(s) over "
+                f"    probes: {len(flip.moves)} move(s), {len(flip.bisect_runs)} {search} run(s) over "
                 f"{len(flip.candidates)} release(s)"
             )
         else:
@@ -824,7 +886,7 @@ def command(args: Any) -> int:
     bisect = ScriptBisect(
         args.script, out_dir, history, options, nproc=args.nproc, torchrun=args.torchrun, timeout_s=args.timeout,
         match=args.match,
-        fresh=args.fresh,
+        fresh=args.fresh, search="bisect" if args.bisect else "sweep",
     )  # fmt: skip
     if good and bad and not good.day:
         ends = [good, bad]
