@@ -46,7 +46,7 @@ PLAN = "node-plan.json"
 CALLS = "device-calls.jsonl"
 #: Stacks one round resolves beyond the one it must (each a uv resolution here, about 20 s; cached by stack), and how
 #: many at once (uv waits on the index more than on this machine's cores).
-LOOKAHEAD = 20
+LOOKAHEAD = 40
 RESOLVERS = 8
 #: Replays of the search in one invocation: each settles stacks that need no node (they cannot resolve).
 MAX_REPLAYS = 20
@@ -242,15 +242,19 @@ def plan_round(bisect: ScriptBisect, atlas: NodeAtlas, plan: dict[str, Any], nee
         # The probe it stopped at, then the probes the search may take after it, level by level.
         wanted = [needed, *bisect.expected]
     elif needed.get("package"):
-        # The move it stopped at, then the bisect that move would need (every level of it), the next move and its
-        # bisect, then the other moves in order: a round whose first or second move left is the right package
-        # finishes its flip without coming back.
         moves = [e for e in bisect.expected if e.get("phase") == "move"]
         moves = moves[next((i for i, m in enumerate(moves) if stack_label(m) == label_needed), 0) :]
-        # What the node will likely run next, not every move: the first move's whole bisect (it is the package the
-        # traceback names first, and most flips end there), then the second move. A round that needs more comes
-        # back for it; each stack resolved here costs a uv resolution, each one left out at most a device call.
-        wanted = [needed, *_bisect_of(bisect, moves[:1]), *moves[1:2]]
+        if bisect.search == "sweep":
+            # A sweep's points are known before any run: the move it stopped at, every other move, then the sweep
+            # points of the first two moves (the packages the traceback names first, where flips end), as far as the
+            # resolutions (LOOKAHEAD) and the pack (64 MiB) go: a flip whose sweep finds its changes at the points
+            # finishes in this round. Every move's sweep (a dependency's 20 releases too) cost 40 resolutions and
+            # 10 min 45 s of planning for qlora-fsdp-trainer-checkpointing-gpu-sweep's round 2; these need 13.
+            wanted = [needed, *moves[1:], *_bisect_of(bisect, moves[:2])]
+        else:
+            # A binary search's next probes depend on outcomes: the first move's whole bisect (the package the
+            # traceback names first, where most flips end), then the second move.
+            wanted = [needed, *_bisect_of(bisect, moves[:1]), *moves[1:2]]
     else:
         wanted = [{"day": d} for d in plan["ends"]]
     new: dict[str, dict[str, str]] = {}

@@ -587,9 +587,10 @@ def _sweep_releases(
     while not step.done:
         pending = [v for v in step.probes if v not in known]
         for index, version in enumerate(pending):
+            # This probe and the rest of the step's (a GPU round carries them all: they are known before any run).
             bisect.expected = [
                 {"day": older.label, "package": package, "version": v, "newer": newer.label, "phase": "bisect"}
-                for v in pending[index + 1 :]
+                for v in pending[index:]
             ]
             found = bisect.observe("bisect", bisect.moved(base, package, version, older, newer))
             entry = {"version": version, **_brief(found)}
