@@ -244,7 +244,12 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) ->
             f"flips are filed under {', '.join(elsewhere)} already: name that run first (--run {elsewhere[0]}), so "
             "that its probes are read and the table shows each flip once"
         )
-    flips, by_scenario = plan_round(run_dirs, profile, args.results_dir / "flips", getattr(args, "scenario", None))
+    if args.windows or args.from_day or args.to_day:
+        raise UsageError("--windows, --from and --to are not planned on a GPU node yet: name the CPU atlas's runs")
+    search = "bisect" if args.bisect else "sweep"
+    flips, by_scenario = plan_round(
+        run_dirs, profile, args.results_dir / "flips", getattr(args, "scenario", None), search
+    )
     for flip in flips:
         if flip.note.startswith("masked"):
             print(f"{describe(flip).split(', by ')[0]} ({flip.note}; not probed)", flush=True)

@@ -125,6 +125,23 @@ def test_step_with_more_untested_releases_than_a_round_spreads_them() -> None:
     assert needed == [day("transformers", v) for v in ("4.57.3", "4.57.5", "4.57.7", "4.57.9")]
 
 
+def test_step_sweeps_every_point_in_one_round_and_names_every_change() -> None:
+    """The node's sweep: every sweep point of the reproducing package in one round (no PER_ROUND cap: they are known
+    before any run), then the changes in order, the flip's release the last one."""
+    flip = s2_flip()
+    needed = step(flip, dict(ALONE), RELEASES, search="sweep")
+    between = [v for v in RELEASES if v not in ("4.57.1", "5.5.4")]
+    assert needed == [day("transformers", v) for v in between]  # 7 releases or fewer: every one
+    states = dict(ALONE) | {
+        day("transformers", v): ("pass" if v in ("4.57.5", "5.2.0") else "fail") for v in between
+    }  # a fix in 4.57.5, undone in 5.0.0, done again in 5.2.0
+    assert step(flip, states, RELEASES, search="sweep") == []
+    assert flip.changes_words() == (
+        "ended with transformers 4.57.5 · started with transformers 5.0.0 · ended again with transformers 5.2.0"
+    )
+    assert (flip.release, flip.last_release_before) == ("5.2.0", "5.0.0")
+
+
 def test_step_completes_with_the_first_release_past_the_flip() -> None:
     flip = s2_flip()
     states = dict(ALONE) | {
@@ -487,9 +504,9 @@ def test_the_flips_command_prints_a_gpu_runs_flips_probed_or_masked(
     probed.moves = [{"package": "transformers", "version": "5.5.4", "probe_day": day("transformers", "5.5.4"),
                      "state": "pass"}]  # fmt: skip
     monkeypatch.setattr(
-        node_flips, "plan_round", lambda run_dirs, profile, out_root, only: ([probed, masked, planned], {})
+        node_flips, "plan_round", lambda run_dirs, profile, out_root, only, search: ([probed, masked, planned], {})
     )
-    args = argparse.Namespace(results_dir=tmp_path)
+    args = argparse.Namespace(results_dir=tmp_path, windows=False, from_day=None, to_day=None, bisect=False)
     profile = argparse.Namespace(name="gpu-history")
     assert cli_commands._node_flips(args, profile, [tmp_path / "gpu-history-x"]) == 0
     lines = capsys.readouterr().out.splitlines()

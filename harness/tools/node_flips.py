@@ -17,6 +17,7 @@ reproduces. A GPU node has no index, so each round is planned here and run there
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +59,12 @@ def probe_states(
     return {day: probe_state(records, signature, config_ids or ())[0] for day, records in grouped.items()}
 
 
-def step(flip: Flip, states: dict[str, str], release_list: list[str]) -> list[str]:
+def step(flip: Flip, states: dict[str, str], release_list: list[str], search: str = "bisect") -> list[str]:
     """Advance one flip with the probe states known so far; returns the probe days still needed (none: done).
     Fills `flip.moves`, `flip.reproducing`, `flip.package` and `flip.release` as far as the states allow.
     `release_list`: the reproducing package's releases from the older day's to the newer day's, oldest first
-    (empty until the package is known)."""
+    (empty until the package is known). `search`: "bisect" (PER_ROUND probes a round, one change assumed: how the
+    committed GPU flips were named) or "sweep" (every change: the sweep's points in one round, then each gap)."""
     newer_fails = flip.newer_state == "target"
     moves = {p: new for p, (_, new) in flip.changed.items() if new}
     flip.moves = [
@@ -98,12 +100,32 @@ def step(flip: Flip, states: dict[str, str], release_list: list[str]) -> list[st
     # The two days' own releases bound the bracket even where the index list lacks them (yanked, or filtered
     # by Requires-Python): the run itself measured them.
     bounded = sorted({*release_list, old, new}, key=Version)
+    if search == "sweep":
+        return _sweep_step(flip, package, bounded, known)
     found = flip_search.next_step(bounded, known, before, after, per_round=PER_ROUND)
     if found.done:
         flip.release = found.first
         flip.bisect = f"{len(known) - 2} release(s) of {package} probed between {old} and {new} on the node"
         return []
     return [probe_day(flip.older, package, v) for v in found.probes]
+
+
+def _sweep_step(flip: Flip, package: str, bounded: list[str], known: dict[str, str]) -> list[str]:
+    """The sweep over the reproducing package's releases on the node: every sweep point still missing in one round,
+    then each gap whose ends differ; done, every change goes into the flip and the last names its release."""
+    found = flip_search.next_sweep(bounded, known)
+    if not found.done:
+        return [probe_day(flip.older, package, v) for v in found.probes]
+    flip.changes = [{"package": package, **asdict(c), "direction": c.direction} for c in found.changes]
+    flip.sweep = {
+        "package": package, "candidates": bounded, "points": flip_search.sweep_points(bounded),
+        "bound": flip_search.sweep_bound(bounded), "stepped_over": found.stepped_over, "unmeasured": found.unmeasured,
+    }  # fmt: skip
+    last = found.changes[-1] if found.changes else None
+    if last is not None and (last.direction == "started") == (flip.newer_state == "target"):
+        flip.release, flip.last_release_before = last.release, last.last_before
+    flip.bisect = f"{len(known) - 2} release(s) of {package} swept between {bounded[0]} and {bounded[-1]} on the node"
+    return []
 
 
 def filed_elsewhere(run_dirs: list[Path], out_root: Path) -> list[str]:
@@ -145,7 +167,7 @@ def run_records(run_dirs: list[Path]) -> list[dict[str, Any]]:
 
 
 def plan_round(
-    run_dirs: list[Path], profile: Profile, out_root: Path, scenarios: list[str] | None = None
+    run_dirs: list[Path], profile: Profile, out_root: Path, scenarios: list[str] | None = None, search: str = "sweep"
 ) -> tuple[list[Flip], dict[str, list[str]]]:
     """Every flip of the GPU runs (one run, or several runs of one profile read together) advanced as far as its
     probe records allow (written to flips.json under the first run). Returns (flips, the probe days still needed
@@ -170,7 +192,7 @@ def plan_round(
         if not needed_now and len(flip.reproducing) == 1:
             old, new = flip.changed[flip.reproducing[0]]
             release_list = [str(v) for v in between(releases(flip.reproducing[0], profile.python), old, new)]
-            needed_now = step(flip, states, release_list)
+            needed_now = step(flip, states, release_list, search)
         if needed_now:
             needed.setdefault(flip.scenario, []).extend(needed_now)
         flips.append(flip)
