@@ -291,7 +291,16 @@ def upstream(signature: str | None) -> list[str]:
 CANNOT_RUN_OVER_TORCH = frozenset({"bnb-no-library-for-this-cuda", "bnb-needs-triton-ops"})
 #: ... or on this machine at all (deepspeed before 0.14 has no CPU accelerator without intel_extension_for_pytorch):
 #: whatever a scenario would test there, the stack cannot start.
-CANNOT_RUN_HERE = CANNOT_RUN_OVER_TORCH | {"deepspeed-cpu-needs-ipex"}
+CANNOT_RUN_HERE = CANNOT_RUN_OVER_TORCH | {"deepspeed-cpu-needs-ipex", "native-library-cannot-load"}
+
+#: A native library or extension that cannot load on this machine: a system library too old (Debian 12's libstdc++
+#: stops at GLIBCXX_3.4.30; a wheel built against 3.4.32 refuses it), missing, or built for another ABI. The machine's
+#: limit, never the stack's failure.
+NATIVE_LOAD = re.compile(
+    r"version [`'](?P<needs>GLIBC(?:XX)?_[\d.]+|CXXABI_[\d.]+)' not found"
+    r"|(?P<missing>[\w.+-]+\.so[\w.]*): cannot open shared object file"
+    r"|wrong ELF class|invalid ELF header"
+)
 
 
 def name(exc_type: str, message: str, traceback: str = "") -> str | None:
@@ -305,6 +314,8 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         return "bnb-no-library-for-this-cuda"  # bitsandbytes >= 0.46's banner when its native library is missing
     if re.search(r"libbitsandbytes_cpu\.\w+: undefined symbol: c\w*quantize", message):
         return "bnb-no-library-for-this-cuda"  # bitsandbytes 0.45 fell back to its CPU library for CUDA tensors
+    if short in ("OSError", "ImportError", "RuntimeError") and NATIVE_LOAD.search(message):
+        return "native-library-cannot-load"
     if "CPU_Accelerator requires intel_extension_for_pytorch" in message:
         return "deepspeed-cpu-needs-ipex"  # deepspeed < 0.14 on a machine without CUDA: no accelerator to import
     if "don't know how to restore data location of torch.storage.UntypedStorage" in message:

@@ -101,6 +101,16 @@ def index_flags(
     return flags
 
 
+def uv_environ(dated: bool, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment uv runs in: for a dated cell without `UV_FIND_LINKS`, which uv reads by itself: a local wheel
+    carries no upload date, so `--exclude-newer` cannot hold it to the day (with it set, a 2025-07-04 stack got the
+    machine's torch 2.13.0+cpu instead of the day's 2.7.1, measured 2026-11-27)."""
+    environ = dict(os.environ if base is None else base)
+    if dated:
+        environ.pop("UV_FIND_LINKS", None)
+    return environ
+
+
 def default_envs_dir() -> Path:
     """Outside the work tree, so fresh clones and CI on the same machine reuse built cells."""
     base = os.environ.get("COMPAT_MATRIX_ENVS")
@@ -219,6 +229,7 @@ def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Pat
     _run(["venv", "--quiet", "--python", profile.python, str(target)], build, uv=True)
     python = target / "bin" / "python"
     flags = index_flags(options=options, dated=bool(cell.date)) + era_flags(cell, profile)
+    environ = uv_environ(bool(cell.date))
     wanted = cell.requirements()
     if cell.date:
         # Packages resolved against today's index: their own line replaces the cell's bare name.
@@ -232,10 +243,10 @@ def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Pat
         early += list(profile.build_requires)
     # Precompiled bytecode: without it every worker pays 20-35 s extra on its first import of the stack
     # where PYTHONDONTWRITEBYTECODE is set.
-    _run(["pip", "install", "--compile-bytecode", "--python", str(python), *flags, *early], build, uv=True)
+    _run(["pip", "install", "--compile-bytecode", "--python", str(python), *flags, *early], build, environ, uv=True)
     if late:
         # Built against the torch installed by the first step (DeepSpeed needs torch at build time).
-        env = dict(os.environ) | profile.install_env
+        env = environ | profile.install_env
         _run(
             [
                 "pip",

@@ -30,15 +30,26 @@ from harness.execution.launcher import waiting_in
 from harness.paths import REPO_ROOT
 from harness.processes import guard
 from harness.processes.proctree import ORCHESTRATOR_VAR, TOKEN_VAR, kill_token, processes_with_token, send_signal
-from harness.recording.signatures import crash_signature, exception_signature, plain_exit_signature
+from harness.recording.signatures import (
+    crash_signature,
+    exception_signature,
+    machine_limits,
+    plain_exit_signature,
+)
 
 #: Changes whenever how a run is judged or what it records changes: runs recorded under another one are not
 #: reused. 4: each run carries the setup measured in its ranks (`measured_setup`) and the failure's whole text.
 #: 5: under torchrun a failure is the failing rank's own (torchrun's ChildFailedError never is), a plain non-zero
 #: exit is named by its last line of output, and every failing rank's error is kept (`rank_errors`).
-CLASSIFIER_VERSION = 5
+CLASSIFIER_VERSION = 6
+#: 6: the failure is what ended the script (`runtime/script_probe/compat_matrix_run.py` notes it in each process):
+#: its uncaught exception or its `sys.exit` message, never a traceback a library printed and went past (kept as a
+#: note); the run says where in the script it ended (`script_lines`); a native library that cannot load here is
+#: the machine's limit (`machine_limits`).
 #: The folder whose sitecustomize.py measures what a script ran, and where it writes its facts.
 PROBE_DIR = REPO_ROOT / "runtime" / "script_probe"
+#: The module (in PROBE_DIR) that runs the script and notes what ended it.
+RUNNER = "compat_matrix_run"
 SETUP_DIR_VAR = "COMPAT_MATRIX_SETUP_DIR"
 #: The exit code a script uses to say "this stack cannot run me" (automake's SKIP).
 SKIP_EXIT = 77
@@ -75,6 +86,16 @@ class ScriptRun:
     #: Under torchrun: each failing rank's own error (its exception line, or its last line of output), the first
     #: failure in time first (torchrun's "first observed failure").
     rank_errors: dict[str, str] = field(default_factory=dict)
+    #: What ended the script, as its process noted it: "exception", "exit" (sys.exit) or "end"; None where no
+    #: process could say (killed, or a run from before the runner).
+    ended: str | None = None
+    #: Where in the script it ended: the lines of the script's own frames, outermost first (the module-level
+    #: statement, then the function calls inside the script); empty where it ended outside any frame of it.
+    script_lines: list[int] = field(default_factory=list)
+    #: Tracebacks a library printed and went past (their exception lines): never the failure, kept as notes.
+    notes: list[str] = field(default_factory=list)
+    #: What this machine cannot load ('bitsandbytes could not load its native library here (GLIBCXX_3.4.32)').
+    machine_limits: list[str] = field(default_factory=list)
 
 
 def script_dependencies(path: Path) -> list[str]:
@@ -104,12 +125,13 @@ def run_script(
     with tempfile.TemporaryDirectory(prefix="bisect-script-") as scratch:
         work = Path(scratch)
         logs = work / "torchrun-logs"
-        command = [str(python), str(script.resolve())]
+        # The script runs as `python script.py` would, through the probe's runner, which notes what ended it.
+        command = [str(python), "-m", RUNNER, str(script.resolve())]
         distributed = nproc > 1 if torchrun is None else torchrun
         if distributed:
             command = [
                 str(python), "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                f"--log-dir={logs}", "--redirects=3", str(script.resolve()),
+                f"--log-dir={logs}", "--redirects=3", "-m", RUNNER, str(script.resolve()),
             ]  # fmt: skip
         env = dict(os.environ) | (extra_env or {})
         env.pop("PYTHONPATH", None)
@@ -151,7 +173,88 @@ def run_script(
         ranks = _rank_logs(logs) if distributed else {}
         rank_stdout = _rank_logs(logs, "stdout.log") if distributed else {}
         found = _classify(proc.returncode, timed_out, seconds, stderr, ranks, stdout, rank_stdout)
+        found = what_ended(found, ended_records(setup_dir), stderr if not ranks else "\n".join(ranks.values()))
         return replace(found, setup=measured_setup(setup_dir))
+
+
+def ended_records(folder: Path) -> dict[str, dict[str, object]]:
+    """rank -> what ended it, as the runner noted (`ended-<rank>.json`); {} where none could say."""
+    found: dict[str, dict[str, object]] = {}
+    for path in sorted(folder.glob("ended-*.json")):
+        try:
+            found[path.stem.removeprefix("ended-")] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def what_ended(found: ScriptRun, ended: dict[str, dict[str, object]], text: str) -> ScriptRun:
+    """The run named by what ended the script, where a process noted it: its uncaught exception, or its `sys.exit`
+    message; a traceback earlier in the output that is not that exception is a library's, printed and gone past (a
+    note, never the failure). Under torchrun the failing rank's own (`rank_errors`' first, else any that failed)."""
+    if found.outcome in ("timeout", "skip") and not ended:
+        return found
+    failing = [r for r in (found.rank_errors or {}) if r in ended] or sorted(ended)
+    entry = next((ended[r] for r in failing if ended[r].get("kind") != "end"), None) or (
+        ended[failing[0]] if failing else None
+    )
+    lines = [int(f["line"]) for f in (entry or {}).get("frames") or [] if isinstance(f, dict) and "line" in f]  # type: ignore[union-attr]
+    ender = _ender_line(entry)
+    notes = _printed_and_passed(text, ender)
+    limits = machine_limits(text)
+    found = replace(found, ended=str(entry.get("kind")) if entry else None, script_lines=lines, notes=notes,
+                    machine_limits=limits)  # fmt: skip
+    if not entry or found.outcome in ("pass", "timeout", "skip"):
+        return found
+    if entry.get("kind") == "exception" and ender:
+        exc_type, _, message = ender.partition(": ")
+        traceback = str(entry.get("traceback") or "")
+        signature = exception_signature(exc_type, message, f"{traceback}\n{text[-TAIL_CHARS:]}")
+        whole = str(entry.get("exception") or ender)
+        return replace(found, signature=signature, error=ender, traceback=traceback[-TAIL_CHARS:], error_text=whole)
+    if entry.get("kind") == "exit" and isinstance(entry.get("code"), str):
+        said = [line for line in str(entry["code"]).splitlines() if line.strip()]
+        last = said[-1] if said else None
+        code = found.exit_code if found.exit_code is not None else 1
+        return replace(found, signature=plain_exit_signature(code, last), error=last, traceback="",
+                       error_text="\n".join(said) or None)  # fmt: skip
+    if entry.get("kind") == "exit" and isinstance(entry.get("code"), int) and found.traceback:
+        # sys.exit(1) after printing: the failure is the exit and the script's last words, not a traceback above.
+        last = _said_last(text, "")
+        return replace(found, signature=plain_exit_signature(found.exit_code, last), error=last, traceback="",
+                       error_text=last)  # fmt: skip
+    return found
+
+
+def _ender_line(entry: dict[str, object] | None) -> str | None:
+    """The ending exception's first line as Python prints it ('TypeError: ...'), or None."""
+    if not entry or entry.get("kind") != "exception":
+        return None
+    text = str(entry.get("exception") or entry.get("type") or "").strip()
+    return text.splitlines()[0] if text else None
+
+
+def shown_note(line: str) -> str:
+    """A printed exception line as a note: one per kind of printout (an environment's own path is not part of what
+    was printed: '/root/.cache/.../site-packages/bitsandbytes/...' reads '.../site-packages/bitsandbytes/...')."""
+    return re.sub(r"(?:/[^\s/()]+)+/site-packages/", ".../site-packages/", line)[:300]
+
+
+def _printed_and_passed(text: str, ender: str | None) -> list[str]:
+    """The exception lines of the tracebacks in the output that are not the one that ended the script (printed by a
+    library that caught them, then went on), in order, each once."""
+    found: list[str] = []
+    for block in text.split(_TRACEBACK)[1:]:
+        lines = block.splitlines()
+        for line in lines:
+            if line.startswith((" ", "\t")) or not line.strip():
+                continue
+            if _EXCEPTION_LINE.match(line.strip()):
+                shown = shown_note(line.strip())
+                if line.strip() != ender and shown not in found:
+                    found.append(shown)
+                break
+    return found
 
 
 def _stop_with_stacks(proc: subprocess.Popen, token: str) -> None:

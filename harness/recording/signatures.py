@@ -215,6 +215,23 @@ def exception_signature(exc_type: str, message: str, traceback: str = "") -> str
     return f"unclassified-{_short_type(exc_type)}-{_digest(text)}"
 
 
+def machine_limits(text: str) -> list[str]:
+    """What this machine could not load, from a run's tracebacks, in words: 'bitsandbytes could not load its native
+    library here (GLIBCXX_3.4.32)'. The package is the site-packages folder the failing frame lies in."""
+    found: list[str] = []
+    for block in text.split("Traceback (most recent call last):")[1:]:
+        hit = failure_names.NATIVE_LOAD.search(block)
+        if not hit:
+            continue
+        packages = re.findall(r"site-packages/([A-Za-z0-9_]+)/", block)
+        package = packages[-1] if packages else "a native library"
+        what = hit.group("needs") or hit.group("missing") or "another ABI"
+        words = f"{package} could not load its native library here ({what})"
+        if words not in found:
+            found.append(words)
+    return found
+
+
 def plain_exit_signature(code: int | None, last_line: str | None) -> str:
     """A script's non-zero exit with no traceback: `exit-<code>-<hash>` over its normalised last line of output (what
     the user saw), `crash-exit-<code>` where it printed nothing."""

@@ -38,7 +38,7 @@ from harness.define.packages import AXIS_PACKAGES, import_name
 from harness.define.profile import DATE_AXIS, Profile
 from harness.environments.envs import InstallOptions
 from harness.errors import UsageError
-from harness.execution.script_launch import CLASSIFIER_VERSION, ScriptRun, run_script, script_dependencies
+from harness.execution.script_launch import CLASSIFIER_VERSION, ScriptRun, run_script, script_dependencies, shown_note
 from harness.publishing.upstream import setup_words
 from harness.recording.flip import Flip
 from harness.recording.runs import now_iso
@@ -136,6 +136,15 @@ class Observation:
     error_text: str | None = None
     #: Under torchrun, each failing rank's own error, the first failure in time first.
     rank_errors: dict[str, str] = field(default_factory=dict)
+    #: What ended the script ("exception", "exit", "end"), where in it (its own frames' lines, outermost first),
+    #: the tracebacks a library printed and went past, and what this machine could not load (`script_launch`).
+    ended: str | None = None
+    script_lines: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    machine_limits: list[str] = field(default_factory=list)
+    #: Set by the search: this run failed another way at a later point of the script than the failure asked about
+    #: (so that failure is gone on its stack: evidence, `ScriptBisect.state_of`).
+    later: bool = False
 
 
 @dataclass
@@ -275,14 +284,32 @@ class ScriptBisect:
 
     def state_of(self, found: Observation) -> str:
         """A run's state by the one rule (`flip_search.run_evidence`), in a script verdict's words: target, pass,
-        other (no evidence: another failure, or a timeout where the target is not a hang) or unusable."""
+        other (no evidence: another failure, or a timeout where the target is not a hang) or unusable. A run that
+        failed another way at a later point of the script than the failure asked about got past it: that failure is
+        gone there, so for its search the run is a pass (`later` says so in the verdict). One that failed earlier,
+        or where no point is known, stays no evidence."""
+        found.later = False
         if found.outcome in ("install-failed", "skip"):
             return "unusable"
         if _cannot_run(found) or _needs_left_out(found):
             return "unusable"  # the stack cannot run on this machine at all: no evidence either way
         if found.outcome != "pass" and self.match is None and self.target is None:
             return ""  # no target chosen yet
-        return _SCRIPT_STATE[flip_search.run_evidence(found.outcome, self._is_target(found))]
+        state = _SCRIPT_STATE[flip_search.run_evidence(found.outcome, self._is_target(found))]
+        if state == "other" and found.outcome == "fail" and self._past_the_target(found):
+            found.later = True
+            return "pass"
+        return state
+
+    def _past_the_target(self, found: Observation) -> bool:
+        """Whether `found` ended at a later point of the script than every run that showed the failure asked about
+        (the script's own frames, outermost first: a later module-level statement, or a later line inside the same
+        one). Unknown points are never later."""
+        points = [o.script_lines for o in self.observations if o.script_lines and self._is_target(o)]
+        if not found.script_lines or not points:
+            return False
+        # The module-level statement only: inside one statement, which call of it comes first is not known here.
+        return all(found.script_lines[0] > point[0] for point in points)
 
     def _is_target(self, found: Observation) -> bool:
         if self.match is not None:
@@ -395,13 +422,17 @@ def _answer_other_failures(
 
 
 def _choose_target(bisect: ScriptBisect, scan: list[Observation], bad: End | None) -> Observation | None:
-    """The failure asked about: the user's --match, else the bad end's failure, else the newest failing stack's."""
-    failing = [o for o in scan if o.outcome in ("fail", "timeout")]
+    """The failure asked about: the user's --match, else the bad end's failure, else the newest failing stack's. A
+    stack that cannot run on this machine (a native library that cannot load here) is never where it is taken."""
+    failing = [o for o in scan if o.outcome in ("fail", "timeout") and o.state != "unusable"]
     if bisect.match is not None:
         matched = [o for o in failing if o.state == "target"]
         return matched[-1] if matched else None
     if bad is not None:
         at = next((o for o in scan if o.label == bad.label), None)
+        if at is not None and at.state == "unusable":
+            bisect.say(f"the bad end {bad.label} cannot run on this machine ({at.error}): nothing to bisect")
+            return None
         if at is None or at.outcome not in ("fail", "timeout"):
             outcome = at.outcome if at else "not run"
             bisect.say(f"the bad end {bad.label} does not fail ({outcome}): nothing to bisect")
@@ -557,12 +588,23 @@ def _bisect_releases(
 
 def _release_notes(bisect: ScriptBisect, flip: Flip, package: str) -> None:
     """What lies between the named release and the one before it that no run could judge: a yanked release, or
-    releases that failed another way or could not run (the change may hide in them)."""
+    releases that failed another way or could not run (the change may hide in them); and where the release's run got
+    past the failure to fail further on, which failure takes over."""
     if not flip.release or not flip.last_release_before:
         return
+    past = next(
+        (
+            o
+            for o in bisect.observations
+            if o.later and o.label.split(" (with ")[0].endswith(f"+ {package}=={flip.release}")
+        ),
+        None,
+    )
+    if past is not None:
+        flip.note = f"where {past.error}, later in the script, takes over. "
     gone = [v for v in bisect.source.yanked(package) if _between(v, flip.last_release_before, flip.release)]
     if gone:
-        flip.note = f"{', '.join(gone)} (yanked from the index) lies between and was not tried. "
+        flip.note += f"{', '.join(gone)} (yanked from the index) lies between and was not tried. "
     skipped = [s for s in flip.stepped_over if _between(s["version"], flip.last_release_before, flip.release)]
     if skipped:
         how = "fail differently" if any(s["state"] == "other" for s in skipped) else "could not run"
@@ -659,6 +701,8 @@ def _brief(found: Observation) -> dict[str, Any]:
         "mode": found.stack.get("mode"),
         "reused": found.reused,
         **({"setup": found.setup} if found.setup else {}),
+        **({"script_lines": found.script_lines} if found.script_lines else {}),
+        **({"later": True} if found.later else {}),
     }
 
 
@@ -692,6 +736,10 @@ def _verdict(
             ],
         },
         "runs": "runs.jsonl",
+        # What this machine could not load, and tracebacks libraries printed and went past: said once, never a
+        # failure of the script.
+        "machine_limits": sorted({limit for o in bisect.observations for limit in o.machine_limits}),
+        "printed_and_passed": sorted({shown_note(note) for o in bisect.observations for note in o.notes}),
     }
     verdict |= _device_facts(bisect)
     if bisect.device_calls:  # the node's calls made the runs (and timed them); this side only read them back
@@ -736,6 +784,8 @@ def summary_lines(verdict: dict[str, Any]) -> list[str]:
         lines.append("  no stack fails: nothing to bisect")
     states = " ".join(f"{s['label']}:{_scan_word(s)}" for s in verdict["scan"])
     lines.append(f"  scan: {states}")
+    for limit in verdict.get("machine_limits") or []:
+        lines.append(f"  this machine's limit, not the script's failure: {limit}")
     ran = sorted({setup_words(s.get("setup")) for s in verdict["scan"]})
     lines += [f"  measured: {words}" for words in ran]
     known = {s["state"] for s in verdict["scan"] if s["state"] in KNOWN}
@@ -789,7 +839,10 @@ def summary_lines(verdict: dict[str, Any]) -> list[str]:
 
 
 def _scan_word(scanned: dict[str, Any]) -> str:
-    """A scanned stack's state in the scan line: 'fail (another failure)' where the script failed otherwise."""
+    """A scanned stack's state in the scan line: 'fail (another failure)' where the script failed otherwise, 'past it
+    (another failure later)' where it got past the failure asked about and failed further on."""
+    if scanned.get("later"):
+        return "past it (another failure later)"
     if scanned["state"] == "other" and scanned["outcome"] in ("fail", "timeout"):
         return f"{scanned['outcome']} (another failure)"
     return scanned["state"] or scanned["outcome"]
@@ -803,7 +856,8 @@ def _answer_line(flip: Flip) -> str:
         stepped = sorted({str(s["version"]) for s in flip.stepped_over or [] if isinstance(s, dict)}, key=Version)
         if stepped:
             line += f"; {', '.join(stepped)} showed no evidence (another failure or no install)"
-        return line + f", between {flip.older} and {flip.newer}"
+        later = flip.note.split(". ")[0] if flip.note.startswith("where ") else ""
+        return line + f", between {flip.older} and {flip.newer}" + (f"; {later}" if later else "")
     return (
         f"between {flip.older} ({flip.older_state}) and {flip.newer} ({flip.newer_state}): {flip.note or 'not named'}"
     )
@@ -813,7 +867,8 @@ def _from_run(phase: str, label: str, run: ScriptRun, facts: dict[str, Any], key
     return Observation(
         phase, label, run.outcome, run.signature, run.error, round(run.seconds, 2), facts, key, run.exit_code,
         run.traceback, run.stderr_tail, run.rank_stacks, run.waiting_in, setup=dict(run.setup),
-        error_text=run.error_text, rank_errors=dict(run.rank_errors),
+        error_text=run.error_text, rank_errors=dict(run.rank_errors), ended=run.ended,
+        script_lines=list(run.script_lines), notes=list(run.notes), machine_limits=list(run.machine_limits),
     )  # fmt: skip
 
 

@@ -262,7 +262,7 @@ def _resolve(
                 envs.uv_binary(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python",
                 str(python), *flags, str(wanted), "--constraint", str(constraints), "--output-file", str(output),
             ],
-            capture_output=True, text=True, env=_build_env(held, requirements),
+            capture_output=True, text=True, env=envs.uv_environ(bool(day), _build_env(held, requirements)),
         )  # fmt: skip
         if proc.returncode != 0:
             return None, envs.summarise_install_error(proc.stderr or proc.stdout)

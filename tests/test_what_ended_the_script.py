@@ -1,0 +1,175 @@
+"""A script's failure is what ended it (issue 61): its uncaught exception or its `sys.exit` message, never a traceback a
+library printed and went past; a failure later in the script is evidence that an earlier one is gone; what this
+machine cannot load is said as such. Real runs of small scripts with this interpreter (the runner and the probe as
+`bisect-script` starts them), and a real bisect over packaging's releases."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+from harness.execution.script_launch import run_script
+
+#: A library that cannot load its native part on this machine: it prints the traceback it caught, and goes on.
+FAKELIB = textwrap.dedent(
+    """
+    import traceback
+
+    try:
+        raise OSError(
+            "/lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.32' not found "
+            "(required by /opt/site-packages/fakelib/libfake_cpu.so)"
+        )
+    except OSError:
+        traceback.print_exc()
+    """
+)
+
+EXITS_WITH_ITS_OWN_MESSAGE = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "site-packages"))
+    import fakelib  # prints a caught traceback, as bitsandbytes does where its CPU library cannot load
+
+    difference = 0.158
+    if difference > 1e-3:
+        sys.exit(f"merged model differs from the adapter model: max abs logits difference {difference}")
+    """
+)
+
+
+def _script(tmp_path: Path, text: str, name: str = "user_script.py") -> Path:
+    library = tmp_path / "site-packages" / "fakelib"
+    library.mkdir(parents=True, exist_ok=True)
+    (library / "__init__.py").write_text(FAKELIB)
+    script = tmp_path / name
+    script.write_text(text)
+    return script
+
+
+def test_the_failure_is_the_scripts_own_exit_message_not_a_printed_traceback(tmp_path: Path) -> None:
+    run = run_script(Path(sys.executable), _script(tmp_path, EXITS_WITH_ITS_OWN_MESSAGE), timeout_s=120)
+    assert run.outcome == "fail" and run.exit_code == 1
+    assert run.error == "merged model differs from the adapter model: max abs logits difference 0.158"
+    assert run.signature.startswith("exit-1-") and run.traceback == ""
+    assert run.ended == "exit" and run.script_lines == [10]  # the sys.exit line of the script
+    assert any(note.startswith("OSError: /lib/x86_64-linux-gnu/libstdc++.so.6") for note in run.notes)
+    assert run.machine_limits == ["fakelib could not load its native library here (GLIBCXX_3.4.32)"]
+
+
+def test_an_uncaught_exception_is_the_failure_with_the_scripts_own_line(tmp_path: Path) -> None:
+    text = EXITS_WITH_ITS_OWN_MESSAGE.replace(
+        'sys.exit(f"merged model differs', 'raise TypeError(f"merged model differs'
+    )
+    run = run_script(Path(sys.executable), _script(tmp_path, text), timeout_s=120)
+    assert run.error.startswith("TypeError: merged model differs") and run.ended == "exception"
+    assert run.script_lines == [10] and run.notes and run.signature.startswith("unclassified-TypeError")
+
+
+def test_a_stack_whose_only_failure_is_a_native_library_that_cannot_load_is_unusable(tmp_path: Path) -> None:
+    """The machine's limit is never the failure asked about: the run is unusable for the search, with the reason."""
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions
+    from harness.paths import MATRIX_DIR
+    from harness.tools.script_bisect import ScriptBisect, _from_run
+
+    text = 'raise OSError("libfoo.so.1: cannot open shared object file: No such file or directory")\n'
+    run = run_script(Path(sys.executable), _script(tmp_path, text), timeout_s=120)
+    assert run.signature == "native-library-cannot-load", run
+    bisect = ScriptBisect(_script(tmp_path, text), tmp_path / "out", load_profile("history", MATRIX_DIR),
+                          InstallOptions(envs_dir=tmp_path / "envs"))  # fmt: skip
+    found = _from_run("scan", "here", run, {"versions": {}}, "k")
+    assert bisect.state_of(found) == "unusable"
+
+
+EARLY_THEN_LATER = textwrap.dedent(
+    '''
+    # /// script
+    # dependencies = ["packaging"]
+    # ///
+    """A keyword error early on packaging before 21 (line 12), a check that fails later before 23 (line 20)."""
+    import packaging
+
+    major = int(packaging.__version__.split(".")[0])
+
+
+    if major < 21:
+        raise TypeError("LoraConfig.__init__() got an unexpected keyword argument 'lora_bias'")
+    # ... the script's work, which the older releases never reach ...
+    result = major * 2
+
+
+
+
+    if major < 23:
+        raise SystemExit("merged model differs from the adapter model")
+    print("fine")
+    '''
+)
+
+
+def test_a_failure_later_in_the_script_is_evidence_that_the_earlier_one_is_gone(tmp_path: Path) -> None:
+    """20.0 fails early (the keyword error), 22.0 later (the merge check), 23.0 passes: the keyword error's end is the
+    first release that gets past it (21.0, where the later failure takes over), not the first that passes."""
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions, default_envs_dir
+    from harness.paths import MATRIX_DIR
+    from harness.tools.script_bisect import End, ScriptBisect, run, summary_lines
+
+    script = tmp_path / "early_then_later.py"
+    script.write_text(EARLY_THEN_LATER)
+    said: list[str] = []
+    bisect = ScriptBisect(script, tmp_path / "out", load_profile("history", MATRIX_DIR),
+                          InstallOptions(envs_dir=default_envs_dir()), say=said.append)  # fmt: skip
+    verdict = run(bisect, [End(pins={"packaging": v}) for v in ("20.0", "22.0", "23.0")], None)
+    assert verdict["target"]["error"] == "merged model differs from the adapter model"
+    (asked,) = verdict["flips"]
+    assert (asked["direction"], asked["first_release"], asked["last_release_before"]) == ("ended", "23.0", "22.0")
+    (early,) = [f for f in verdict["different_failures"] if "lora_bias" in (f["error"] or "")]
+    (answer,) = early["flips"]
+    assert (answer["direction"], answer["first_release"]) == ("ended", "21.0"), answer
+    assert answer["last_release_before"].startswith("20.")
+    assert "later in the script, takes over" in answer["note"]
+    scan = next(line for line in summary_lines(verdict) if line.strip().startswith("scan:"))
+    assert "packaging==22.0:target" in scan
+
+
+def test_no_committed_verdict_asks_about_what_this_machine_cannot_load() -> None:
+    """The committed verdicts re-judged: no failure asked about, and no issue title, is a native library this machine
+    cannot load (a traceback bitsandbytes prints and goes past). Runs made with the runner also say what ended them:
+    where they do, the failure asked about is that."""
+    import json
+
+    from scenarios.failure_names import NATIVE_LOAD
+
+    root = Path(__file__).resolve().parents[1] / "results" / "script-bisect"
+    checked = ended = 0
+    for path in sorted(root.glob("*/verdict.json")):
+        verdict = json.loads(path.read_text())
+        target = verdict["target"]
+        if not target.get("error"):
+            continue
+        assert not NATIVE_LOAD.search(target["error"]), path
+        issue = path.parent / "issue.md"
+        title = issue.read_text().splitlines()[1] if issue.is_file() else ""
+        assert not NATIVE_LOAD.search(title) and "GLIBCXX" not in title, path
+        runs = [json.loads(line) for line in (path.parent / "runs.jsonl").read_text().splitlines() if line.strip()]
+        for found in (r for r in runs if r.get("ended") and r.get("signature") == target["signature"]):
+            assert found["ended"] in ("exception", "exit"), (path, found["label"])
+            ended += 1
+        checked += 1
+    assert checked >= 8
+    assert ended >= 1, "a committed verdict made with the runner"
+
+
+def test_a_dated_cell_never_takes_a_local_wheel_through_uvs_own_variable() -> None:
+    """UV_FIND_LINKS is read by uv itself; a local wheel has no upload date, so a dated stack would take it (a
+    2025-07-04 environment got the machine's torch 2.13.0+cpu): dated builds run without it, others keep it."""
+    from harness.environments.envs import uv_environ
+
+    base = {"UV_FIND_LINKS": "/opt/wheels", "HOME": "/root"}
+    assert "UV_FIND_LINKS" not in uv_environ(True, base) and uv_environ(True, base)["HOME"] == "/root"
+    assert uv_environ(False, base)["UV_FIND_LINKS"] == "/opt/wheels"
