@@ -361,6 +361,12 @@ def lookup(args: argparse.Namespace) -> int:
     return 0
 
 
+def audit(args: argparse.Namespace) -> int:
+    from harness.tools.audit import command
+
+    return command(args)
+
+
 def lock(args: argparse.Namespace) -> int:
     from harness.tools.locking import write_lock
 

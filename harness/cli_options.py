@@ -502,6 +502,45 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     Command(
+        "audit",
+        "audit",
+        help="the known failures that apply to a lockfile and a setup (a CI gate: exit 1 when one applies)",
+        description=(
+            "Reads exact releases from a requirements file or pip freeze, uv.lock, pylock.toml (PEP 751), "
+            "poetry.lock, or an environment (--env: this one; --python: another), and a setup from an accelerate "
+            "config YAML, a DeepSpeed JSON or --setup; judges each advisory of results/advisories/ (OSV, made with the "
+            "table) by all of its conditions and prints each that applies, with the smallest upgrade or the pin "
+            "that leaves it and the workarounds; an advisory whose release the atlas never measured is UNDECIDED, "
+            "never clean. Exit 1 when an advisory applies, 0 when none does, 2 on bad input."
+        ),
+        options=(
+            Option(
+                ("files",),
+                nargs="*",
+                type=Path,
+                metavar="FILE",
+                help=(
+                    "requirements.txt / pip freeze output, uv.lock, pylock.toml or poetry.lock (several: read "
+                    "together, as a pre-commit hook passes them)"
+                ),
+            ),
+            Option(("--env",), action="store_true", help="read this interpreter's installed packages"),
+            Option(("--python",), metavar="PATH", help="read another environment's packages (its interpreter)"),
+            Option(("--accelerate-config",), type=Path, metavar="YAML", help="the file `accelerate config` wrote"),
+            Option(("--deepspeed-config",), type=Path, metavar="JSON", help="a DeepSpeed config (its ZeRO stage)"),
+            Option(
+                ("--setup",),
+                action="append",
+                metavar="WORDS",
+                help="engine (ddp, fsdp1, fsdp2, zero3), adapter (lora, dora, qlora), path (trainer, hand)",
+            ),
+            Option(("--device",), choices=["cpu", "cuda"], help="only advisories measured on this device"),
+            Option(("--ignore-id",), action="append", metavar="ID", help="an advisory to leave out (repeatable)"),
+            Option(("--format",), choices=["columns", "json", "markdown"], default="columns"),
+            RESULTS_OPTION,
+        ),
+    ),
+    Command(
         "lock",
         "lock",
         help=("write a dated GPU profile's era lock (matrix/locks/NAME.json) for an air-gapped node"),

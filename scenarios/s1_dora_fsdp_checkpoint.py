@@ -57,6 +57,8 @@ SPEC = {
     # re-synchronises and goes on instead of restarting the process group after each one.
     "restart_after_failure": False,
     "device": "any",
+    # What every config of this scenario is, where a config does not say (the setup an advisory applies to).
+    "setup": {"engine": "fsdp1", "adapter": "dora"},
     "requires": ["torch", "transformers", "peft"],
     # The failure this scenario exists for (peft#1910), as signature names ("name*": every name starting so).
     "target": ["checkpoint-recompute-dtype*"],

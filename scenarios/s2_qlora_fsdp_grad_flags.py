@@ -38,6 +38,8 @@ SPEC = {
     # re-synchronises and goes on instead of restarting the process group after each one.
     "restart_after_failure": False,
     "device": "any",
+    # What every config of this scenario is, where a config does not say (the setup an advisory applies to).
+    "setup": {"engine": "fsdp1", "adapter": "qlora"},
     "requires": ["torch", "transformers", "peft", "accelerate", "bitsandbytes"],
     "target": ["no-grad-element-0"],
     "controls": [],

@@ -55,6 +55,8 @@ SPEC = {
     ],
     "world_size": 1,
     "device": "any",
+    # What every config of this scenario is, where a config does not say (the setup an advisory applies to).
+    "setup": {"adapter": "qlora"},
     "requires": ["torch", "transformers", "peft", "bitsandbytes"],
     "target": ["no-grad-element-0"],
     # A frozen (unquantized) base with checkpointing turned on before get_peft_model cannot show the target:

@@ -67,6 +67,8 @@ SPEC = {
     # next run in the same process gives the same outcome as in a fresh one.
     "restart_after_failure": False,
     "device": "any",
+    # What every config of this scenario is, where a config does not say (the setup an advisory applies to).
+    "setup": {"engine": "zero3"},
     "requires": ["torch", "transformers", "peft", "deepspeed"],
     "target": ["checkpoint-recompute-shape[0]"],
     "controls": [],

@@ -46,6 +46,8 @@ SPEC = {
     # accelerate applies FSDP only on an accelerator (on CPU it refuses, or a Trainer wraps DDP instead): a CPU run
     # would say nothing about this path, so CPU profiles skip it, saying why.
     "device": "cuda",
+    # What every config of this scenario is, where a config does not say (the setup an advisory applies to).
+    "setup": {"engine": "fsdp1", "path": "trainer"},
     # bitsandbytes only for the 4-bit configs (they end as not applicable where it is missing): a day whose
     # bitsandbytes cannot load still runs the LoRA configs.
     "requires": ["torch", "transformers", "peft", "accelerate"],

@@ -53,6 +53,12 @@ SPEC = {
     "table_metrics": ["off_by"],
     # Each config is a code path of its own (the Trainer, a loop by hand, label smoothing): flips are named per config.
     "flips_per_config": True,
+    # The fixes are settings of a user's accelerate config (fsdp_state_dict_type): `audit` clears the advisory for a
+    # setup that already has the one the records show passing.
+    "variant_setup": {
+        "full_state_dict_checkpoint": {"context": "full_state_dict"},
+        "sharded_state_dict_checkpoint": {"context": "sharded_state_dict"},
+    },
 }
 
 FIXES = ("full_state_dict_checkpoint", "sharded_state_dict_checkpoint")

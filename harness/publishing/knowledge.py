@@ -56,6 +56,8 @@ SETUP_WORDS = {
     "sharded_state_dict": "SHARDED_STATE_DICT",
     "4bit": "4-bit",
     "compile_then_peft": "torch.compile, then the adapter",
+    "ckpt_then_peft": "checkpointing, then the adapter",
+    "peft_then_ckpt": "the adapter, then checkpointing",
     "peft_then_compile": "the adapter, then torch.compile",
 }
 
@@ -71,15 +73,19 @@ def device_class(record: dict[str, Any]) -> str:
     return str((record.get("hardware") or {}).get("device") or "cpu")
 
 
-def setup_of(config: dict[str, Any] | None) -> dict[str, str]:
-    """The config's setup: the values of its setup keys ({'path': 'trainer', 'engine': 'fsdp2', 'adapter': 'lora'})."""
+def setup_of(config: dict[str, Any] | None, spec: dict[str, Any] | None = None) -> dict[str, str]:
+    """The config's setup: the values of its setup keys ({'path': 'trainer', 'engine': 'fsdp2', 'adapter': 'lora'}),
+    over what every config of its scenario is (SPEC `setup`: S4 is ZeRO-3) where the config does not say."""
     config = config or {}
-    return {k: str(config[k]) for k in SETUP_KEYS if config.get(k) not in (None, "")}
+    own = {k: str(config[k]) for k in SETUP_KEYS if config.get(k) not in (None, "")}
+    return {k: str(v) for k, v in ((spec or {}).get("setup") or {}).items()} | own
 
 
-def setup_words(config: dict[str, Any] | None) -> str:
+def setup_words(config: dict[str, Any] | None, spec: dict[str, Any] | None = None) -> str:
     """'the Trainer · FSDP2 · LoRA'; 'the seed setup' where the config names none."""
-    return " · ".join(SETUP_WORDS.get(v, v) for v in setup_of(config).values()) or "the seed setup"
+    found = setup_of(config, spec)
+    ordered = [found[k] for k in SETUP_KEYS if k in found]
+    return " · ".join(SETUP_WORDS.get(v, v) for v in ordered) or "the seed setup"
 
 
 def matches_setup(config: dict[str, Any] | None, wanted: Iterable[str]) -> bool:
@@ -94,10 +100,15 @@ def matches_setup(config: dict[str, Any] | None, wanted: Iterable[str]) -> bool:
     return True
 
 
+def setup_key(word: str) -> str | None:
+    """The setup key a user's word is a value of ('fsdp2' -> 'engine'), or None."""
+    return _key_of(word)
+
+
 def _key_of(word: str) -> str | None:
     """The setup key a user's word is a value of ('fsdp2' -> 'engine'), or None."""
     known = {
-        "engine": ("ddp", "fsdp1", "fsdp2", "zero3"),
+        "engine": ("ddp", "fsdp1", "fsdp2", "zero2", "zero3"),
         "adapter": ("lora", "dora", "qlora", "none"),
         "path": ("trainer", "accelerate", "hand"),
         "context": ("full_state_dict", "sharded_state_dict"),
@@ -250,6 +261,10 @@ class Change:
     #: Whether `last_before` was measured in the older state (a pass before an onset): False where it failed another
     #: way (a bisect's "first shows; before it ..."), so it is no release to pin.
     before_measured: bool = True
+    #: The failure's name (the flip's or the finding's).
+    signature: str | None = None
+    #: The verified finding that measured this change (its reproducer at both releases), where one did.
+    finding: str | None = None
 
 
 def changes_for(flips: Iterable[Flip], atlas_of_run: dict[str, str]) -> list[Change]:
@@ -260,12 +275,14 @@ def changes_for(flips: Iterable[Flip], atlas_of_run: dict[str, str]) -> list[Cha
         ids = tuple(flip.config_ids)
         if flip.changes:
             for change in flip.changes:
-                found.append(Change(str(flip.scenario), change["package"], change["release"], change.get("last_before"),
-                                    change["direction"], ids, device, flip.run_id))  # fmt: skip
+                found.append(Change(str(flip.scenario), change["package"], change["release"],
+                                    change.get("last_before"), change["direction"], ids, device, flip.run_id,
+                                    signature=flip.signature))  # fmt: skip
         elif flip.package and flip.release:
             # A bisect's note says the release before the named one was no evidence (another failure came first).
             found.append(Change(str(flip.scenario), flip.package, flip.release, flip.last_release_before,
-                                flip.direction, ids, device, flip.run_id, before_measured=not flip.note))  # fmt: skip
+                                flip.direction, ids, device, flip.run_id, before_measured=not flip.note,
+                                signature=flip.signature))  # fmt: skip
     return found
 
 
@@ -278,12 +295,14 @@ def finding_changes(results_dir: Path) -> list[Change]:
     for finding in load_all(results_dir / "findings"):
         if not finding.verified:
             continue
-        config = finding.probe.get("config") or str(finding.flip.get("family") or "").removeprefix("config-")
+        family = str(finding.flip.get("family") or "")
+        config = finding.probe.get("config") or (family.removeprefix("config-") if family.startswith("config-") else "")
         starts = finding.direction == "starts"
         found.append(Change(
             finding.scenario, finding.package, finding.bad if starts else finding.good,
             finding.good if starts else finding.bad, "started" if starts else "ended",
-            (config,) if config else (), "cuda" if finding.gpus else "cpu", None,
+            (config,) if config else (), "cuda" if finding.gpus else "cpu", None, signature=finding.signature,
+            finding=finding.id,
         ))  # fmt: skip
     return found
 

@@ -4,6 +4,7 @@ matrix.json, the site, JUnit, pictures). Run after every matrix and by `compat-m
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from harness.errors import UsageError
 
@@ -83,4 +84,31 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
         (results_dir / "FINDINGS.md").write_text(
             findings_markdown(load_all(results_dir / "findings"), results_dir, specs)
         )
+        write_advisories(results_dir, selection, specs, flips, dated)
     return output
+
+
+def write_advisories(
+    results_dir: Path, selection: Any, specs: dict[str, Any], flips: list[Any], dated: dict[str, Any]
+) -> Path:
+    """results/advisories/: the table's flips that name a cause (a masked one names none), the watch's, the sweeps'
+    windows and the verified findings, as OSV advisories (`publishing/advisories.py`)."""
+    from harness.publishing import advisories
+    from harness.publishing.atlas import dated_verdicts, masking
+    from harness.publishing.growth import watched_flips
+
+    verdicts = {device: dated_verdicts(records, specs)[2] for device, records in dated.items()}
+    run_device = {r["run_id"]: device for device, records in dated.items() for r in records}
+    named = [
+        f for f in [*flips, *watched_flips(results_dir)]
+        if not masking(f, verdicts.get(run_device.get(f.run_id or "", "cpu"), {}))
+    ]  # fmt: skip
+    made = advisories.build(selection.latest()[0], list(selection.probes), named, specs, results_dir)
+    folder = advisories.write(made, results_dir)
+    site = results_dir / "site"
+    if site.is_dir():  # the site serves them as a feed beside its page (advisories/index.json)
+        import shutil
+
+        shutil.rmtree(site / "advisories", ignore_errors=True)
+        shutil.copytree(folder, site / "advisories")
+    return folder
