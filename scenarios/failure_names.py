@@ -88,6 +88,13 @@ KNOWN_ISSUES: dict[str, list[str]] = {
     # the merged model's outputs are not the adapter model's; unmerging does not give the base weights back.
     "identity-merge": [],
     "identity-unmerge": [],
+    # S10: the adapter a fresh process loads is not the one saved: the file does not hold what was trained (a module
+    # name that contains the adapter's name or "weight" rewritten, another adapter's tensors left out or written in),
+    # the load leaves saved tensors out, or the merge of the loaded model is off.
+    "roundtrip-save": ["huggingface/peft#2772", "huggingface/peft#3282", "huggingface/peft#3584"],
+    "roundtrip-load": ["huggingface/peft#3433", "huggingface/peft#2289", "huggingface/peft#2252"],
+    "roundtrip-keys": ["huggingface/peft#3282"],
+    "roundtrip-merge": ["huggingface/peft#2489"],
     # A resume that raises reading the checkpoint's RNG state: not the silent failure, but no resume either.
     "resume-rng-state-unreadable": [],
 }

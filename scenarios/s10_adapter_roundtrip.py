@@ -1,0 +1,259 @@
+"""S10: the adapter you load is the adapter you saved, over the adapter features users use.
+
+Teams train an adapter on one machine and serve it on another, a year later, with newer releases. A state dict whose
+keys do not match loads without an error: missing keys are a warning at most, and the model then runs the base
+weights, a fresh head or a fresh adapter, and gives plausible answers. S7 checks the save under FSDP and ZeRO-3; this
+family checks the round trip itself over the features beyond a LoRA on q and v: `modules_to_save` heads, LoRA on the
+embedding and the output layer, trainable tokens, `lora_bias`, DoRA, several adapters with related names, regex and
+`all-linear` targets, rank and alpha patterns, and models whose own module names contain the words peft writes into
+its keys (`scenarios/kit/named_models.py`).
+
+One job: a tiny model (the named model, or a real tiny Llama) gets the config's adapters, each trained 2 AdamW steps
+and moved by noise no loading process can regenerate; `save_pretrained`; then a fresh process builds the base from its
+saved weights and loads the adapters (`PeftModel.from_pretrained`, then `load_adapter`; or `load_adapter` into a model
+holding another adapter). The reference is the base with the saved file's tensors applied by the formulas in float64
+(`scenarios/kit/roundtrip.py`), with the scaling the saving model used. Legs, each with its discrepancy, the scale
+(what the adapter changes in the logits) and the float32 round-off floor:
+
+- `check-roundtrip-save`: the saving model's logits are off the file's formula model (the file does not hold what was
+  trained: keys the model does not have, a head left out);
+- `check-roundtrip-load`: the loaded model's logits are off it (the load dropped, renamed or misplaced keys; the
+  record lists which, and what ran instead);
+- `check-roundtrip-keys`: the logits agree but the load dropped or moved keys (and why they still agree is said);
+- `check-roundtrip-merge`: `merge_and_unload()` of the loaded model is off it.
+
+Not covered here: quantized bases (S9 merge covers QLoRA merges), tied embeddings, Conv layers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from scenarios.kit import identities, measured, named_models, strategies
+
+SPEC = {
+    "id": "S10-adapter-roundtrip",
+    "title": "Adapter round trip: the adapter a fresh process loads computes what the saved one did",
+    # Silent round trips reported upstream in the atlas's window (module names with the adapter's name or "weight",
+    # adapters whose names are prefixes of each other or a module's, modules_to_save names, an adapter named "lora").
+    "known_issues": [
+        "huggingface/peft#2772",
+        "huggingface/peft#3282",
+        "huggingface/peft#3584",
+        "huggingface/peft#3433",
+        "huggingface/peft#2289",
+        "huggingface/peft#2252",
+        "huggingface/peft#2195",
+    ],
+    "world_size": 1,
+    "device": "any",
+    "requires": ["torch", "peft", "safetensors"],
+    "target": ["check-roundtrip-*"],
+    "controls": [],
+    "variants": {
+        "baseline": ("baseline", "save_pretrained, then PeftModel.from_pretrained / load_adapter in a fresh process"),
+    },
+    "in_step_failures": ["check:roundtrip-"],
+    "table_metrics": ["off_by"],
+    # Each config is a feature of its own (a head, an embedding, a name): flips are named per config.
+    "flips_per_config": True,
+    "setup": {"path": "hand"},
+}
+
+SEED: dict[str, Any] = {
+    "model": "named",
+    "names": dict(named_models.PLAIN),
+    "adapter": "lora",
+    "targets": "list",
+    "embed": False,
+    "head": False,
+    "modules_to_save": False,
+    "trainable_tokens": False,
+    "lora_bias": False,
+    "rslora": False,
+    "patterns": "none",
+    "r": 8,
+    "alpha": 16,
+    "adapters": ["default"],
+    "load": "from_pretrained",
+}
+#: Several adapters with related names: prefixes of each other, or a module's name.
+ADAPTER_SETS = [["default"], ["default", "other"], ["a", "a_b"], ["adapter", "adapter_1"], ["default", "q"],
+                ["q", "default"]]  # fmt: skip
+
+
+def _names() -> Any:
+    from hypothesis import strategies as st
+
+    def unique(names: dict[str, str]) -> bool:
+        inner = [names[s] for s in ("q", "v", "o", "up")]
+        outer = [names[s] for s in ("layers", "embed", "head", "extra")]
+        return len(set(inner)) == 4 and len(set(outer)) == 4
+
+    return st.fixed_dictionaries(
+        {slot: st.sampled_from(named_models.CHOICES[slot]) for slot in named_models.SLOTS}
+    ).filter(unique)
+
+
+def strategy() -> Any:
+    from hypothesis import strategies as st
+
+    anywhere = st.fixed_dictionaries(
+        {
+            "model": strategies.axis(SEED, "model", "llama"),
+            "names": _names(),
+            "adapter": strategies.axis(SEED, "adapter", "dora"),
+            "targets": strategies.axis(SEED, "targets", "regex", "all-linear"),
+            "embed": strategies.axis(SEED, "embed", True),
+            "head": strategies.axis(SEED, "head", True),
+            "modules_to_save": strategies.axis(SEED, "modules_to_save", True),
+            "trainable_tokens": strategies.axis(SEED, "trainable_tokens", True),
+            "lora_bias": strategies.axis(SEED, "lora_bias", True),
+            "rslora": strategies.axis(SEED, "rslora", True),
+            "patterns": strategies.axis(SEED, "patterns", "rank", "alpha"),
+            "r": strategies.axis(SEED, "r", 4),
+            "alpha": strategies.axis(SEED, "alpha", 8),
+            "adapters": st.sampled_from(ADAPTER_SETS),
+            "load": strategies.axis(SEED, "load", "load_adapter"),
+        }
+    )
+    return strategies.near_seed(SEED, anywhere, [k for k in SEED if k != "model"], max_changes=3).map(normalized)
+
+
+def normalized(config: dict[str, Any]) -> dict[str, Any]:
+    """A config the features allow together: `all-linear` on the real model only (peft refuses it on others);
+    DoRA on linear layers only, without `lora_bias`; trainable tokens not on an embedding LoRA also targets; the
+    Llama's output layer either LoRA-targeted or kept whole."""
+    config = dict(config)
+    if config["targets"] == "all-linear" and config["model"] != "llama":
+        config["targets"] = "list"
+    if config["adapter"] == "dora":
+        config.update(embed=False, head=False, lora_bias=False)
+    if config["trainable_tokens"]:
+        config["embed"] = False
+    if config["model"] == "llama":
+        config["names"] = dict(named_models.PLAIN)
+        if config["modules_to_save"]:
+            config["head"] = False
+    return config
+
+
+EXAMPLES = [
+    normalized(config)
+    for config in [
+        SEED,
+        strategies.seed_config(SEED, embed=True, head=True),
+        strategies.seed_config(SEED, modules_to_save=True),
+        strategies.seed_config(SEED, adapter="dora"),
+        strategies.seed_config(SEED, lora_bias=True),
+        strategies.seed_config(SEED, trainable_tokens=True),
+        strategies.seed_config(SEED, adapters=["a", "a_b"], modules_to_save=True),
+        strategies.seed_config(SEED, targets="regex", patterns="alpha"),
+        strategies.seed_config(
+            SEED, names={**named_models.PLAIN, "q": "default_q", "v": "base_layer_v", "o": "weight"}
+        ),
+        strategies.seed_config(SEED, names={**named_models.PLAIN, "extra": "lora_head"}, modules_to_save=True),
+        strategies.seed_config(SEED, adapters=["default", "q"]),
+        strategies.seed_config(SEED, model="llama", targets="all-linear", embed=True),
+    ]
+]
+
+
+def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    measured.start(ctx)
+    from scenarios.kit import roundtrip
+
+    why_not = roundtrip.supported(config)
+    measured.require(not why_not, why_not)
+    adapters = list(config.get("adapters", ["default"]))
+    batch = {"input_ids": torch.randint(0, 64, (4, 12), generator=torch.Generator().manual_seed(3))}
+    root = os.path.join(ctx["workdir"], "saved")
+    kept = roundtrip.save(config, batch, root)
+    measured.note(adapters=adapters, load=config.get("load"), model=config.get("model"),
+                  adapted_modules=sorted(kept[adapters[0]]["scalings"]))  # fmt: skip
+    batch_file = identities.tensors_to_file(batch, os.path.join(ctx["workdir"], "batch.pt"))
+    loaded = identities.in_fresh_process(roundtrip.load, {"config": config, "root": root, "batch": batch_file}, ctx)
+    return judge(config, root, loaded)
+
+
+def judge(config: dict[str, Any], root: str, loaded: dict[str, Any]) -> dict[str, Any]:
+    """Each adapter's legs against the formula model of its saved file (float64), then the keys."""
+    import torch
+
+    from scenarios.kit import roundtrip
+
+    batch_ids = identities.tensors_from_file(os.path.join(os.path.dirname(root), "batch.pt"))["input_ids"]
+    saved_logits = identities.tensors_from_file(os.path.join(root, "saved-logits.pt"))
+    loaded_logits = identities.tensors_from_file(loaded["logits"])
+    loaded_tensors = identities.tensors_from_file(loaded["tensors"])
+    merged_logits = identities.tensors_from_file(loaded["merged"])
+    base = named_models.build(config)
+    from safetensors.torch import load_file
+
+    base.load_state_dict(load_file(os.path.join(root, "base.safetensors")))
+    metrics: dict[str, Any] = {"said": loaded.get("said", []), "load_results": loaded.get("load_results", {})}
+    failures: list[tuple[str, dict[str, Any], str]] = []
+    with torch.no_grad():
+        base_logits = base.double()(input_ids=batch_ids).logits
+        for adapter in config.get("adapters", ["default"]):
+            exact_model, nowhere = roundtrip.formula_model(config, root, adapter, torch.float64)
+            float_model, _ = roundtrip.formula_model(config, root, adapter, torch.float32)
+            reference = {"logits": exact_model(input_ids=batch_ids).logits}
+            rounded = {"logits": float_model(input_ids=batch_ids).logits.double()}
+            effect = {"logits": reference["logits"] - base_logits}
+            _, _, unknown = roundtrip.saved_parts(root, adapter)
+            keys = roundtrip.key_report(root, adapter, loaded_tensors)
+            legs = {
+                "save": identities.compare({"logits": saved_logits[adapter]}, reference, rounded, effect),
+                "load": identities.compare({"logits": loaded_logits[adapter]}, reference, rounded, effect),
+            }
+            if adapter in merged_logits:
+                legs["merge"] = identities.compare({"logits": merged_logits[adapter]}, reference, rounded, effect)
+            metrics[adapter] = {
+                **{leg: identities.rounded(c) for leg, c in legs.items()},
+                "keys": keys,
+                "file_names_modules_not_in_model": nowhere,
+                "file_keys_of_no_known_part": unknown,
+            }
+            for leg, comparison in legs.items():
+                if not identities.holds(comparison):
+                    failures.append((leg, comparison, adapter))
+            if identities.holds(legs["load"]) and any(keys[k] for k in ("not_saved", "foreign", "dropped", "moved")):
+                failures.append(("keys", legs["load"], adapter))
+    first = next(iter(config.get("adapters", ["default"])))
+    metrics.update(identities.rounded(metrics[first]["load"]))
+    for leg in ("save", "load", "keys", "merge"):
+        for name, comparison, adapter in failures:
+            if name == leg:
+                _fail(leg, comparison, adapter, metrics)
+        if leg == "merge" and loaded.get("merge_error"):
+            from scenarios.compat import CheckFailed
+
+            metrics["merge_error"] = loaded["merge_error"]
+            raise CheckFailed("roundtrip-merge", f"merge_and_unload() of the loaded model raised "
+                              f"{loaded['merge_error']}", metrics)  # fmt: skip
+    return {"metrics": metrics, "path": "from_pretrained" if config.get("load") != "load_adapter" else "load_adapter"}
+
+
+def _fail(leg: str, comparison: dict[str, Any], adapter: str, metrics: dict[str, Any]) -> None:
+    keys = metrics[adapter]["keys"]
+    words = {"not_saved": "trained but not in the file", "foreign": "in the file but not this adapter's",
+             "dropped": "in the file, not loaded", "moved": "loaded into another module",
+             "not_from_file": "loaded at fresh values"}  # fmt: skip
+    found = "; ".join(f"{words[k]}: {', '.join(keys[k][:2])}{f' (+{len(keys[k]) - 2})' if len(keys[k]) > 2 else ''}"
+                      for k in words if keys[k]) or "every key where it was saved"  # fmt: skip
+    where = {
+        "save": f"adapter {adapter!r}: the saving model's logits (the file does not hold what was trained; {found})",
+        "load": f"adapter {adapter!r}: the loaded model's logits ({found})",
+        "merge": f"adapter {adapter!r}: merge_and_unload() of the loaded model",
+    }
+    if leg == "keys":
+        detail = (f"adapter {adapter!r}: {found}; the logits agree within {comparison['off_by']:.3g}x the adapter's "
+                  "effect, so those keys do not reach these logits")  # fmt: skip
+        from scenarios.compat import CheckFailed
+
+        raise CheckFailed("roundtrip-keys", detail, identities.rounded({**metrics, **comparison}))
+    identities.fail(f"roundtrip-{leg}", comparison, where[leg], metrics, of="the adapter's effect")
