@@ -367,6 +367,14 @@ def audit(args: argparse.Namespace) -> int:
     return command(args)
 
 
+def adapters_grid(args: argparse.Namespace) -> int:
+    from harness.tools.adapter_grid import run_grid
+
+    out = run_grid(args.profile, args.results_dir, args.start, args.end, args.feature, args.resume)
+    print(f"wrote {out}")
+    return 0
+
+
 def lock(args: argparse.Namespace) -> int:
     from harness.tools.locking import write_lock
 

@@ -541,6 +541,27 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     Command(
+        "adapters-grid",
+        "adapters_grid",
+        help="adapters carried across releases: S10's seed adapters saved on each atlas day, loaded on every later day",
+        description=(
+            "Saves S10's seed adapters (LoRA, DoRA, heads, embeddings, trainable tokens, related adapter names, "
+            "module names with peft's words) in each CPU atlas day's environment, then loads every adapter saved on "
+            "that day or earlier, and the day after's, in each day's own environment, judged there against the "
+            "formula model of the saved file (float64). Writes results/adapter-grid/<run>/ (saves.jsonl, "
+            "pairs.jsonl, meta.json); the report draws a grid per feature (saved on x loaded on) and names its "
+            "flips. Builds missing environments."
+        ),
+        options=(
+            Option(("--profile",), default="history", help="the atlas whose days are the grid's (default: history)"),
+            Option(("--from",), dest="start", metavar="DAY", help="first day (YYYY-MM-DD)"),
+            Option(("--to",), dest="end", metavar="DAY", help="last day (YYYY-MM-DD)"),
+            Option(("--feature",), action="append", metavar="CONFIG_ID", help="only this seed config (repeatable)"),
+            Option(("--resume",), metavar="RUN", help="continue a run: every save and load it holds is kept"),
+            RESULTS_OPTION,
+        ),
+    ),
+    Command(
         "lock",
         "lock",
         help=("write a dated GPU profile's era lock (matrix/locks/NAME.json) for an air-gapped node"),

@@ -95,6 +95,7 @@ KNOWN_ISSUES: dict[str, list[str]] = {
     "roundtrip-load": ["huggingface/peft#3433", "huggingface/peft#2289", "huggingface/peft#2252"],
     "roundtrip-keys": ["huggingface/peft#3282"],
     "roundtrip-merge": ["huggingface/peft#2489"],
+    "adapter-config-from-newer-peft": [],
     # A resume that raises reading the checkpoint's RNG state: not the silent failure, but no resume either.
     "resume-rng-state-unreadable": [],
 }
@@ -329,6 +330,10 @@ def name(exc_type: str, message: str, traceback: str = "") -> str | None:
         # The Trainer's resume reading its checkpoint's RNG state (rng_state_<rank>.pth) with a torch that cannot map
         # the saved location back (S9 resume on transformers 4.40-4.45 over torch 2.3 and later).
         return "resume-rng-state-unreadable"
+    if re.search(r"(Lora|Peft)Config\.__init__\(\) got an unexpected keyword argument", message):
+        # An adapter saved by a newer peft, loaded by an older one: its adapter_config.json names a field the older
+        # LoraConfig does not have (peft filters unknown fields with a warning only from later releases).
+        return "adapter-config-from-newer-peft"
     if "No module named 'triton.ops'" in message:
         return "bnb-needs-triton-ops"  # bitsandbytes 0.43 imports triton.ops, which triton 3.2 (torch 2.6) removed
     if "different metadata than during the forward pass" in message or short == "CheckpointError":

@@ -9,6 +9,7 @@ fails here.
 
 from __future__ import annotations
 
+import json
 import re
 from functools import cache
 from pathlib import Path
@@ -36,6 +37,8 @@ def committed_runs() -> dict[str, Path]:
     }
     for path in (REPO_ROOT / "results").glob("**/*.records.jsonl"):
         runs[path.name.removesuffix(".records.jsonl")] = path
+    for meta in (REPO_ROOT / "results" / "adapter-grid").glob("*/meta.json"):  # S10's grid runs: pairs, not records
+        runs[meta.parent.name] = meta
     return runs
 
 
@@ -43,6 +46,8 @@ def committed_runs() -> dict[str, Path]:
 def scenarios_of(run_id: str) -> frozenset[str]:
     """The scenario modes ('S8') the run's records hold."""
     path = committed_runs()[run_id]
+    if path.name == "meta.json":
+        return frozenset({json.loads(path.read_text())["scenario"].split("-")[0]})
     return frozenset(r["scenario"].split("-")[0] for r in read_records(path, warn=False))
 
 

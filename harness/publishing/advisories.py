@@ -263,7 +263,7 @@ def _apart(scenario: str, records: list[dict[str, Any]], configs: list[str]) -> 
     common: dict[str, str] = {}
     for key in {k for c in every.values() for k in c}:
         values = [json.dumps(c.get(key), sort_keys=True) for c in every.values()]
-        common[key] = max(set(values), key=values.count)
+        common[key] = max(sorted(set(values)), key=values.count)  # a tie goes the same way in every process
     found = {}
     for config_id in configs:
         own = every.get(config_id, {})

@@ -255,6 +255,7 @@ def write_site(document: dict[str, Any], out_dir: Path) -> Path:
         "findings": document.get("findings", []),
         "pitfalls": document.get("pitfalls", []),
         "lately": document.get("lately") or {},
+        "adapter_grid": document.get("adapter_grid"),
         "generated_at": document.get("generated_at"),
     }
     (data_dir / "glance.js").write_text(f"window.COMPAT_GLANCE = {_script_json(glance)};\n")
@@ -288,6 +289,9 @@ def publish(results_dir: Path, selection: Selection, specs: dict[str, dict[str, 
     from harness.publishing.growth import lately
 
     document["lately"] = lately(results_dir)
+    from harness.publishing.adapter_grid import document as adapter_grid_document
+
+    document["adapter_grid"] = adapter_grid_document(results_dir)
     matrix_path = results_dir / "matrix.json"
     matrix_path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
     site = write_site(document, results_dir / "site")

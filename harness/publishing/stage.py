@@ -85,6 +85,9 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
             findings_markdown(load_all(results_dir / "findings"), results_dir, specs)
         )
         write_advisories(results_dir, selection, specs, flips, dated)
+        from harness.publishing import adapter_grid
+
+        adapter_grid.write(results_dir)  # ADAPTER-GRID.md, from the newest adapters-grid run
     return output
 
 

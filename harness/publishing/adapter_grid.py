@@ -1,0 +1,216 @@
+"""Adapters carried across releases, for reading (issue 60): the newest `results/adapter-grid/<run>/` as one grid per
+feature (saved on x loaded on, the discrepancy in each cell) and the grid's flips, per feature and per direction.
+
+A flip is two neighbouring measured cells of one row (the same saved adapter loaded on two consecutive days: the load
+side changed) or of one column (adapters saved on two consecutive days, loaded on the same day: the save side changed)
+whose outcomes differ; it names the releases that differ between those two days, and claims no more: the days differ
+by several releases until a sweep names one. A cell no record holds is "not measured", never inferred.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import lzma
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.define.packages import AXIS_PACKAGES
+
+FOLDER = "adapter-grid"
+OUTPUT = "ADAPTER-GRID.md"
+
+
+@dataclass(frozen=True)
+class Flip:
+    feature: str
+    direction: str  # "load": the same adapter loaded on two days; "save": adapters of two days loaded on one
+    fixed_day: str  # the row's saved-on day ("load") or the column's loaded-on day ("save")
+    before_day: str
+    after_day: str
+    before: str  # "pass" or the failure's signature
+    after: str
+    changed: tuple[str, ...]  # "peft 0.13.0 -> 0.14.0", ...
+
+
+def newest_run(results_dir: Path) -> Path | None:
+    runs = sorted(p.parent for p in (results_dir / FOLDER).glob("*/meta.json"))
+    done = [r for r in runs if json.loads((r / "meta.json").read_text()).get("status") == "done"]
+    return done[-1] if done else None
+
+
+def read_run(run: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    meta = json.loads((run / "meta.json").read_text())
+    packed = run / "pairs.jsonl.xz"
+    text = lzma.decompress(packed.read_bytes()).decode() if packed.is_file() else (run / "pairs.jsonl").read_text()
+    pairs = [json.loads(x) for x in text.splitlines() if x.strip()]
+    saves = [json.loads(x) for x in (run / "saves.jsonl").read_text().splitlines() if x.strip()]
+    return meta, pairs, saves
+
+
+def order(meta: dict[str, Any]) -> list[str]:
+    """The run's days, oldest first (the profile's order; by name for a run that did not record it)."""
+    return list(meta.get("order") or sorted(meta["days"]))
+
+
+def features(meta: dict[str, Any]) -> list[str]:
+    """The run's features in the scenario's order (by id for a run that did not record it)."""
+    return list(meta.get("features") or meta["configs"])
+
+
+def state(pair: dict[str, Any]) -> str:
+    """A cell's outcome as the flips compare it: "pass", or the failure's signature."""
+    return "pass" if pair["outcome"] == "pass" else str(pair.get("signature") or pair["outcome"])
+
+
+def flips(meta: dict[str, Any], pairs: list[dict[str, Any]]) -> list[Flip]:
+    days = order(meta)
+    cell = {(p["config_id"], p["saved_on"], p["loaded_on"]): p for p in pairs}
+    found = []
+    for feature in features(meta):
+        for fixed in days:
+            row = [(d, cell.get((feature, fixed, d))) for d in days]
+            column = [(d, cell.get((feature, d, fixed))) for d in days]
+            for direction, line in (("load", row), ("save", column)):
+                # an error (an adapter config a release cannot read) says nothing of the round trip: not evidence
+                measured = [(d, p) for d, p in line if p is not None and p["outcome"] in ("pass", "fail")]
+                for (a_day, a), (b_day, b) in itertools.pairwise(measured):
+                    if state(a) != state(b):
+                        found.append(Flip(feature, direction, fixed, a_day, b_day, state(a), state(b),
+                                          _changed(meta["days"][a_day], meta["days"][b_day])))  # fmt: skip
+    return found
+
+
+def _changed(before: dict[str, str], after: dict[str, str]) -> tuple[str, ...]:
+    names = [*AXIS_PACKAGES, "safetensors"]
+    return tuple(f"{p} {before.get(p, '-')} -> {after.get(p, '-')}" for p in names if before.get(p) != after.get(p))
+
+
+def feature_words(config: dict[str, Any], seed: dict[str, Any]) -> str:
+    """What sets a seed config apart from the seed ("DoRA", "a modules_to_save head named lora_head", ...)."""
+    parts = []
+    if config.get("model") == "llama":
+        parts.append("the tiny Llama")
+    if config.get("adapter") == "dora":
+        parts.append("DoRA")
+    if config.get("targets") != seed.get("targets"):
+        parts.append({"regex": "regex targets", "all-linear": "all-linear targets"}.get(config["targets"], ""))
+    for key, words in (("embed", "LoRA on the embedding"), ("head", "LoRA on the output layer"),
+                       ("modules_to_save", "a modules_to_save head"), ("trainable_tokens", "trainable tokens"),
+                       ("lora_bias", "lora_bias"), ("rslora", "rsLoRA")):  # fmt: skip
+        if config.get(key) and not seed.get(key):
+            parts.append(words)
+    if config.get("patterns") not in (None, "none"):
+        parts.append(f"{config['patterns']} pattern")
+    if config.get("adapters") != seed.get("adapters"):
+        parts.append("adapters " + " and ".join(config["adapters"]))
+    renamed = {k: v for k, v in (config.get("names") or {}).items() if (seed.get("names") or {}).get(k) != v}
+    if renamed and config.get("model") != "llama":
+        parts.append("module names " + ", ".join(sorted(renamed.values())))
+    return ", ".join(p for p in parts if p) or "LoRA on q and v (the seed)"
+
+
+def document(results_dir: Path) -> dict[str, Any] | None:
+    """The newest finished run as the page and ADAPTER-GRID.md show it: per feature, its grid's cells in words, the
+    errors named, and the flips."""
+    run = newest_run(results_dir)
+    if run is None:
+        return None
+    meta, pairs, saves = read_run(run)
+    days = order(meta)
+    seed = meta["configs"][meta.get("seed") or features(meta)[0]]
+    cell = {(p["config_id"], p["saved_on"], p["loaded_on"]): p for p in pairs}
+    saved = {(s["config_id"], s["day"]): s for s in saves}
+    found = flips(meta, pairs)
+    label = {d: f"{d.split('date-')[-1]} (peft {meta['days'][d].get('peft', '?')})" for d in days}
+    shown = []
+    for feature in features(meta):
+        config = meta["configs"][feature]
+        errors: dict[str, str] = {}
+        rows = [{"saved_on": label[s], "cells": [_cell(cell.get((feature, s, d)), saved.get((feature, s)), errors)
+                                                 for d in days]} for s in days]  # fmt: skip
+        shown.append({
+            "id": feature,
+            "words": feature_words(config, seed),
+            "rows": rows,
+            "errors": [f"E {sig}: {example}" for sig, example in sorted(errors.items())],
+            "flips": _flip_lines([f for f in found if f.feature == feature], label),
+        })  # fmt: skip
+    return {"run": run.name, "loads": len(pairs), "saves": len(saves), "days": [label[d] for d in days],
+            "columns": [d.split("date-")[-1][2:] for d in days], "features": shown}  # fmt: skip
+
+
+def render(results_dir: Path) -> str | None:
+    """ADAPTER-GRID.md's text from the newest finished run, or None where there is none."""
+    found = document(results_dir)
+    if found is None:
+        return None
+    lines = [
+        "# Adapters carried across releases (S10)",
+        "",
+        f"From run `{found['run']}` ({found['loads']} loads of {found['saves']} saves over {len(found['days'])} atlas "
+        "days). Each S10 seed adapter is saved on a day (`save_pretrained` in that day's environment) and loaded on "
+        "every later day and on the day before (`PeftModel.from_pretrained`, then `load_adapter`), each load judged "
+        "on its load day against the base with the saved file's tensors applied by the formulas in float64. A cell: "
+        "`✓` holds (at the round-off floor); `✗ load 0.97x` the leg that failed (save, load, keys, merge) and how far "
+        "off it is, of the adapter's effect on the logits; `E` an error (named below the grid); `n/a` the feature "
+        "does not exist on the saving day's peft; blank: not measured. Rows: saved on; columns: loaded on.",
+        "",
+    ]
+    for feature in found["features"]:
+        lines += [f"## {feature['words']} (`{feature['id']}`)", ""]
+        lines.append("| saved on \\ loaded on | " + " | ".join(found["columns"]) + " |")
+        lines.append("|---|" + "---|" * len(found["columns"]))
+        lines += [f"| {row['saved_on']} | " + " | ".join(row["cells"]) + " |" for row in feature["rows"]]
+        lines.append("")
+        lines += [f"- `{e}`" for e in feature["errors"]]
+        lines += feature["flips"]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(pair: dict[str, Any] | None, save: dict[str, Any] | None, errors: dict[str, str]) -> str:
+    if save is not None and save.get("outcome") == "not-applicable":
+        return "n/a"
+    if pair is None:
+        return ""
+    if pair["outcome"] == "pass":
+        return "✓"
+    if pair["outcome"] == "fail":
+        leg = str(pair.get("check", "")).removeprefix("roundtrip-")
+        off = (pair.get("metrics") or {}).get("off_by")
+        return f"✗ {leg}" + (f" {off:.2g}x" if isinstance(off, int | float) else "")
+    errors.setdefault(str(pair.get("signature")), str(pair.get("message", ""))[:160].replace("|", "/"))
+    return "E"
+
+
+def _flip_lines(mine: list[Flip], short: dict[str, str]) -> list[str]:
+    if not mine:
+        return ["No flip: every row and every column measured holds one outcome."]
+    grouped: dict[tuple[str, str, str, str, str], list[str]] = {}
+    for flip in mine:
+        key = (flip.direction, flip.before_day, flip.after_day, flip.before, flip.after)
+        grouped.setdefault(key, []).append(flip.fixed_day)
+    out = ["Flips (each between two measured neighbours; the releases that differ between the two days are named, "
+           "not yet which of them):"]  # fmt: skip
+    for (direction, a, b, before, after), fixed in sorted(grouped.items()):
+        change = next(f.changed for f in mine if (f.direction, f.before_day, f.after_day) == (direction, a, b))
+        what = f"{before} → {after}"
+        days = ", ".join(short[d].split(" ")[0] for d in sorted(fixed))
+        if direction == "load":
+            out.append(f"- loaded on {short[b]} instead of {short[a]}: {what}, for adapters saved on {days} "
+                       f"({'; '.join(change) or 'no package differs'})")  # fmt: skip
+        else:
+            out.append(f"- saved on {short[b]} instead of {short[a]}: {what}, when loaded on {days} "
+                       f"({'; '.join(change) or 'no package differs'})")  # fmt: skip
+    return out
+
+
+def write(results_dir: Path) -> Path | None:
+    text = render(results_dir)
+    if text is None:
+        return None
+    path = results_dir / OUTPUT
+    path.write_text(text)
+    return path

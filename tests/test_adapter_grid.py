@@ -1,0 +1,110 @@
+"""Adapters carried across releases (issue 60): which pairs a day loads, how the grid reads (a cell no record holds is
+blank, never inferred; a feature a day's peft lacks is n/a), flips only between measured neighbours, per direction,
+and a real two-stack grid in the CI profile's environments, resumed without measuring anything twice."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.publishing import adapter_grid
+from harness.tools.adapter_grid import pairs_for
+
+REPO = Path(__file__).resolve().parents[1]
+DAYS = ["era_date-2024-01-01", "era_date-2024-06-01", "era_date-2025-01-01"]
+SEED = {"model": "named", "adapters": ["default"], "targets": "list"}
+HEAD = {**SEED, "modules_to_save": True}
+
+
+def test_a_day_loads_everything_saved_before_it_and_the_day_after() -> None:
+    plan = pairs_for(DAYS, {d: {"f"} for d in DAYS})
+    assert plan[DAYS[0]] == [(DAYS[0], "f"), (DAYS[1], "f")]
+    assert plan[DAYS[1]] == [(d, "f") for d in DAYS]
+    assert plan[DAYS[2]] == [(d, "f") for d in DAYS]
+    assert pairs_for(DAYS, {DAYS[1]: {"f"}})[DAYS[0]] == [(DAYS[1], "f")]  # nothing saved on the first day
+
+
+def _run(tmp_path: Path, pairs: list[tuple[str, str, str, str]], saves: list[tuple[str, str, str]]) -> Path:
+    run = tmp_path / "adapter-grid" / "adapter-grid-history-1"
+    run.mkdir(parents=True)
+    versions = {d: {"peft": f"0.{10 + i}.0", "torch": "2.4.1"} for i, d in enumerate(DAYS)}
+    (run / "meta.json").write_text(json.dumps({"status": "done", "days": versions, "order": DAYS,
+                                               "configs": {"seed": SEED, "head": HEAD}}))  # fmt: skip
+    lines = []
+    for feature, saved_on, loaded_on, outcome in pairs:
+        entry = {"config_id": feature, "saved_on": saved_on, "loaded_on": loaded_on, "outcome": outcome}
+        if outcome == "fail":
+            entry |= {"check": "roundtrip-load", "signature": "check-roundtrip-load", "metrics": {"off_by": 0.91}}
+        lines.append(json.dumps(entry))
+    (run / "pairs.jsonl").write_text("\n".join(lines) + "\n")
+    (run / "saves.jsonl").write_text("\n".join(json.dumps({"config_id": f, "day": d, "outcome": o})
+                                               for f, d, o in saves) + "\n")  # fmt: skip
+    return run
+
+
+def test_the_grid_says_not_measured_and_n_a_and_names_flips_between_measured_neighbours(tmp_path: Path) -> None:
+    a, b, c = DAYS
+    _run(tmp_path, [
+        ("head", a, a, "fail"), ("head", a, b, "fail"), ("head", a, c, "pass"),  # loading on c heals a's adapter
+        ("head", b, b, "fail"), ("head", c, c, "pass"), ("head", c, b, "fail"),  # (b, c) not measured
+        ("seed", a, a, "pass"), ("seed", a, c, "pass"),
+    ], [("head", a, "saved"), ("head", b, "saved"), ("head", c, "saved"), ("seed", a, "saved"),
+        ("seed", b, "not-applicable"), ("seed", c, "saved")])  # fmt: skip
+    found = adapter_grid.document(tmp_path)
+    head = next(f for f in found["features"] if f["id"] == "head")
+    assert head["words"] == "a modules_to_save head"
+    assert head["rows"][0]["cells"] == ["✗ load 0.91x", "✗ load 0.91x", "✓"]
+    assert head["rows"][1]["cells"] == ["", "✗ load 0.91x", ""]  # b's adapter on a and on c: never measured
+    seed = next(f for f in found["features"] if f["id"] == "seed")
+    assert seed["rows"][1]["cells"] == ["n/a", "n/a", "n/a"]
+    assert seed["flips"] == ["No flip: every row and every column measured holds one outcome."]
+    meta, pairs, _ = adapter_grid.read_run(tmp_path / "adapter-grid" / "adapter-grid-history-1")
+    flips = adapter_grid.flips(meta, pairs)
+    load = [f for f in flips if f.direction == "load"]
+    # a's adapter and c's both load wrong on b and right on c
+    assert [(f.fixed_day, f.before_day, f.after_day, f.before, f.after) for f in load] == [
+        (a, b, c, "check-roundtrip-load", "pass"), (c, b, c, "check-roundtrip-load", "pass")]  # fmt: skip
+    assert load[0].changed == ("peft 0.11.0 -> 0.12.0",)
+    save = [f for f in flips if f.direction == "save"]
+    # column c: a's adapter passes there, c's too, b's never measured there: no flip; column b: a fails, b fails,
+    # c fails; column a: only a. No save-side flip at all.
+    assert save == []
+    text = adapter_grid.render(tmp_path)
+    assert "loaded on 2025-01-01 (peft 0.12.0) instead of 2024-06-01 (peft 0.11.0)" in text
+
+
+def test_a_bad_feature_is_refused_with_the_ids(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "harness", "adapters-grid", "--feature", "nope", "--profile", "ci",
+                           "--results-dir", str(tmp_path)], capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert done.returncode == 2 and "--feature nope" in done.stderr, done.stderr
+
+
+@pytest.mark.matrix
+def test_a_real_two_stack_grid_and_its_resume(tmp_path: Path) -> None:
+    """The CI profile's two stacks (peft 0.12.0 and today's) as two days: the seed adapter holds everywhere it was
+    measured; a resumed run measures nothing again and keeps every outcome."""
+    command = [sys.executable, "-m", "harness", "adapters-grid", "--profile", "ci", "--feature", "8c68d061ac",
+               "--feature", "aca27fb848", "--results-dir", str(tmp_path)]  # fmt: skip
+    first = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=1800)
+    assert first.returncode == 0, first.stdout + first.stderr
+    run = next((tmp_path / "adapter-grid").iterdir())
+    meta, pairs, saves = adapter_grid.read_run(run)
+    assert len(meta["order"]) == 2 and len(saves) == 4
+    assert len(pairs) == 2 * 4, pairs  # each day loads both days' adapters: 4 pairs per feature
+    seed = [p for p in pairs if p["config_id"] == "8c68d061ac"]
+    older = {p["saved_on"]: meta["order"].index(p["saved_on"]) for p in seed}
+    forward = [p for p in seed if older[p["saved_on"]] <= meta["order"].index(p["loaded_on"])]
+    assert len(forward) == 3 and all(p["outcome"] == "pass" for p in forward), forward
+    (backward,) = [p for p in seed if p not in forward]  # today's adapter on peft 0.12.0: its config names new fields
+    assert backward["outcome"] == "pass" or backward["signature"] == "adapter-config-from-newer-peft", backward
+    for p in pairs:
+        assert p["outcome"] in ("pass", "fail", "error") and (p["outcome"] == "pass") == (p["signature"] is None)
+    again = subprocess.run([*command, "--resume", run.name], capture_output=True, text=True, cwd=REPO, timeout=1800)
+    assert again.returncode == 0, again.stdout + again.stderr
+    _, pairs_again, saves_again = adapter_grid.read_run(run)
+    strip = lambda rows: sorted((r.get("pair") or r["config_id"], r["outcome"], r.get("signature")) for r in rows)  # noqa: E731
+    assert strip(pairs_again) == strip(pairs) and strip(saves_again) == strip(saves)
