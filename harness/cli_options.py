@@ -532,9 +532,21 @@ COMMANDS: tuple[Command, ...] = (
                 ("--setup",),
                 action="append",
                 metavar="WORDS",
-                help="engine (ddp, fsdp1, fsdp2, zero3), adapter (lora, dora, qlora), path (trainer, hand)",
+                help=(
+                    "engine (single: one process, ddp, fsdp1, fsdp2, zero3), adapter (lora, dora, qlora), "
+                    "path (trainer, hand)"
+                ),
             ),
             Option(("--device",), choices=["cpu", "cuda"], help="only advisories measured on this device"),
+            Option(
+                ("--gpus",),
+                type=int,
+                metavar="N",
+                help=(
+                    "how many GPUs you train on: 0 for a CPU run (what was measured on GPUs does not apply to it); "
+                    "N: an advisory measured on GPUs at other world sizes only is UNDECIDED"
+                ),
+            ),
             Option(("--ignore-id",), action="append", metavar="ID", help="an advisory to leave out (repeatable)"),
             Option(("--format",), choices=["columns", "json", "markdown"], default="columns"),
             RESULTS_OPTION,

@@ -139,6 +139,38 @@ UPSTREAM_CHANGES: dict[str, tuple[str, str, str, str]] = {
 #: Failures whose upstream history has several changes (S9's identities: transformers' token counting moved
 #: several times), oldest first. Sources: the threads and the wheels of each release, read 2026-11-27.
 UPSTREAM_HISTORY: dict[str, list[tuple[str, str, str, str]]] = {
+    # S10, each record naming the feature it is about (the grid and the S10 rows are per config).
+    "roundtrip-save": [
+        (
+            "peft",
+            "0.18.0",
+            "peft PR #2773 (issue #2772): module names that contain 'weight' or the adapter's name are "
+            "no longer rewritten in the saved keys",
+            "ends",
+        ),
+        (
+            "peft",
+            "0.20.0",
+            "peft's fix of #3282 selects an adapter's tensors by path segments: another adapter named "
+            "like a module segment ('q') now leaves that module's tensors out (#3584, open)",
+            "appears",
+        ),
+    ],
+    "roundtrip-keys": [
+        ("peft", "0.20.0", "peft#3282: saving adapter 'a' no longer writes in the tensors of adapter 'a_b'", "ends"),
+    ],
+    "roundtrip-load": [
+        (
+            "peft",
+            "0.21.0",
+            "peft PR #3490 (issue #3433): a modules_to_save module whose name holds the method prefix "
+            "('lora_head') is restored on load",
+            "ends",
+        ),
+    ],
+    "roundtrip-merge": [
+        ("peft", "0.16.0", "peft#2489: merging a lora_bias adapter scales its bias by the adapter's scaling", "ends"),
+    ],
     "identity-accumulation": [
         (
             "transformers",

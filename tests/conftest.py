@@ -150,3 +150,11 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.section("fault injection summary")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+def screenshot_path(name: str) -> Path:
+    """Where a browser test keeps its screenshot: beside CI's logs (.ci/logs/screenshots/, uploaded as the run's
+    artifact by the tests workflow, never committed)."""
+    folder = Path(os.environ.get("COMPAT_MATRIX_CI_LOGS", REPO_ROOT / ".ci" / "logs")) / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name

@@ -103,3 +103,17 @@ def test_the_committed_table_and_site_data_have_no_check_mark_over_nothing(repo_
     site_data = repo_root / "results" / "matrix.json"
     if site_data.is_file():  # built by the report stage, not committed
         assert "✓ 0/0" not in site_data.read_text()
+
+
+def test_every_change_of_every_scenario_has_words() -> None:
+    """The one table of fix words (scenarios/fix_words.py) covers every change a scenario measures, so the glance,
+    lookup, check, the advisories and the page never fall back to an identifier."""
+    from harness.define.registry import discover
+    from scenarios.fix_words import fix_words, unknown_changes
+
+    variants = [name for s in discover() for name in s.spec["variants"]]
+    assert unknown_changes(variants) == []
+    assert fix_words("flip_use_orig_params+decoder_layer_wrap+uniform_dtype") == (
+        "FSDP: use_orig_params flipped, wrap each decoder layer, one dtype"
+    )
+    assert fix_words("use_reentrant+zero2") == "checkpointing: use_reentrant=True; DeepSpeed: ZeRO-2 instead of ZeRO-3"

@@ -63,7 +63,8 @@ def test_versions_between_two_atlas_dates_show_both_and_what_differs() -> None:
     text = render(result, {S1: SPEC})
     # A real fix is offered before a workaround.
     assert (
-        "FAILS (checkpoint-recompute-dtype[float32->bfloat16]) on 1/1 configs; try: cast_forward_inputs (fix)" in text
+        "FAILS (checkpoint-recompute-dtype[float32->bfloat16]) on 1/1 configs; "
+        "try: FSDP: MixedPrecision(cast_forward_inputs=True) (fix)" in text
     )
     assert "target not reproduced (0/1)" in text
 

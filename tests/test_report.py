@@ -158,8 +158,8 @@ def test_headline_counts_the_target_apart_from_other_failures(tmp_path: Path) ->
     row = next(line for line in text.split("## Summary")[1].splitlines() if line.startswith("| `a` |"))
     lines = row.split("|")[2].strip().split(" <br>")
     assert lines[0] == "FAIL target `checkpoint-recompute-dtype[float32->bfloat16]` (2/3)"
-    assert lines[1] == "fixed by: fsdp2 (workaround)"
-    assert lines[2] == "partly: use_reentrant (1/2)"
+    assert lines[1] == "fixed by: FSDP: FSDP2 instead of FSDP1 (workaround)"
+    assert lines[2] == "partly: checkpointing: use_reentrant=True (1/2)"
     assert lines[3] == "other failures: `optimizer-bf16-grad-on-fp32-param` (1)"
     assert lines[4] == "controls: pass 1/1"
     assert lines[5] == "ran: cpu, world size 2, FSDP1"

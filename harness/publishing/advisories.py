@@ -33,6 +33,7 @@ from harness.recording.flip import Flip
 from harness.recording.verdicts import variant_kinds
 from scenarios.failure_names import family as failure_family
 from scenarios.failure_names import upstream, upstream_change
+from scenarios.fix_words import fix_words
 
 SCHEMA_VERSION = "1.7.0"
 #: OSV's prefix for a database of one's own (`x_`), and this project's name after it.
@@ -318,7 +319,7 @@ def _workarounds(records: list[dict[str, Any]], spec: dict[str, Any]) -> list[di
     described = {name: value[1] for name, value in (spec.get("variants") or {}).items()}
     settings = spec.get("variant_setup") or {}
     return [
-        {"variant": v, "kind": kinds.get(v, "fix"), "what": described.get(v, "")}
+        {"variant": v, "kind": kinds.get(v, "fix"), "words": fix_words(v), "what": described.get(v, "")}
         # the setting a user's config can already have (SPEC variant_setup): audit clears the advisory for it
         | ({"setup": dict(settings[v])} if v in settings else {})
         for v in passed

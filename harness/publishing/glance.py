@@ -13,6 +13,7 @@ from harness.define.packages import AXIS_PACKAGES, public_version, short_name
 from harness.publishing import knowledge
 from harness.recording.verdicts import first_change, largest_off_by, variant_kinds, verdict
 from harness.textsafe import md, slug
+from scenarios.fix_words import fix_words
 
 #: Longest entry of the glance table (the details are one anchor below).
 ENTRY_LIMIT = 120
@@ -58,14 +59,14 @@ def _entry(found: Any, spec: dict[str, Any] | None) -> str:
         text = f"{symbol} {len(found.target_records)}/{found.candidates}" + discrepancy_note(found, spec)
         change = first_change(found, spec)
         if change:
-            text += f" · try {change[0]}" + ("" if change[1] == "fix" else " (w/a)")
+            text += f" · try {fix_words(change[0])}" + ("" if change[1] == "fix" else " (w/a)")
         elif found.fixed_per_config:
             text += " · a fix per config"
         elif found.partly:  # a change measured to fix some of the configs, not all: not "no fix measured"
             kinds = variant_kinds(spec)
             name, count = min(found.partly, key=lambda p: (kinds.get(p[0]) != "fix", -p[1], p[0]))
             marker = "" if kinds.get(name) == "fix" else "w/a, "
-            text += f" · partly {name} ({marker}{count}/{len(found.target_records)})"
+            text += f" · partly {fix_words(name)} ({marker}{count}/{len(found.target_records)})"
         else:
             text += " · no fix measured"
     elif found.state in ("not-reproduced", "passes"):
@@ -228,7 +229,7 @@ def pitfall_rows(
             low, high = pitfall.off_by
             off = f"off {low:.2g}x" if f"{low:.2g}" == f"{high:.2g}" else f"off {low:.2g}x to {high:.2g}x"
         fixes = [
-            f"{n}" + ("" if kinds.get(n) == "fix" else " (w/a)")
+            fix_words(n) + ("" if kinds.get(n) == "fix" else " (w/a)")
             for n in sorted(pitfall.fixes, key=lambda n: kinds.get(n) != "fix")
         ]
         rows.append(

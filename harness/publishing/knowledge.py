@@ -108,7 +108,7 @@ def setup_key(word: str) -> str | None:
 def _key_of(word: str) -> str | None:
     """The setup key a user's word is a value of ('fsdp2' -> 'engine'), or None."""
     known = {
-        "engine": ("ddp", "fsdp1", "fsdp2", "zero2", "zero3"),
+        "engine": ("single", "ddp", "fsdp1", "fsdp2", "zero2", "zero3"),  # single: one process, no engine
         "adapter": ("lora", "dora", "qlora", "none"),
         "path": ("trainer", "accelerate", "hand"),
         "context": ("full_state_dict", "sharded_state_dict"),

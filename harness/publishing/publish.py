@@ -27,6 +27,7 @@ from harness.textsafe import code, md, slug
 
 SCHEMA = "compat-matrix/matrix/v1"
 SITE_TEMPLATE = Path(__file__).with_name("site_template.html")
+SITE_AUDIT = Path(__file__).with_name("site_audit.js")  # audit.py's judging, for the page
 MESSAGE_LIMIT = 1500
 VERSION_KEYS = ("python", *AXIS_PACKAGES)
 
@@ -241,7 +242,7 @@ def write_junit(selection: Selection, out_dir: Path) -> list[Path]:
     return written
 
 
-def write_site(document: dict[str, Any], out_dir: Path) -> Path:
+def write_site(document: dict[str, Any], out_dir: Path, advisories_dir: Path | None = None) -> Path:
     """A small page and its data beside it: `data/glance.js` (the answer grid, loaded first) and `data/matrix.js`
     (every record, loaded once the grid is on screen). No external resources; works from file://, where a
     browser refuses fetch(), so the data are script files that assign one JSON object each."""
@@ -260,9 +261,24 @@ def write_site(document: dict[str, Any], out_dir: Path) -> Path:
     }
     (data_dir / "glance.js").write_text(f"window.COMPAT_GLANCE = {_script_json(glance)};\n")
     (data_dir / "matrix.js").write_text(f"window.COMPAT_DATA = {_script_json(document)};\n")
+    write_site_advisories(advisories_dir, out_dir)
+    (out_dir / "audit.js").write_text(SITE_AUDIT.read_text())
     path = out_dir / "index.html"
     path.write_text(SITE_TEMPLATE.read_text())
     return path
+
+
+def write_site_advisories(advisories_dir: Path | None, site_dir: Path) -> None:
+    """data/advisories.js: the advisories feed the page's answer judges (audit.js), as audit reads it; empty where
+    there is no feed yet."""
+    index = advisories_dir / "index.json" if advisories_dir else None
+    every = (
+        [json.loads((advisories_dir / e["file"]).read_text()) for e in json.loads(index.read_text())]
+        if index and index.is_file() and advisories_dir
+        else []
+    )
+    (site_dir / "data").mkdir(parents=True, exist_ok=True)
+    (site_dir / "data" / "advisories.js").write_text(f"window.COMPAT_ADVISORIES = {_script_json(every)};\n")
 
 
 def _script_json(value: Any) -> str:
@@ -294,6 +310,6 @@ def publish(results_dir: Path, selection: Selection, specs: dict[str, dict[str, 
     document["adapter_grid"] = adapter_grid_document(results_dir)
     matrix_path = results_dir / "matrix.json"
     matrix_path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
-    site = write_site(document, results_dir / "site")
+    site = write_site(document, results_dir / "site", results_dir / "advisories")
     write_junit(selection, results_dir / "junit")
     return {"matrix": matrix_path, "site": site, "junit": results_dir / "junit"}

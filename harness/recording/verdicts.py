@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.recording.outcomes import BAD, UNUSABLE
+from scenarios.fix_words import fix_words
 
 #: Outcomes that count as "did not pass" (a failure, or a job that could not finish).
 
@@ -190,7 +191,7 @@ def headline(v: Verdict, spec: dict[str, Any] | None, code: Format = str, text: 
 
     def named(variant: str, count: str = "") -> str:
         notes = [n for n in (count, "workaround" if kinds.get(variant) == "workaround" else "") if n]
-        return text(variant) + (f" ({', '.join(notes)})" if notes else "")
+        return text(fix_words(variant)) + (f" ({', '.join(notes)})" if notes else "")
 
     if v.state in ("target", "failures"):
         by_signature = Counter(r["signature"] for r in hits)

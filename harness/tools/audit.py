@@ -30,8 +30,10 @@ from packaging.utils import canonicalize_name
 from harness.errors import UsageError
 from harness.paths import RESULTS_DIR
 from harness.versions.matching import release_key
+from scenarios.fix_words import fix_words
 
 FORMATS = ("columns", "json", "markdown")
+CLEARED = "which the records show passing where it failed"
 
 
 # --- what the user has ---------------------------------------------------------------------------------------------
@@ -191,6 +193,7 @@ class Finding:
     state: str  # "applies" | "undecided" | "range" (a loose requirement admits it) | "cleared" (the setup has its fix)
     why: str
     way_out: list[str] = field(default_factory=list)
+    sure: str = ""  # how sure: measured at these exact releases, or what to run to measure them
 
 
 def affected(events: list[dict[str, str]], version: str) -> bool:
@@ -210,12 +213,17 @@ def judge(
     setup: dict[str, str],
     ranges: dict[str, Any] | None = None,
     partial: bool = False,
+    gpus: int | None = None,
 ) -> Finding | None:
     """An advisory against the user's releases and setup: applies, undecided, admitted by a range the user allows
     ("range": a requirement that pins no release, whose range holds an affected release the atlas measured), or None
     (does not apply). `partial`: the input is a requirements file, which need not name every package installed (torch
-    is often installed apart), so a package it does not name is undecided, not absent."""
+    is often installed apart), so a package it does not name is undecided, not absent. `gpus`: how many GPUs the user
+    trains on (0: a CPU run, where what was measured on GPUs does not apply; N: an advisory measured on GPUs at other
+    world sizes only is undecided); None: every advisory, by releases and setup alone."""
     facts = advisory["database_specific"]
+    if gpus == 0 and facts["device"] != "cpu":
+        return None
     if setup and facts.get("setup_keys") and not any(_same_setup(keys, setup) for keys in facts["setup_keys"]):
         return None
     if _cleared_by(facts, setup):
@@ -246,11 +254,38 @@ def judge(
             continue
         if not affected(events, have):
             return None
+    sizes = facts.get("world_size") or []
+    if gpus and facts["device"] != "cpu" and sizes and gpus not in sizes:
+        undecided.append(f"measured on {' and '.join(map(str, sizes))} GPUs, not on {gpus}")
     if undecided:
-        return Finding(advisory, "undecided", "; ".join(undecided))
+        return Finding(advisory, "undecided", "; ".join(undecided), sure=_to_measure(facts, pins))
     if admitted:
-        return Finding(advisory, "range", "; ".join(admitted))
-    return Finding(advisory, "applies", ", ".join(f"{c['package']} {pins[c['package']]}" for c in facts["conditions"]))
+        return Finding(
+            advisory, "range", "; ".join(admitted), sure="a range you allow admits a release measured failing"
+        )
+    have = ", ".join(f"{c['package']} {pins[c['package']]}" for c in facts["conditions"])
+    return Finding(advisory, "applies", have, sure=_sureness(facts, pins))
+
+
+def _sureness(facts: dict[str, Any], pins: dict[str, str]) -> str:
+    """'measured at these exact releases', or which of them no record holds (the range around them says it fails)."""
+    off = [
+        f"{c['package']} {pins[c['package']]}"
+        for c in facts["conditions"]
+        if not any(
+            release_key(m) == release_key(pins[c["package"]]) for m in facts.get("measured", {}).get(c["package"], [])
+        )
+    ]
+    if not off:
+        return "measured at these exact releases"
+    return (
+        f"not measured at {', '.join(off)} exactly (the releases measured around it fail): {_to_measure(facts, pins)}"
+    )
+
+
+def _to_measure(facts: dict[str, Any], pins: dict[str, str]) -> str:
+    asked = " ".join(f"{c['package']}=={pins[c['package']]}" for c in facts["conditions"] if c["package"] in pins)
+    return f"run `compat-matrix lookup {asked + ' ' if asked else ''}--scenario {facts['scenario']} --measure`"
 
 
 def _cleared_by(facts: dict[str, Any], setup: dict[str, str]) -> str | None:
@@ -263,12 +298,14 @@ def _cleared_by(facts: dict[str, Any], setup: dict[str, str]) -> str | None:
     return None
 
 
-def cleared(every: list[dict[str, Any]], pins: dict[str, str], setup: dict[str, str]) -> list[tuple[str, str]]:
+def cleared(
+    every: list[dict[str, Any]], pins: dict[str, str], setup: dict[str, str], gpus: int | None = None
+) -> list[tuple[str, str]]:
     """(advisory id, fix) for each advisory the releases alone would report that the setup's own settings clear."""
     found = []
     for advisory in every:
         fix = _cleared_by(advisory["database_specific"], setup)
-        if fix and judge(advisory, pins, {k: v for k, v in setup.items() if k != "context"}) is not None:
+        if fix and judge(advisory, pins, {k: v for k, v in setup.items() if k != "context"}, gpus=gpus) is not None:
             found.append((advisory["id"], fix))
     return found
 
@@ -301,10 +338,16 @@ def _unmeasured(facts: dict[str, Any], package: str, have: str) -> str:
     return ""
 
 
-def ways_out(findings: list[Finding], pins: dict[str, str], every: list[dict[str, Any]], setup: dict[str, str]) -> None:
+def ways_out(
+    findings: list[Finding],
+    pins: dict[str, str],
+    every: list[dict[str, Any]],
+    setup: dict[str, str],
+    gpus: int | None = None,
+) -> None:
     """For each applying advisory: the smallest upgrade of one of its packages that leaves it and brings no other
     advisory to apply, else the last release measured good before it came (a downgrade), and the workarounds."""
-    now = _applying(every, pins, setup)
+    now = _applying(every, pins, setup, gpus)
     for finding in (f for f in findings if f.state == "applies"):
         facts = finding.advisory["database_specific"]
         for condition in facts["conditions"]:
@@ -315,7 +358,7 @@ def ways_out(findings: list[Finding], pins: dict[str, str], every: list[dict[str
             )
             clear = None
             for fix in fixes:
-                after = _applying(every, pins | {package: fix}, setup)
+                after = _applying(every, pins | {package: fix}, setup, gpus)
                 if finding.advisory["id"] not in after and after <= now:
                     clear = fix
                     break
@@ -328,13 +371,15 @@ def ways_out(findings: list[Finding], pins: dict[str, str], every: list[dict[str
             else:
                 finding.way_out.append(f"no measured release of {package} ends it")
         changes = sorted(facts.get("workarounds", []), key=lambda w: w.get("kind") != "fix")
-        finding.way_out += [f"{w['kind']}: {w['variant']} ({w['what']})" for w in changes[:3]]
+        finding.way_out += [f"{w['kind']}: {w.get('words') or fix_words(w['variant'])}" for w in changes[:3]]
         if len(changes) > 3:
             finding.way_out.append(f"{len(changes) - 3} more measured changes in {finding.advisory['id']}.json")
 
 
-def _applying(every: list[dict[str, Any]], pins: dict[str, str], setup: dict[str, str]) -> set[str]:
-    return {a["id"] for a in every if (f := judge(a, pins, setup)) is not None and f.state == "applies"}
+def _applying(
+    every: list[dict[str, Any]], pins: dict[str, str], setup: dict[str, str], gpus: int | None = None
+) -> set[str]:
+    return {a["id"] for a in every if (f := judge(a, pins, setup, gpus=gpus)) is not None and f.state == "applies"}
 
 
 def _measured_good_before(facts: dict[str, Any], package: str, have: str) -> str | None:
@@ -378,16 +423,17 @@ def audit(
     device: str | None = None,
     ranges: dict[str, Any] | None = None,
     partial: bool = False,
+    gpus: int | None = None,
 ) -> list[Finding]:
     every = [a for a in load_advisories(results_dir) if a["id"] not in ignore]
     if device:
         every = [a for a in every if a["database_specific"]["device"] == device]
-    found = [f for a in every if (f := judge(a, pins, setup, ranges, partial)) is not None]
-    ways_out(found, pins, every, setup)
+    found = [f for a in every if (f := judge(a, pins, setup, ranges, partial, gpus)) is not None]
+    ways_out(found, pins, every, setup, gpus)
     by_id = {a["id"]: a for a in every}
     found += [
-        Finding(by_id[advisory], "cleared", f"your setup has {fix}, which the records show passing where it failed")
-        for advisory, fix in cleared(every, pins, setup)
+        Finding(by_id[advisory], "cleared", f"your setup has {fix_words(fix)}, {CLEARED}")
+        for advisory, fix in cleared(every, pins, setup, gpus)
     ]
     order = {"applies": 0, "undecided": 1, "range": 2, "cleared": 3}
     return sorted(found, key=lambda f: (order.get(f.state, 3), f.advisory["id"]))
@@ -397,7 +443,8 @@ def render(findings: list[Finding], fmt: str, loose: list[str]) -> str:
     if fmt == "json":
         return json.dumps(
             [{"id": f.advisory["id"], "state": f.state, "summary": f.advisory["summary"], "why": f.why,
-              "setups": f.advisory["database_specific"]["setups"], "way_out": f.way_out} for f in findings],
+              "sure": f.sure, "setups": f.advisory["database_specific"]["setups"], "way_out": f.way_out}
+             for f in findings],
             indent=1,
         )  # fmt: skip
     applies = [f for f in findings if f.state == "applies"]
@@ -422,6 +469,8 @@ def render(findings: list[Finding], fmt: str, loose: list[str]) -> str:
             f"           when: {'; '.join(facts['setups']) or 'any setup'} ({facts['device']}); "
             f"{'you have' if f.state == 'applies' else 'because'} {f.why}"
         )
+        if f.sure and f.state != "undecided":
+            lines.append(f"           how sure: {f.sure}")
         for way in f.way_out:
             lines.append(f"           way out: {way}")
         if f.state in ("undecided", "range"):
@@ -448,8 +497,12 @@ def command(args: Any) -> int:
             loose += unpinned
     else:
         pins, loose = environment_pins(args.python), []
+    if args.gpus is not None and args.gpus < 0:
+        raise UsageError(f"--gpus {args.gpus}: give 0 (a CPU run) or how many GPUs you train on")
     setup = read_setup(args.accelerate_config, args.deepspeed_config, args.setup or [])
     partial = any(Path(p).suffix not in (".lock", ".toml") for p in args.files or [])
-    found = audit(args.results_dir, pins, setup, args.ignore_id or [], args.device, loose_ranges(loose), partial)
+    found = audit(
+        args.results_dir, pins, setup, args.ignore_id or [], args.device, loose_ranges(loose), partial, args.gpus
+    )
     print(render(found, args.format, loose))
     return 1 if any(f.state == "applies" for f in found) else 0

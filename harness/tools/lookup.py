@@ -32,6 +32,7 @@ from harness.versions.matching import at_least as _at_least
 from harness.versions.matching import at_most as _at_most
 from harness.versions.matching import matches
 from harness.versions.matching import release_key as _key
+from scenarios.fix_words import fix_words
 
 CASES = ("exact", "between atlas dates", "outside the atlas", "nearest only")
 
@@ -343,7 +344,7 @@ def short_answer(found: Any, spec: dict[str, Any] | None) -> str:
         off = largest_off_by(found.target_records, spec)
         head += f", off by up to {off:.2g}x" if off is not None else ""
         change = first_change(found, spec)
-        return head + (f"; try: {change[0]} ({change[1]})" if change else "; no measured fix removes it")
+        return head + (f"; try: {fix_words(change[0])} ({change[1]})" if change else "; no measured fix removes it")
     if found.state in ("not-reproduced", "passes"):
         others = f"; other failures: {', '.join(sorted(found.others))}" if found.others else ""
         return f"target not reproduced (0/{found.candidates}){others}"

@@ -1,0 +1,241 @@
+"""The page's answer (site_audit.js, in a real headless Chromium) and `compat-matrix audit` agree on the same input:
+the same findings, states, reasons, certainty and ways out, over the committed advisories, for pasted requirements
+files, pip freezes and lockfiles, every setup the page offers and every GPU count. Then the page as a user reads it:
+the issue's own case at 1,400 px, a linked URL restoring the setup, and a phone's 420 px with nothing off the edge."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.publishing.publish import build_matrix, write_site
+from harness.tools.audit import audit, load_advisories, loose_ranges, read_pins, read_setup, render
+from tests.conftest import REPO_ROOT, screenshot_path
+from tests.test_publish import headless_chromium
+
+RESULTS = REPO_ROOT / "results"
+PACKAGES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes")
+ENGINES = ("", "single", "ddp", "fsdp1", "fsdp2", "zero3")
+ADAPTERS = ("", "lora", "dora", "qlora")
+GPUS = (None, 0, 1, 2, 4)
+#: The issue's case: FSDP2 + LoRA on 2 GPUs at these releases resumes wrong until accelerate 1.15.0.
+ISSUE_CASE = "torch==2.11.0\ntransformers==5.14.1\npeft==0.20.0\naccelerate==1.14.0\n"
+
+
+def releases() -> dict[str, list[str]]:
+    """Every release the feed names per package (measured, held, events), plus releases it never measured."""
+    found: dict[str, set[str]] = {p: {"0.0.1", "99.0.0"} for p in PACKAGES}
+    for advisory in load_advisories(RESULTS):
+        facts = advisory["database_specific"]
+        for package, values in [*facts.get("measured", {}).items(), *facts.get("held", {}).items()]:
+            found.setdefault(package, set()).update(values)
+        for condition in facts["conditions"]:
+            for event in condition["events"]:
+                found[condition["package"]].add(next(iter(event.values())))
+    found["accelerate"].add("1.14.1")  # inside a failing range, not measured
+    return {p: sorted(v - {"0"}) for p, v in found.items()}
+
+
+def inputs(count: int, seed: int = 20261128) -> list[tuple[str, str, str, str, int | None]]:
+    """(file name, text, engine, adapter, gpus): requirements with exact pins (some packages left out), pip freezes
+    with other packages, uv.lock / poetry.lock / pylock.toml, loose requirements, and the issue's case."""
+    rng = random.Random(seed)
+    known = releases()
+    made = [("requirements.txt", ISSUE_CASE, "fsdp2", "lora", 2)]
+    for n in range(count):
+        chosen = {p: rng.choice(known[p]) for p in PACKAGES if rng.random() < 0.85}
+        kind = rng.choice(["requirements.txt", "freeze.txt", "uv.lock", "poetry.lock", "pylock.toml", "loose.txt"])
+        if kind == "requirements.txt":
+            text = "".join(f"{p}=={v}  # pinned\n" for p, v in chosen.items())
+        elif kind == "freeze.txt":
+            text = "".join(f"{p.upper() if n % 3 == 0 else p}=={v}\n" for p, v in chosen.items()) + "numpy==2.1.0\n"
+        elif kind == "loose.txt":
+            text = "".join(
+                f"{p}>={v}\n" if rng.random() < 0.5 else f"{p}~={v}\n" if v.count(".") else f"{p}=={v}\n"
+                for p, v in chosen.items()
+            )
+        elif kind == "pylock.toml":
+            text = 'lock-version = "1.0"\n' + "".join(
+                f'\n[[packages]]\nname = "{p}"\nversion = "{v}"\n\n[[packages.wheels]]\nname = "x.whl"\n'
+                for p, v in chosen.items()
+            )
+        else:
+            text = "version = 1\n" + "".join(
+                f'\n[[package]]\nname = "{p}"\nversion = "{v}"\nsource = {{ registry = "https://pypi.org/simple" }}\n'
+                f'dependencies = [\n    {{ name = "filelock" }},\n]\n\n[package.metadata]\nrequires-dist = []\n'
+                for p, v in chosen.items()
+            )
+        made.append((kind, text, rng.choice(ENGINES), rng.choice(ADAPTERS), rng.choice(GPUS)))
+    return made
+
+
+def audit_json(tmp_path: Path, name: str, text: str, engine: str, adapter: str, gpus: int | None) -> list[Any]:
+    """What `compat-matrix audit FILE --setup ENGINE,ADAPTER [--gpus N] --format json` prints, as data."""
+    path = tmp_path / name
+    path.write_text(text)
+    pins, loose = read_pins(path)
+    setup = read_setup(None, None, [w for w in (engine, adapter) if w])
+    partial = path.suffix not in (".lock", ".toml")
+    found = audit(RESULTS, pins, setup, [], None, loose_ranges(loose), partial, gpus)
+    return json.loads(render(found, "json", loose))
+
+
+PAGE_AUDIT = """
+const [text, engine, adapter, gpus] = arguments;
+const read = CompatAudit.readPins(text);
+const setup = {};
+if (engine) setup.engine = engine;
+if (adapter) setup.adapter = adapter;
+const found = CompatAudit.audit(window.COMPAT_ADVISORIES, read.pins, setup,
+  {ranges: CompatAudit.looseRanges(read.loose), partial: read.kind !== "lock", gpus: gpus === null ? undefined : gpus});
+return JSON.stringify(CompatAudit.asJson(found));
+"""
+
+
+def site(tmp_path: Path) -> Path:
+    from harness.define.registry import discover
+    from harness.publishing.report import select_runs
+
+    document = build_matrix(select_runs(RESULTS), None, {s.id: s.spec for s in discover()})
+    return write_site(document, tmp_path / "site", RESULTS / "advisories")
+
+
+def test_the_page_and_audit_agree_on_the_same_input(tmp_path: Path) -> None:
+    page = site(tmp_path)
+    cases = inputs(240)
+    browser = headless_chromium()
+    try:
+        browser.get(page.as_uri())
+        assert browser.execute_script("return window.COMPAT_ADVISORIES.length") == len(load_advisories(RESULTS))
+        states: dict[str, int] = {}
+        for name, text, engine, adapter, gpus in cases:
+            expected = audit_json(tmp_path, name, text, engine, adapter, gpus)
+            got = json.loads(browser.execute_script(PAGE_AUDIT, text, engine, adapter, gpus))
+            assert got == expected, f"{name} {engine} {adapter} gpus={gpus}\n{text}"
+            for f in expected:
+                states[f["state"]] = states.get(f["state"], 0) + 1
+        print(f"{len(cases)} inputs agree; findings by state: {states}")
+        assert {"applies", "undecided", "range"} <= set(states), "the inputs reach every state audit gives"
+        bad = browser.execute_script(
+            "try { CompatAudit.readPins('torch=>2 what'); return null } catch (e) { return e.message }"
+        )
+        assert bad and "not a requirement" in bad
+    finally:
+        browser.quit()
+
+
+def test_a_pasted_requirements_file_gives_the_failure_and_the_way_out_and_the_link_keeps_it(tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    page = site(tmp_path)
+    expected = audit_json(tmp_path, "requirements.txt", ISSUE_CASE, "fsdp2", "lora", 2)
+    resume = [f for f in expected if f["id"] == "x_COMPAT-MATRIX-S9-cuda-3a1bd84d0d"]
+    assert resume and resume[0]["state"] == "applies" and "upgrade accelerate to 1.15.0" in resume[0]["way_out"]
+    browser = headless_chromium()
+    try:
+        browser.set_window_size(1400, 900)
+        browser.get(page.as_uri())
+        WebDriverWait(browser, 60).until(lambda b: b.execute_script("return window.__glanceRenderedAt !== undefined"))
+        Select(browser.find_element(By.ID, "setup-engine")).select_by_value("fsdp2")
+        Select(browser.find_element(By.ID, "setup-adapter")).select_by_value("lora")
+        Select(browser.find_element(By.ID, "setup-gpus")).select_by_value("2")
+        browser.find_element(By.ID, "answer-paste").send_keys(ISSUE_CASE)
+        browser.find_element(By.ID, "answer-read").click()
+        assert json.loads(browser.execute_script("return JSON.stringify(window.__answer)")) == expected
+        item = browser.find_element(By.CSS_SELECTOR, '#answer-list li[data-id="x_COMPAT-MATRIX-S9-cuda-3a1bd84d0d"]')
+        assert item.get_attribute("data-state") == "applies"
+        assert "resume" in item.text and "upgrade accelerate to 1.15.0" in item.text
+        assert "measured at these exact releases" in item.text
+        browser.save_screenshot(str(screenshot_path("answer-1400.png")))
+        link = browser.current_url
+        for key in ("engine=fsdp2", "adapter=lora", "gpus=2", "v-accelerate=1.14.0", "src=requirements"):
+            assert key in link, key
+        browser.get("about:blank")
+        browser.get(link)  # a linked answer: the setup and the versions come back, and so does the answer
+        WebDriverWait(browser, 60).until(lambda b: b.execute_script("return window.__answerRenderedAt !== undefined"))
+        chosen = {
+            box: Select(browser.find_element(By.ID, box)).first_selected_option.get_attribute("value")
+            for box in ("setup-engine", "setup-gpus", "version-peft")
+        }
+        assert chosen == {"setup-engine": "fsdp2", "setup-gpus": "2", "version-peft": "0.20.0"}
+        assert json.loads(browser.execute_script("return JSON.stringify(window.__answer)")) == expected
+    finally:
+        browser.quit()
+
+
+def test_at_1400_px_every_column_is_on_the_first_screen_and_the_identities_open(tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    page = site(tmp_path)
+    browser = headless_chromium()
+    try:
+        browser.set_window_size(1400, 900)
+        browser.get(page.as_uri())
+        WebDriverWait(browser, 60).until(lambda b: b.execute_script("return window.__glanceRenderedAt !== undefined"))
+        width = browser.execute_script("return document.documentElement.clientWidth")
+        for table in browser.find_elements(By.CSS_SELECTOR, "table.glance"):
+            heads = table.find_elements(By.CSS_SELECTOR, "th.col")
+            assert heads and all(h.location["x"] + h.size["width"] <= width for h in heads), table.get_attribute("id")
+            box = table.find_element(By.XPATH, "..")
+            assert not browser.execute_script("return arguments[0].scrollWidth > arguments[0].clientWidth", box)
+        folds = browser.find_elements(By.CSS_SELECTOR, "#glance-0 th.fold")
+        assert folds and folds[0].text.startswith("S9 (5)")
+        folds[0].click()  # the five identities open as their own columns, still on the screen
+        WebDriverWait(browser, 10).until(lambda b: "unfold=S9" in b.current_url)
+        heads = browser.find_elements(By.CSS_SELECTOR, "#glance-0 th.col")
+        assert sum(1 for h in heads if (h.get_attribute("data-scenario") or "").startswith("S9-")) == 5
+        assert all(h.location["x"] + h.size["width"] <= width for h in heads)
+        assert browser.execute_script("return document.documentElement.scrollWidth") <= width
+        text = browser.find_element(By.ID, "glance").text
+        assert "flip_use_orig_params" not in text and "use_orig_params flipped, wrap each decoder layer" in text
+        browser.save_screenshot(str(screenshot_path("glance-1400.png")))
+    finally:
+        browser.quit()
+
+
+WIDER_THAN_THE_VIEWPORT = """
+const width = document.documentElement.clientWidth;
+return [...document.querySelectorAll('body *')].filter(e => {
+  const box = e.getBoundingClientRect();
+  return box.width > 0 && box.right > width + 1;
+}).slice(0, 8).map(e => `${e.tagName}#${e.id}.${e.className} right=${Math.round(e.getBoundingClientRect().right)}`);
+"""
+
+
+@pytest.mark.parametrize("opened", [False, True], ids=["closed", "every-fold-open"])
+def test_at_420_px_the_answer_comes_first_and_nothing_runs_off_the_edge(tmp_path: Path, opened: bool) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    page = site(tmp_path)
+    browser = headless_chromium()
+    try:
+        browser.set_window_size(420, 900)
+        link = page.as_uri() + "#engine=fsdp2&adapter=lora&gpus=2&src=requirements&v-torch=2.11.0&v-transformers=5.14.1"
+        browser.get(link + "&v-peft=0.20.0&v-accelerate=1.14.0")
+        WebDriverWait(browser, 120).until(lambda b: b.execute_script("return window.__recordsRenderedAt !== undefined"))
+        answer = browser.find_element(By.ID, "answer-section").location["y"]
+        grid = browser.find_element(By.ID, "glance-section").location["y"]
+        assert answer < grid, "the answer first, then the grid"
+        assert browser.find_elements(By.CSS_SELECTOR, "#answer-list li.st-applies")
+        assert not browser.find_element(By.CSS_SELECTOR, ".glance-scroll").is_displayed()
+        assert browser.find_element(By.CSS_SELECTOR, ".glance-narrow").is_displayed()
+        if opened:
+            # every fold open, and one entry's failing record shown with its message, versions and config
+            browser.execute_script("document.querySelectorAll('details').forEach(d => d.open = true)")
+            browser.find_element(By.CSS_SELECTOR, "#grid td.entry.fail[data-key]").click()
+            browser.find_element(By.CSS_SELECTOR, "#record-list li").click()
+            assert browser.find_element(By.ID, "record-message").is_displayed()
+        off = browser.execute_script(WIDER_THAN_THE_VIEWPORT)
+        assert not off, off
+        width = browser.execute_script("return document.documentElement.clientWidth")
+        assert browser.execute_script("return document.documentElement.scrollWidth") <= width
+        browser.save_screenshot(str(screenshot_path(f"page-420-{'open' if opened else 'closed'}.png")))
+    finally:
+        browser.quit()
