@@ -35,7 +35,7 @@ def test_rows_are_versions_entries_are_short_and_the_fix_is_the_first_listed(tmp
     # A column's name is one click from its scenario's section.
     assert "| versions | [S1](#scenario-S1-x) |" in glance and '<a id="scenario-S1-x"></a>' in text
     summary = text.split("## Summary", 1)[1]
-    assert "fixed by: z_fix, a_workaround (workaround)" in summary  # the fix the glance shows is listed first
+    assert "fixed by: z_fix · a_workaround (workaround)" in summary  # the fix the glance shows is listed first
     assert all(len(cell.strip()) <= ENTRY_LIMIT for row in rows for cell in row.strip("|").split("|"))
 
 

@@ -100,7 +100,15 @@ def site(tmp_path: Path) -> Path:
     from harness.define.registry import discover
     from harness.publishing.report import select_runs
 
+    from harness.publishing.adapter_grid import document as adapter_grid_document
+    from harness.publishing.findings import findings_rows, load_all
+    from harness.publishing.growth import lately
+
     document = build_matrix(select_runs(RESULTS), None, {s.id: s.spec for s in discover()})
+    # as publish() makes it: the findings (their "changed:" lists), what changed lately, the adapters grid
+    document["findings"] = findings_rows(load_all(RESULTS / "findings"), RESULTS)
+    document["lately"] = lately(RESULTS)
+    document["adapter_grid"] = adapter_grid_document(RESULTS)
     return write_site(document, tmp_path / "site", RESULTS / "advisories")
 
 

@@ -201,9 +201,9 @@ def headline(v: Verdict, spec: dict[str, Any] | None, code: Format = str, text: 
         )
         lines = [f"{head} ({len(hits)}/{v.candidates})" + _off_by(hits, spec)]
         if v.fixed:
-            lines.append("fixed by: " + ", ".join(named(n) for n in v.fixed))
+            lines.append("fixed by: " + " · ".join(named(n) for n in v.fixed))
         if v.partly:
-            lines.append("partly: " + ", ".join(named(n, f"{k}/{len(hits)}") for n, k in v.partly))
+            lines.append("partly: " + " · ".join(named(n, f"{k}/{len(hits)}") for n, k in v.partly))
         if v.not_fixed:
             lines.append("not fixed by: " + ", ".join(f"{text(n)} [{text(', '.join(s))}]" for n, s in v.not_fixed))
         if v.not_applicable:
