@@ -111,6 +111,16 @@ def headless_chromium():
     return webdriver.Chrome(service=Service(driver), options=options)
 
 
+def open_page(browser, url: str, width: int, ready: str = "__glanceRenderedAt", timeout_s: int = 60) -> None:
+    """The page at `url` in a window `width` px wide, once it has set `window.<ready>` (the glance, the records or the
+    answer rendered)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.set_window_size(width, 900)
+    browser.get(url)
+    WebDriverWait(browser, timeout_s).until(lambda b: b.execute_script(f"return window.{ready} !== undefined"))
+
+
 def test_glance_grid_and_picker_agree_with_matrix_json(tmp_path: Path) -> None:
     """On today's committed records: the answer grid shows exactly matrix.json's glance rows and entries, the
     page is small and the records come separately, and picking versions highlights exactly the rows that
@@ -213,7 +223,6 @@ def test_the_answer_grid_reads_at_a_glance_on_a_laptop_window(tmp_path: Path) ->
     on screen, or its table scrolls sideways with the versions column fixed; no entry's text is cut; each head says
     in a few words what the scenario tests; the legend explains every symbol."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     from harness.define.registry import discover
     from harness.publishing.report import select_runs
@@ -222,9 +231,7 @@ def test_the_answer_grid_reads_at_a_glance_on_a_laptop_window(tmp_path: Path) ->
     site = write_site(document, tmp_path / "site")
     browser = headless_chromium()
     try:
-        browser.set_window_size(1400, 900)
-        browser.get(site.as_uri())
-        WebDriverWait(browser, 60).until(lambda b: b.execute_script("return window.__glanceRenderedAt !== undefined"))
+        open_page(browser, site.as_uri(), 1400)
         width = browser.execute_script("return window.innerWidth")
         tables = browser.find_elements(By.CSS_SELECTOR, "table.glance")
         assert len(tables) == len(document["glance"]) >= 3

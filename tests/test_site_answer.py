@@ -15,7 +15,7 @@ import pytest
 from harness.publishing.publish import build_matrix, write_site
 from harness.tools.audit import audit, load_advisories, loose_ranges, read_pins, read_setup, render
 from tests.conftest import REPO_ROOT, screenshot_path
-from tests.test_publish import headless_chromium
+from tests.test_publish import headless_chromium, open_page
 
 RESULTS = REPO_ROOT / "results"
 PACKAGES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes")
@@ -145,9 +145,7 @@ def test_a_pasted_requirements_file_gives_the_failure_and_the_way_out_and_the_li
     assert resume and resume[0]["state"] == "applies" and "upgrade accelerate to 1.15.0" in resume[0]["way_out"]
     browser = headless_chromium()
     try:
-        browser.set_window_size(1400, 900)
-        browser.get(page.as_uri())
-        WebDriverWait(browser, 60).until(lambda b: b.execute_script("return window.__glanceRenderedAt !== undefined"))
+        open_page(browser, page.as_uri(), 1400)
         Select(browser.find_element(By.ID, "setup-engine")).select_by_value("fsdp2")
         Select(browser.find_element(By.ID, "setup-adapter")).select_by_value("lora")
         Select(browser.find_element(By.ID, "setup-gpus")).select_by_value("2")
@@ -182,9 +180,7 @@ def test_at_1400_px_every_column_is_on_the_first_screen_and_the_identities_open(
     page = site(tmp_path)
     browser = headless_chromium()
     try:
-        browser.set_window_size(1400, 900)
-        browser.get(page.as_uri())
-        WebDriverWait(browser, 60).until(lambda b: b.execute_script("return window.__glanceRenderedAt !== undefined"))
+        open_page(browser, page.as_uri(), 1400)
         width = browser.execute_script("return document.documentElement.clientWidth")
         for table in browser.find_elements(By.CSS_SELECTOR, "table.glance"):
             heads = table.find_elements(By.CSS_SELECTOR, "th.col")
@@ -218,15 +214,12 @@ return [...document.querySelectorAll('body *')].filter(e => {
 @pytest.mark.parametrize("opened", [False, True], ids=["closed", "every-fold-open"])
 def test_at_420_px_the_answer_comes_first_and_nothing_runs_off_the_edge(tmp_path: Path, opened: bool) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     page = site(tmp_path)
     browser = headless_chromium()
     try:
-        browser.set_window_size(420, 900)
         link = page.as_uri() + "#engine=fsdp2&adapter=lora&gpus=2&src=requirements&v-torch=2.11.0&v-transformers=5.14.1"
-        browser.get(link + "&v-peft=0.20.0&v-accelerate=1.14.0")
-        WebDriverWait(browser, 120).until(lambda b: b.execute_script("return window.__recordsRenderedAt !== undefined"))
+        open_page(browser, link + "&v-peft=0.20.0&v-accelerate=1.14.0", 420, "__recordsRenderedAt", 120)
         answer = browser.find_element(By.ID, "answer-section").location["y"]
         grid = browser.find_element(By.ID, "glance-section").location["y"]
         assert answer < grid, "the answer first, then the grid"

@@ -378,6 +378,12 @@ def _references(
     return unique
 
 
+def read(folder: Path) -> list[dict[str, Any]]:
+    """The advisories a folder's `index.json` lists, in its order (what `write` made): audit's input and the page's."""
+    index = json.loads((folder / "index.json").read_text())
+    return [json.loads((folder / entry["file"]).read_text()) for entry in index]
+
+
 def write(advisories: list[dict[str, Any]], results_dir: Path) -> Path:
     """`results/advisories/<ID>.json` for each, an `index.json` (id, summary, packages, modified), and nothing else
     (an advisory no longer made is removed, so the feed never serves one the records no longer back)."""

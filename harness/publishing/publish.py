@@ -271,12 +271,9 @@ def write_site(document: dict[str, Any], out_dir: Path, advisories_dir: Path | N
 def write_site_advisories(advisories_dir: Path | None, site_dir: Path) -> None:
     """data/advisories.js: the advisories feed the page's answer judges (audit.js), as audit reads it; empty where
     there is no feed yet."""
-    index = advisories_dir / "index.json" if advisories_dir else None
-    every = (
-        [json.loads((advisories_dir / e["file"]).read_text()) for e in json.loads(index.read_text())]
-        if index and index.is_file() and advisories_dir
-        else []
-    )
+    from harness.publishing.advisories import read
+
+    every = read(advisories_dir) if advisories_dir and (advisories_dir / "index.json").is_file() else []
     (site_dir / "data").mkdir(parents=True, exist_ok=True)
     (site_dir / "data" / "advisories.js").write_text(f"window.COMPAT_ADVISORIES = {_script_json(every)};\n")
 
@@ -310,6 +307,6 @@ def publish(results_dir: Path, selection: Selection, specs: dict[str, dict[str, 
     document["adapter_grid"] = adapter_grid_document(results_dir)
     matrix_path = results_dir / "matrix.json"
     matrix_path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
-    site = write_site(document, results_dir / "site", results_dir / "advisories")
+    site = write_site(document, results_dir / "site")  # its data/advisories.js: stage.write_advisories, after them
     write_junit(selection, results_dir / "junit")
     return {"matrix": matrix_path, "site": site, "junit": results_dir / "junit"}

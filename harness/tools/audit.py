@@ -412,7 +412,9 @@ def load_advisories(results_dir: Path) -> list[dict[str, Any]]:
     index = folder / "index.json"
     if not index.is_file():
         raise UsageError(f"no {index}: run `nox -s report` first")
-    return [json.loads((folder / entry["file"]).read_text()) for entry in json.loads(index.read_text())]
+    from harness.publishing.advisories import read
+
+    return read(folder)
 
 
 def audit(
