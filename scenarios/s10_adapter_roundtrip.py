@@ -20,7 +20,11 @@ holding another adapter). The reference is the base with the saved file's tensor
 - `check-roundtrip-load`: the loaded model's logits are off it (the load dropped, renamed or misplaced keys; the
   record lists which, and what ran instead);
 - `check-roundtrip-keys`: the logits agree but the load dropped or moved keys (and why they still agree is said);
-- `check-roundtrip-merge`: `merge_and_unload()` of the loaded model is off it.
+- `check-roundtrip-merge`: `merge_and_unload()` of the loaded model is off it;
+- `check-roundtrip-unmerge`: the loaded model after `merge_adapter()` then `unmerge_adapter()`, run with its adapters
+  disabled, is off the base (float64): the unmerge did not give the base weights back. S9 merge covers LoRA, DoRA and
+  `lora_bias` on plain linear layers; here the same over the embedding, the output layer, heads, trainable tokens,
+  related adapter names and module names.
 
 Not covered here: quantized bases (S9 merge covers QLoRA merges), tied embeddings, Conv layers.
 """
@@ -58,7 +62,8 @@ SPEC = {
     "table_metrics": ["off_by"],
     # Each config is a feature of its own (a head, an embedding, a name): flips are named per config.
     "flips_per_config": True,
-    "setup": {"path": "hand"},
+    # No setup key: a file saved and loaded is the same file under the Trainer, a loop by hand, or any engine; the
+    # adapter kind comes from the config.
 }
 
 SEED: dict[str, Any] = {
@@ -190,6 +195,7 @@ def judge(config: dict[str, Any], root: str, loaded: dict[str, Any]) -> dict[str
     loaded_logits = identities.tensors_from_file(loaded["logits"])
     loaded_tensors = identities.tensors_from_file(loaded["tensors"])
     merged_logits = identities.tensors_from_file(loaded["merged"])
+    unmerged_logits = identities.tensors_from_file(loaded["unmerged"]) if loaded.get("unmerged") else {}
     base = named_models.build(config)
     from safetensors.torch import load_file
 
@@ -197,6 +203,7 @@ def judge(config: dict[str, Any], root: str, loaded: dict[str, Any]) -> dict[str
     metrics: dict[str, Any] = {"said": loaded.get("said", []), "load_results": loaded.get("load_results", {})}
     failures: list[tuple[str, dict[str, Any], str]] = []
     with torch.no_grad():
+        base_rounded = base(input_ids=batch_ids).logits.double()
         base_logits = base.double()(input_ids=batch_ids).logits
         for adapter in config.get("adapters", ["default"]):
             exact_model, nowhere = roundtrip.formula_model(config, root, adapter, torch.float64)
@@ -212,6 +219,9 @@ def judge(config: dict[str, Any], root: str, loaded: dict[str, Any]) -> dict[str
             }
             if adapter in merged_logits:
                 legs["merge"] = identities.compare({"logits": merged_logits[adapter]}, reference, rounded, effect)
+            if adapter in unmerged_logits:
+                legs["unmerge"] = _unmerge_leg(unmerged_logits[adapter], base_logits, base_rounded, effect,
+                                               legs["load"]["floor"])  # fmt: skip
             metrics[adapter] = {
                 **{leg: identities.rounded(c) for leg, c in legs.items()},
                 "keys": keys,
@@ -225,17 +235,27 @@ def judge(config: dict[str, Any], root: str, loaded: dict[str, Any]) -> dict[str
                 failures.append(("keys", legs["load"], adapter))
     first = next(iter(config.get("adapters", ["default"])))
     metrics.update(identities.rounded(metrics[first]["load"]))
-    for leg in ("save", "load", "keys", "merge"):
+    raised = {"merge": "merge_and_unload() of the loaded model", "unmerge": "merge_adapter(), then unmerge_adapter()"}
+    for leg in ("save", "load", "keys", "merge", "unmerge"):
         for name, comparison, adapter in failures:
             if name == leg:
                 _fail(leg, comparison, adapter, metrics)
-        if leg == "merge" and loaded.get("merge_error"):
+        if leg in raised and loaded.get(f"{leg}_error"):
             from scenarios.compat import CheckFailed
 
-            metrics["merge_error"] = loaded["merge_error"]
-            raise CheckFailed("roundtrip-merge", f"merge_and_unload() of the loaded model raised "
-                              f"{loaded['merge_error']}", metrics)  # fmt: skip
+            metrics[f"{leg}_error"] = loaded[f"{leg}_error"]
+            raise CheckFailed(f"roundtrip-{leg}", f"{raised[leg]} raised {loaded[f'{leg}_error']}", metrics)
     return {"metrics": metrics, "path": "from_pretrained" if config.get("load") != "load_adapter" else "load_adapter"}
+
+
+def _unmerge_leg(unmerged: Any, base: Any, base_rounded: Any, effect: dict[str, Any], adapted_floor: float) -> dict:
+    """The loaded model merged, unmerged and run with its adapters disabled, against the base in float64. The scale is
+    the adapter's effect (what is left of the adapter, in its own units); the floor is the larger of the base's and
+    the adapted model's float32 round-off, since the merge adds and the unmerge subtracts at the adapted weights'."""
+    comparison = identities.compare({"logits": unmerged}, {"logits": base}, {"logits": base_rounded}, effect)
+    comparison["floor"] = max(comparison["floor"], adapted_floor)
+    comparison["tolerance"] = identities.FLOOR_MARGIN * max(comparison["floor"], 1e-12 * comparison["update_scale"])
+    return comparison
 
 
 def _fail(leg: str, comparison: dict[str, Any], adapter: str, metrics: dict[str, Any]) -> None:
@@ -249,6 +269,8 @@ def _fail(leg: str, comparison: dict[str, Any], adapter: str, metrics: dict[str,
         "save": f"adapter {adapter!r}: the saving model's logits (the file does not hold what was trained; {found})",
         "load": f"adapter {adapter!r}: the loaded model's logits ({found})",
         "merge": f"adapter {adapter!r}: merge_and_unload() of the loaded model",
+        "unmerge": f"adapter {adapter!r}: the loaded model merged, unmerged and run with its adapters disabled (the "
+        "base it should give back)",
     }
     if leg == "keys":
         detail = (f"adapter {adapter!r}: {found}; the logits agree within {comparison['off_by']:.3g}x the adapter's "

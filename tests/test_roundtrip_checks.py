@@ -1,8 +1,9 @@
-"""S10's legs can fail, and hold where they must, in the CI cell's environment (real torch and peft): the seed
-config's round trip lands at the round-off floor with every key where it was saved; a load that leaves one saved
-tensor at its fresh value is off by a large part of the adapter's effect and names that key; a file that also holds
-another adapter's tensor under a mangled name fails on the keys while its logits agree; a file whose key names a
-module the model lacks fails the save leg."""
+"""S10's legs can fail, and hold where they must, in the CI cell's environment (real torch and peft): the seed config's
+round trip lands at the round-off floor with every key where it was saved, and merged then unmerged gives the base
+back; an unmerge that leaves the adapter in the weights is off by the adapter's whole effect; a load that leaves one
+saved tensor at its fresh value is off by a large part of the adapter's effect and names that key; a file that also
+holds another adapter's tensor under a mangled name fails on the keys while its logits agree; a file whose key names
+a module the model lacks fails the save leg."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ SCRIPT = textwrap.dedent(
         except compat.CheckFailed as exc:
             return {"outcome": exc.check, "message": str(exc), **exc.metrics}
 
-    def loaded_by_hand(root, spoil=None):
+    def loaded_by_hand(root, spoil=None, unmerge_kept_adapter=False):
         # The load as the scenario's fresh process does it, here, with one loaded tensor put back to zero.
         batch = identities.tensors_from_file(os.path.join(os.path.dirname(root), "batch.pt"))
         model, _ = roundtrip._load_adapters(config, root)
@@ -46,13 +47,17 @@ SCRIPT = textwrap.dedent(
         return {"logits": identities.tensors_to_file(logits, os.path.join(out, "l.pt")),
                 "tensors": identities.tensors_to_file({f"default|{n}": t for n, t in tensors.items()},
                                                       os.path.join(out, "t.pt")),
-                "merged": identities.tensors_to_file({}, os.path.join(out, "m.pt")), "said": []}
+                "merged": identities.tensors_to_file({}, os.path.join(out, "m.pt")), "said": [],
+                # an unmerge that leaves the adapter in the weights: the "base" it gives back is the adapted model
+                "unmerged": identities.tensors_to_file(logits if unmerge_kept_adapter else {},
+                                                       os.path.join(out, "u.pt"))}
 
     def main(work):  # the fresh load process is spawned: it re-imports this file, which must not run again
         found = {}
         ctx = {"workdir": os.path.join(work, "seed"), "device": "cpu"}
         found["seed"] = outcome(lambda: s10.run(config, "baseline", ctx))
         root = os.path.join(ctx["workdir"], "saved")
+        found["kept"] = outcome(lambda: s10.judge(config, root, loaded_by_hand(root, unmerge_kept_adapter=True)))
         found["dropped"] = outcome(lambda: s10.judge(config, root, loaded_by_hand(root, "layers.1.v.lora_B")))
 
         adapter_file = os.path.join(root, "adapter_model.safetensors")
@@ -76,10 +81,13 @@ def test_roundtrip_legs_hold_at_the_floor_and_name_what_went_wrong(tmp_path: Pat
     seed = found["seed"]
     assert seed["outcome"] == "pass", seed
     legs = seed["default"]
-    for leg in ("save", "load", "merge"):
+    for leg in ("save", "load", "merge", "unmerge"):
         # at the round-off floor, far below what the adapter changes: the tolerance is not what lets it pass
         assert legs[leg]["discrepancy"] <= 4 * legs[leg]["floor"] and legs[leg]["off_by"] < 1e-4, (leg, legs[leg])
     assert not any(legs["keys"].values()), legs["keys"]
+    kept = found["kept"]  # the adapter left in the weights after the unmerge: off by the whole of its effect
+    assert kept["outcome"] == "roundtrip-unmerge" and 0.99 < kept["off_by"] < 1.01, kept
+    assert "base it should give back" in kept["message"], kept
     dropped = found["dropped"]
     assert dropped["outcome"] == "roundtrip-load" and dropped["off_by"] > 0.01, dropped
     assert any("layers.1.v.lora_B" in k for k in dropped["default"]["keys"]["not_from_file"]), dropped

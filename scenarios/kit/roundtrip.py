@@ -12,12 +12,12 @@ head or a fresh adapter. So every leg here is a comparison with a reference comp
 `s` is what the saving model used for each module (its `scaling`, recorded at save time: the model the user trained),
 so the reference is the trained model, not any one peft release's reading of `alpha_pattern`.
 
-The legs: the file against the saving model (`save`: does the file hold what was trained?), the loaded model against
-the file's formula model (`load`), the loaded model merged (`merge_and_unload`) against it (`merge`), and the keys:
-each saved tensor found, by its values, in the loaded model under the module it was saved from, and no adapter tensor
-of the loaded model left at values the file does not hold. Every adapter tensor carries noise from a generator the
-loading process never replays, so a load that drops a key cannot regenerate its value from the global seed.
-"""
+The legs: the file against the saving model (`save`: does the file hold what was trained?), the loaded model against the
+file's formula model (`load`), the loaded model merged (`merge_and_unload`) against it (`merge`), the loaded model
+merged then unmerged, with its adapters disabled, against the base (`unmerge`: the base weights given back), and the
+keys: each saved tensor found, by its values, in the loaded model under the module it was saved from, and no adapter
+tensor of the loaded model left at values the file does not hold. Every adapter tensor carries noise from a generator
+the loading process never replays, so a load that drops a key cannot regenerate its value from the global seed."""
 
 from __future__ import annotations
 
@@ -233,16 +233,34 @@ def load(payload: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
             merged[first] = merged_model(input_ids=batch["input_ids"]).logits.detach().clone()
         except Exception as exc:  # judged after the load legs (scenario: check-roundtrip-merge)
             merge_error = f"{type(exc).__name__}: {str(exc)[:300]}"
+        unmerged, unmerge_error = _merged_then_unmerged(model, batch["input_ids"], first)
     workdir = ctx["workdir"]
     os.makedirs(workdir, exist_ok=True)
     return {
         "logits": identities.tensors_to_file(logits, os.path.join(workdir, "loaded-logits.pt")),
         "tensors": identities.tensors_to_file(tensors, os.path.join(workdir, "loaded-tensors.pt")),
         "merged": identities.tensors_to_file(merged, os.path.join(workdir, "merged-logits.pt")),
+        "unmerged": identities.tensors_to_file(unmerged, os.path.join(workdir, "unmerged-base-logits.pt")),
         "said": said[:20],
         "merge_error": merge_error,
+        "unmerge_error": unmerge_error,
         "load_results": results,
     }
+
+
+def _merged_then_unmerged(model: Any, input_ids: Any, adapter: str) -> tuple[dict[str, Any], str]:
+    """A copy of the loaded model, `merge_adapter()` then `unmerge_adapter()`, its logits with the adapters disabled:
+    what should be the base model again (the unmerge leg). Any error is the leg's outcome, said after the others."""
+    import copy
+
+    try:
+        model = copy.deepcopy(model)
+        model.merge_adapter()
+        model.unmerge_adapter()
+        with model.disable_adapter():
+            return {adapter: model(input_ids=input_ids).logits.detach().clone()}, ""
+    except Exception as exc:
+        return {}, f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def _load_adapters(config: dict[str, Any], root: str) -> tuple[Any, dict[str, Any]]:
