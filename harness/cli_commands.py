@@ -370,6 +370,13 @@ def audit(args: argparse.Namespace) -> int:
 def adapters_grid(args: argparse.Namespace) -> int:
     from harness.tools.adapter_grid import run_grid
 
+    if args.sweep:
+        from harness.tools.adapter_grid_sweep import sweep_grid
+
+        if args.resume or args.feature or args.start or args.end:
+            raise UsageError("--sweep names the flips of a finished run: it takes no --resume, --feature, --from, --to")
+        print(f"wrote {sweep_grid(args.sweep, args.results_dir)}")
+        return 0
     out = run_grid(args.profile, args.results_dir, args.start, args.end, args.feature, args.resume)
     print(f"wrote {out}")
     return 0

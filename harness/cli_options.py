@@ -570,6 +570,15 @@ COMMANDS: tuple[Command, ...] = (
             Option(("--to",), dest="end", metavar="DAY", help="last day (YYYY-MM-DD)"),
             Option(("--feature",), action="append", metavar="CONFIG_ID", help="only this seed config (repeatable)"),
             Option(("--resume",), metavar="RUN", help="continue a run: every save and load it holds is kept"),
+            Option(
+                ("--sweep",),
+                metavar="RUN",
+                help=(
+                    "name each flip of RUN at release resolution: move each package that differs between the flip's "
+                    "two days alone, then sweep the releases of the one that reproduces it (writes sweep.json; its "
+                    "probes are kept and reused)"
+                ),
+            ),
             RESULTS_OPTION,
         ),
     ),

@@ -92,10 +92,18 @@ KNOWN_ISSUES: dict[str, list[str]] = {
     # name that contains the adapter's name or "weight" rewritten, another adapter's tensors left out or written in),
     # the load leaves saved tensors out, or the merge of the loaded model is off.
     "roundtrip-save": ["huggingface/peft#2772", "huggingface/peft#3282", "huggingface/peft#3584"],
-    "roundtrip-load": ["huggingface/peft#3433", "huggingface/peft#2289", "huggingface/peft#2252"],
+    "roundtrip-load": [
+        "huggingface/peft#3433",
+        "huggingface/peft#2289",
+        "huggingface/peft#2252",
+        "huggingface/peft#2038",
+    ],
     "roundtrip-keys": ["huggingface/peft#3282"],
     "roundtrip-merge": ["huggingface/peft#2489"],
-    "adapter-config-from-newer-peft": [],
+    "roundtrip-unmerge": [],
+    # An adapter saved by a newer peft: its config names an option the older peft does not know. Before peft's
+    # forward-compatible configs (PR #2038) that is this error; after it, a warning, and the option is dropped.
+    "adapter-config-from-newer-peft": ["huggingface/peft#1650", "huggingface/peft#2038"],
     # A resume that raises reading the checkpoint's RNG state: not the silent failure, but no resume either.
     "resume-rng-state-unreadable": [],
 }
@@ -160,6 +168,14 @@ UPSTREAM_HISTORY: dict[str, list[tuple[str, str, str, str]]] = {
         ("peft", "0.20.0", "peft#3282: saving adapter 'a' no longer writes in the tensors of adapter 'a_b'", "ends"),
     ],
     "roundtrip-load": [
+        (
+            "peft",
+            "0.15.0",
+            "peft PR #2038 (configs made forward compatible): an older peft drops the options it does not know, "
+            "with a warning, and loads the rest, which 'could lead to wrong results'; trainable tokens are new in "
+            "0.15.0, so a 0.15.0 trainable-tokens adapter loads on 0.14.0 without its tokens",
+            "ends",
+        ),
         (
             "peft",
             "0.21.0",

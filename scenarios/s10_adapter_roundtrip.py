@@ -49,6 +49,7 @@ SPEC = {
         "huggingface/peft#2289",
         "huggingface/peft#2252",
         "huggingface/peft#2195",
+        "huggingface/peft#2038",
     ],
     "world_size": 1,
     "device": "any",

@@ -108,3 +108,75 @@ def test_a_real_two_stack_grid_and_its_resume(tmp_path: Path) -> None:
     _, pairs_again, saves_again = adapter_grid.read_run(run)
     strip = lambda rows: sorted((r.get("pair") or r["config_id"], r["outcome"], r.get("signature")) for r in rows)  # noqa: E731
     assert strip(pairs_again) == strip(pairs) and strip(saves_again) == strip(saves)
+
+
+def test_the_sweep_names_the_release_by_moving_each_package_alone_and_reuses_its_probes(tmp_path: Path) -> None:
+    """A load-side flip between days that differ in peft and torch: torch moved alone keeps the failure, peft moved
+    alone heals it, and the sweep of peft's releases names the first release that heals (0.11.2), with the probe
+    behind both of its releases; a second pass measures nothing again."""
+    from harness.tools.adapter_grid import Day
+    from harness.tools.adapter_grid_sweep import Sweeper, grouped
+
+    a, b, c = DAYS
+    run = _run(tmp_path, [("head", a, b, "fail"), ("head", a, c, "pass"), ("head", b, b, "fail"),
+                          ("head", b, c, "pass")], [])  # fmt: skip
+    meta = json.loads((run / "meta.json").read_text())
+    meta["days"][c]["torch"] = "2.5.0"
+    (run / "meta.json").write_text(json.dumps(meta))
+    measured: list[tuple[str, str]] = []
+
+    class Fake(Sweeper):
+        def _env(self, before_day: str, after_day: str, package: str, version: str) -> tuple[Day, str, str]:
+            return Day(f"{package}-{version}", Path(sys.executable), {package: version}), "older-dependencies", ""
+
+        def _measure(self, flips: list, env: Day) -> dict:
+            package, version = env.cell_id.split("-")
+            measured.append((package, version))
+            heals = package == "peft" and version not in ("0.11.0", "0.11.1")
+            return {"states": {f.key: "pass" if heals else "check-roundtrip-load" for f in flips}, "loads": []}
+
+    sweeper = Fake(run, tmp_path / "store", stream=open(tmp_path / "log", "w"))
+    sweeper.releases = lambda package, old, new, python: ["0.11.0", "0.11.1", "0.11.2", "0.12.0"]
+    (flip,) = grouped(adapter_grid.flips(sweeper.meta, sweeper.pairs))
+    assert (flip.direction, flip.fixed_days) == ("load", (a, b))
+    assert (flip.before, flip.after) == ("check-roundtrip-load", "pass")
+    sweeper.name([flip])
+    (named,) = json.loads((run / "sweep.json").read_text())["flips"]
+    assert named["moves"] == {"torch": "check-roundtrip-load", "peft": "pass"}
+    assert named["reproducing"] == ["peft"]
+    assert (named["release"], named["last_release_before"]) == ("0.11.2", "0.11.1")
+    assert [(c["direction"], c["release"]) for c in named["changes"]] == [("ended", "0.11.2")]
+    assert sorted(measured) == [("peft", v) for v in ("0.11.0", "0.11.1", "0.11.2", "0.12.0")] + [("torch", "2.5.0")]
+    again = Fake(run, tmp_path / "store", stream=open(tmp_path / "log", "w"))
+    again.releases = sweeper.releases
+    measured.clear()
+    again.name([flip])
+    assert measured == []  # every probe is read back from sweep.json
+    text = adapter_grid.render(tmp_path)
+    assert "peft 0.11.2: ended with peft 0.11.2 (0.11.1 before it: check-roundtrip-load)" in text, text
+    assert "moved alone: peft pass, torch check-roundtrip-load" in text
+
+
+def test_a_flip_no_single_move_gives_is_not_named(tmp_path: Path) -> None:
+    from harness.tools.adapter_grid import Day
+    from harness.tools.adapter_grid_sweep import Sweeper, grouped
+
+    a, b, c = DAYS
+    run = _run(tmp_path, [("head", a, b, "fail"), ("head", a, c, "pass")], [])
+    meta = json.loads((run / "meta.json").read_text())
+    meta["days"][c]["torch"] = "2.5.0"
+    (run / "meta.json").write_text(json.dumps(meta))
+
+    class Fake(Sweeper):
+        def _env(self, before_day: str, after_day: str, package: str, version: str) -> tuple[Day, str, str]:
+            return Day(f"{package}-{version}", Path(sys.executable), {}), "older-dependencies", ""
+
+        def _measure(self, flips: list, env: Day) -> dict:  # only both together heal: neither move alone does
+            return {"states": {f.key: "error" if env.cell_id.startswith("torch") else "check-roundtrip-load"
+                               for f in flips}, "loads": []}  # fmt: skip
+
+    sweeper = Fake(run, tmp_path / "store", stream=open(tmp_path / "log", "w"))
+    sweeper.name(grouped(adapter_grid.flips(sweeper.meta, sweeper.pairs)))
+    (named,) = json.loads((run / "sweep.json").read_text())["flips"]
+    assert named["reproducing"] == [] and "release" not in named
+    assert "not named: no package moved alone gives it" in adapter_grid.render(tmp_path)

@@ -123,6 +123,7 @@ def document(results_dir: Path) -> dict[str, Any] | None:
     cell = {(p["config_id"], p["saved_on"], p["loaded_on"]): p for p in pairs}
     saved = {(s["config_id"], s["day"]): s for s in saves}
     found = flips(meta, pairs)
+    swept = read_sweep(run)
     label = {d: f"{d.split('date-')[-1]} (peft {meta['days'][d].get('peft', '?')})" for d in days}
     shown = []
     for feature in features(meta):
@@ -135,7 +136,7 @@ def document(results_dir: Path) -> dict[str, Any] | None:
             "words": feature_words(config, seed),
             "rows": rows,
             "errors": [f"E {sig}: {example}" for sig, example in sorted(errors.items())],
-            "flips": _flip_lines([f for f in found if f.feature == feature], label),
+            "flips": _flip_lines([f for f in found if f.feature == feature], label, swept),
         })  # fmt: skip
     return {"run": run.name, "loads": len(pairs), "saves": len(saves), "days": [label[d] for d in days],
             "columns": [d.split("date-")[-1][2:] for d in days], "features": shown}  # fmt: skip
@@ -185,26 +186,76 @@ def _cell(pair: dict[str, Any] | None, save: dict[str, Any] | None, errors: dict
     return "E"
 
 
-def _flip_lines(mine: list[Flip], short: dict[str, str]) -> list[str]:
+def read_sweep(run: Path) -> dict[str, dict[str, Any]]:
+    """The run's flips as `adapters-grid --sweep` named them (sweep.json), by flip key; empty where not swept."""
+    path = run / "sweep.json"
+    if not path.is_file():
+        return {}
+    return {entry["key"]: entry for entry in json.loads(path.read_text()).get("flips", [])}
+
+
+def _flip_lines(mine: list[Flip], short: dict[str, str], swept: dict[str, dict[str, Any]] | None = None) -> list[str]:
     if not mine:
         return ["No flip: every row and every column measured holds one outcome."]
+    swept = swept or {}
     grouped: dict[tuple[str, str, str, str, str], list[str]] = {}
     for flip in mine:
         key = (flip.direction, flip.before_day, flip.after_day, flip.before, flip.after)
         grouped.setdefault(key, []).append(flip.fixed_day)
-    out = ["Flips (each between two measured neighbours; the releases that differ between the two days are named, "
-           "not yet which of them):"]  # fmt: skip
+    feature = mine[0].feature
+    named = [swept.get("|".join((feature, *key))) for key in grouped]
+    if any(named):
+        out = ["Flips (each between two measured neighbours, then named at release resolution: each package that "
+               "differs moved alone over the older day's stack, and the releases of the one that reproduces the flip "
+               "swept, `adapters-grid --sweep`):"]  # fmt: skip
+    else:
+        out = ["Flips (each between two measured neighbours; the releases that differ between the two days are "
+               "named, not yet which of them):"]  # fmt: skip
     for (direction, a, b, before, after), fixed in sorted(grouped.items()):
         change = next(f.changed for f in mine if (f.direction, f.before_day, f.after_day) == (direction, a, b))
         what = f"{before} → {after}"
         days = ", ".join(short[d].split(" ")[0] for d in sorted(fixed))
+        entry = swept.get("|".join((feature, direction, a, b, before, after)))
+        where = sweep_words(entry, before, after) if entry else f"({'; '.join(change) or 'no package differs'})"
         if direction == "load":
-            out.append(f"- loaded on {short[b]} instead of {short[a]}: {what}, for adapters saved on {days} "
-                       f"({'; '.join(change) or 'no package differs'})")  # fmt: skip
+            out.append(f"- loaded on {short[b]} instead of {short[a]}: {what}, for adapters saved on {days}: {where}")
         else:
-            out.append(f"- saved on {short[b]} instead of {short[a]}: {what}, when loaded on {days} "
-                       f"({'; '.join(change) or 'no package differs'})")  # fmt: skip
+            out.append(f"- saved on {short[b]} instead of {short[a]}: {what}, when loaded on {days}: {where}")
     return out
+
+
+def sweep_words(entry: dict[str, Any], before: str, after: str) -> str:
+    """What the sweep measured for one flip, in a sentence: the release and the upstream record, or why none."""
+    moves = entry.get("moves") or {}
+    moved = ", ".join(f"{p} {s}" for p, s in moves.items())
+    reproducing = entry.get("reproducing") or []
+    if len(reproducing) != 1:
+        why = "no package moved alone gives it" if not reproducing else f"{', '.join(reproducing)} each alone give it"
+        return f"not named: {why} (moved alone: {moved})"
+    package = reproducing[0]
+    changes = entry.get("changes") or []
+    timeline = " · ".join(f"{c['direction']} with {package} {c['release']} ({c['last_before']} before it: "
+                          f"{c['before']})" for c in changes)  # fmt: skip
+    if not entry.get("release"):
+        return f"{package} alone gives it; {entry.get('note') or timeline or 'the sweep found no change'}"
+    said = f"{package} {entry['release']}: {timeline} (each package moved alone: {moved})"
+    stepped = entry.get("stepped_over") or []
+    if stepped:
+        said += f"; no evidence at {', '.join(stepped)}"
+    return said + _upstream_words(package, entry["release"], before, after)
+
+
+def _upstream_words(package: str, release: str, before: str, after: str) -> str:
+    from scenarios.failure_names import upstream_change
+
+    if before != "pass" and after != "pass":
+        return ""  # one failure for another: no upstream record is of that direction
+    failure, newer = (after, "target") if after != "pass" else (before, "not-reproduced")
+    known = upstream_change(failure, newer, (package, release))
+    if known is None:
+        return "; no upstream record names this change"
+    agrees = (known["package"], known["release"]) == (package, release)
+    return f"; upstream: {known['source']} ({'agrees' if agrees else 'differs: ' + known['release']})"
 
 
 def write(results_dir: Path) -> Path | None:

@@ -127,6 +127,25 @@ def run_grid(
     return out
 
 
+def day_environment(meta: dict[str, Any], cell_id: str) -> Day:
+    """One of a grid run's days, in its own environment (reused where built; built again where it is gone)."""
+    from harness.define.cells import expand
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions, default_envs_dir, ensure_env
+    from harness.paths import MATRIX_DIR
+    from harness.versions.releases import resolve_axes
+
+    dates = [_day(c) for c in meta.get("order") or sorted(meta["days"])]
+    profile, _ = resolve_axes(load_profile(meta.get("profile") or "history", MATRIX_DIR), recorded={"date": dates})
+    cell = next((c for c in expand(profile) if c.cell_id == cell_id), None)
+    if cell is None:
+        raise UsageError(f"{cell_id} is not a day of profile {profile.name!r} as the grid run resolved it")
+    env = ensure_env(cell, profile, InstallOptions(envs_dir=default_envs_dir()))
+    if env.python is None:
+        raise UsageError(f"{cell_id}: no environment ({env.failure})")
+    return Day(cell_id, env.python, dict(env.versions))
+
+
 def _atlas_days(results_dir: Path, profile_name: str) -> dict[str, list[str]] | None:
     """The days the newest committed run of the profile resolved (the atlas's own days, not today's index)."""
     metas = sorted((results_dir / "runs").glob(f"{profile_name}-*/meta.json"))
