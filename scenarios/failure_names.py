@@ -166,6 +166,14 @@ UPSTREAM_HISTORY: dict[str, list[tuple[str, str, str, str]]] = {
     ],
     "roundtrip-keys": [
         ("peft", "0.20.0", "peft#3282: saving adapter 'a' no longer writes in the tensors of adapter 'a_b'", "ends"),
+        (
+            "peft",
+            "0.21.0",
+            "peft PR #3490 (issue #3433), its save side: the state dict of a modules_to_save module named with the "
+            "method prefix ('lora_head') no longer over-selects keys the load cannot place (the save-side cause PR "
+            "#3474 named)",
+            "ends",
+        ),
     ],
     "roundtrip-load": [
         (

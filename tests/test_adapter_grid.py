@@ -180,3 +180,40 @@ def test_a_flip_no_single_move_gives_is_not_named(tmp_path: Path) -> None:
     (named,) = json.loads((run / "sweep.json").read_text())["flips"]
     assert named["reproducing"] == [] and "release" not in named
     assert "not named: no package moved alone gives it" in adapter_grid.render(tmp_path)
+
+
+def test_a_save_side_probe_judges_each_flip_by_its_own_adapter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two save-side flips of one interval load their probe-saved adapters on the same day, into one file of lines:
+    each flip is judged by its own adapter's line (the other's pass does not stand for its failure)."""
+    from harness.tools import adapter_grid_sweep
+    from harness.tools.adapter_grid import Day
+    from harness.tools.adapter_grid_sweep import GridFlip, Sweeper
+
+    _, b, c = DAYS
+    run = _run(tmp_path, [], [])
+    env = Day("sweep-peft-0.12.0-on-2024-06-01-older", Path(sys.executable), {"peft": "0.12.0"})
+
+    def saved(day: Day, phase: str, job: dict, store: Path) -> float:
+        folder = store / "saved" / day.cell_id
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "saves.jsonl").write_text("".join(json.dumps({"config_id": f, "outcome": "saved"}) + "\n"
+                                                    for f in job["configs"]))  # fmt: skip
+        return 0.0
+
+    outcomes = {"seed": "pass", "head": "fail"}
+
+    class Fake(Sweeper):
+        def _day_env(self, day: str) -> Day:
+            return Day(day, Path(sys.executable), {})
+
+        def _load(self, env: Day, label: str, wanted: list, configs: dict, store: Path) -> list[dict]:
+            return [{"pair": f"{s}|{f}", "saved_on": s, "config_id": f, "outcome": outcomes[f],
+                     **({"signature": "check-roundtrip-save"} if outcomes[f] == "fail" else {})}
+                    for s, f in [(env.cell_id.split("-loaded-on-")[0], "seed"), (wanted[0][0], "head")]]  # fmt: skip
+
+    monkeypatch.setattr(adapter_grid_sweep, "_phase", saved)
+    sweeper = Fake(run, tmp_path / "store", stream=open(tmp_path / "log", "w"))
+    flips = [GridFlip(f, "save", b, c, "check-roundtrip-save", "pass", (c,)) for f in ("seed", "head")]
+    found = sweeper._measure(flips, env)
+    assert found["states"] == {flips[0].key: "pass", flips[1].key: "check-roundtrip-save"}
+    assert [line["pair"] for line in found["loads"]] == [f"{env.cell_id}|seed", f"{env.cell_id}|head"]

@@ -246,16 +246,25 @@ def sweep_words(entry: dict[str, Any], before: str, after: str) -> str:
 
 
 def _upstream_words(package: str, release: str, before: str, after: str) -> str:
+    """The upstream records of the change: the failure that ends (its 'ends' record), the one that shows from then
+    on (its 'appears' record); each agrees where it names the same package and release."""
     from scenarios.failure_names import upstream_change
 
-    if before != "pass" and after != "pass":
-        return ""  # one failure for another: no upstream record is of that direction
-    failure, newer = (after, "target") if after != "pass" else (before, "not-reproduced")
-    known = upstream_change(failure, newer, (package, release))
-    if known is None:
+    found = []
+    if before != "pass":
+        found.append(upstream_change(before, "not-reproduced", (package, release)))
+    if after != "pass":
+        found.append(upstream_change(after, "target", (package, release)))
+    known = [k for k in found if k is not None]
+    if not known:
         return "; no upstream record names this change"
-    agrees = (known["package"], known["release"]) == (package, release)
-    return f"; upstream: {known['source']} ({'agrees' if agrees else 'differs: ' + known['release']})"
+
+    def verdict(k: dict[str, str]) -> str:
+        same = (k["package"], k["release"]) == (package, release)
+        return "agrees" if same else f"differs: {k['package']} {k['release']}"
+
+    words = [f"{k['source']} ({verdict(k)})" for k in known]
+    return "; upstream: " + "; ".join(words)
 
 
 def write(results_dir: Path) -> Path | None:

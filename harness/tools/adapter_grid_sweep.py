@@ -184,8 +184,10 @@ class Sweeper:
             day = self._day_env(loaded_on)
             label = Day(f"{env.cell_id}-loaded-on-{_date(loaded_on)}", day.python, day.versions)
             lines = self._load(label, label.cell_id, [(env.cell_id, flip.feature)], configs, sweep_store)
-            states[flip.key] = _common(lines[:1])
-            loads += [_short(e) | {"loaded_on": loaded_on} for e in lines]
+            # the load day's file holds every feature this probe loaded there: this flip's line only
+            mine = [e for e in lines if (e["saved_on"], e["config_id"]) == (env.cell_id, flip.feature)]
+            states[flip.key] = _common(mine)
+            loads += [_short(e) | {"loaded_on": loaded_on} for e in mine]
         return {"states": states, "loads": loads}
 
     def _load(self, env: Day, label: str, wanted: list[tuple[str, str]], configs: dict[str, Any],
@@ -289,7 +291,7 @@ def sweep_grid(run_id: str, results_dir: Path, stream: Any = sys.stdout) -> Path
     began = time.monotonic()
     for key in sorted(intervals, key=lambda k: (k[1], k[0])):
         sweeper.name(intervals[key])
-    sweeper.doc["minutes"] = round(sweeper.doc.get("minutes", 0.0) + (time.monotonic() - began) / 60, 1)
+    sweeper.doc["last_invocation_minutes"] = round((time.monotonic() - began) / 60, 1)
     sweeper._write()
     return sweeper.path
 
