@@ -154,9 +154,9 @@ def render(results_dir: Path) -> str | None:
         "days). Each S10 seed adapter is saved on a day (`save_pretrained` in that day's environment) and loaded on "
         "every later day and on the day before (`PeftModel.from_pretrained`, then `load_adapter`), each load judged "
         "on its load day against the base with the saved file's tensors applied by the formulas in float64. A cell: "
-        "`✓` holds (at the round-off floor); `✗ load 0.97x` the leg that failed (save, load, keys, merge) and how far "
-        "off it is, of the adapter's effect on the logits; `E` an error (named below the grid); `n/a` the feature "
-        "does not exist on the saving day's peft; blank: not measured. Rows: saved on; columns: loaded on.",
+        "`✓` holds (at the round-off floor); `✗ load 0.97x` the leg that failed (save, load, keys, merge, unmerge) and "
+        "how far off it is, of the adapter's effect on the logits; `E` an error (named below the grid); `n/a` the "
+        "feature does not exist on the saving day's peft; blank: not measured. Rows: saved on; columns: loaded on.",
         "",
     ]
     for feature in found["features"]:
