@@ -253,10 +253,8 @@ def _unmerge_leg(unmerged: Any, base: Any, base_rounded: Any, effect: dict[str, 
     """The loaded model merged, unmerged and run with its adapters disabled, against the base in float64. The scale is
     the adapter's effect (what is left of the adapter, in its own units); the floor is the larger of the base's and
     the adapted model's float32 round-off, since the merge adds and the unmerge subtracts at the adapted weights'."""
-    comparison = identities.compare({"logits": unmerged}, {"logits": base}, {"logits": base_rounded}, effect)
-    comparison["floor"] = max(comparison["floor"], adapted_floor)
-    comparison["tolerance"] = identities.FLOOR_MARGIN * max(comparison["floor"], 1e-12 * comparison["update_scale"])
-    return comparison
+    return identities.compare({"logits": unmerged}, {"logits": base}, {"logits": base_rounded}, effect,
+                              floor_at_least=adapted_floor)  # fmt: skip
 
 
 def _fail(leg: str, comparison: dict[str, Any], adapter: str, metrics: dict[str, Any]) -> None:

@@ -34,6 +34,34 @@ class Flip:
     changed: tuple[str, ...]  # "peft 0.13.0 -> 0.14.0", ...
 
 
+@dataclass(frozen=True)
+class GridFlip:
+    """One flip of the grid with every fixed day it holds for: the same feature, direction, days and outcomes (how
+    the page lists it, and what `adapters-grid --sweep` names, under `key`)."""
+
+    feature: str
+    direction: str
+    before_day: str
+    after_day: str
+    before: str
+    after: str
+    fixed_days: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return "|".join((self.feature, self.direction, self.before_day, self.after_day, self.before, self.after))
+
+
+def grouped(found: list[Flip]) -> list[GridFlip]:
+    """The grid's flips with their fixed days together (a load-side flip of one feature for every adapter it holds
+    for; a save-side one for every load day)."""
+    days: dict[tuple[str, ...], list[str]] = {}
+    for flip in found:
+        key = (flip.feature, flip.direction, flip.before_day, flip.after_day, flip.before, flip.after)
+        days.setdefault(key, []).append(flip.fixed_day)
+    return [GridFlip(*key, fixed_days=tuple(sorted(fixed))) for key, fixed in days.items()]
+
+
 def newest_run(results_dir: Path) -> Path | None:
     runs = sorted(p.parent for p in (results_dir / FOLDER).glob("*/meta.json"))
     done = [r for r in runs if json.loads((r / "meta.json").read_text()).get("status") == "done"]
@@ -198,26 +226,24 @@ def _flip_lines(mine: list[Flip], short: dict[str, str], swept: dict[str, dict[s
     if not mine:
         return ["No flip: every row and every column measured holds one outcome."]
     swept = swept or {}
-    grouped: dict[tuple[str, str, str, str, str], list[str]] = {}
-    for flip in mine:
-        key = (flip.direction, flip.before_day, flip.after_day, flip.before, flip.after)
-        grouped.setdefault(key, []).append(flip.fixed_day)
-    feature = mine[0].feature
-    named = [swept.get("|".join((feature, *key))) for key in grouped]
-    if any(named):
+    together = sorted(grouped(mine), key=lambda g: (g.direction, g.before_day, g.after_day, g.before, g.after))
+    if any(g.key in swept for g in together):
         out = ["Flips (each between two measured neighbours, then named at release resolution: each package that "
                "differs moved alone over the older day's stack, and the releases of the one that reproduces the flip "
                "swept, `adapters-grid --sweep`):"]  # fmt: skip
     else:
         out = ["Flips (each between two measured neighbours; the releases that differ between the two days are "
                "named, not yet which of them):"]  # fmt: skip
-    for (direction, a, b, before, after), fixed in sorted(grouped.items()):
-        change = next(f.changed for f in mine if (f.direction, f.before_day, f.after_day) == (direction, a, b))
-        what = f"{before} → {after}"
-        days = ", ".join(short[d].split(" ")[0] for d in sorted(fixed))
-        entry = swept.get("|".join((feature, direction, a, b, before, after)))
-        where = sweep_words(entry, before, after) if entry else f"({'; '.join(change) or 'no package differs'})"
-        if direction == "load":
+    for flip in together:
+        a, b = flip.before_day, flip.after_day
+        change = next(f.changed for f in mine if (f.direction, f.before_day, f.after_day) == (flip.direction, a, b))
+        what = f"{flip.before} → {flip.after}"
+        days = ", ".join(short[d].split(" ")[0] for d in flip.fixed_days)
+        entry = swept.get(flip.key)
+        where = (
+            sweep_words(entry, flip.before, flip.after) if entry else f"({'; '.join(change) or 'no package differs'})"
+        )
+        if flip.direction == "load":
             out.append(f"- loaded on {short[b]} instead of {short[a]}: {what}, for adapters saved on {days}: {where}")
         else:
             out.append(f"- saved on {short[b]} instead of {short[a]}: {what}, when loaded on {days}: {where}")

@@ -22,43 +22,18 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
 from harness.publishing import adapter_grid as grid
+from harness.publishing.adapter_grid import GridFlip, grouped
 from harness.tools import flip_search
 from harness.tools.adapter_grid import FOLDER, Day, _lines, _phase
+from harness.tools.adapter_grid import _day as _date
 
 SWEEP_FILE = "sweep.json"
-
-
-@dataclass(frozen=True)
-class GridFlip:
-    """One flip of the grid with every fixed day it holds for: the same feature, direction, days and outcomes."""
-
-    feature: str
-    direction: str
-    before_day: str
-    after_day: str
-    before: str
-    after: str
-    fixed_days: tuple[str, ...]
-
-    @property
-    def key(self) -> str:
-        return "|".join((self.feature, self.direction, self.before_day, self.after_day, self.before, self.after))
-
-
-def grouped(found: list[grid.Flip]) -> list[GridFlip]:
-    """The grid's flips with their fixed days together (a load-side flip of one feature for every adapter it holds
-    for; a save-side one for every load day)."""
-    days: dict[tuple[str, ...], list[str]] = {}
-    for flip in found:
-        key = (flip.feature, flip.direction, flip.before_day, flip.after_day, flip.before, flip.after)
-        days.setdefault(key, []).append(flip.fixed_day)
-    return [GridFlip(*key, fixed_days=tuple(sorted(fixed))) for key, fixed in days.items()]
 
 
 def evidence(raw: str | None, flip: GridFlip) -> str:
@@ -88,7 +63,7 @@ class Sweeper:
         from harness.paths import MATRIX_DIR
 
         self.run, self.store, self.stream = run, store, stream
-        self.meta, self.pairs, self.saves = grid.read_run(run)
+        self.meta, self.pairs, _ = grid.read_run(run)
         self.history = load_profile(self.meta.get("profile") or "history", MATRIX_DIR)
         self.path = run / SWEEP_FILE
         self.doc: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}
@@ -228,7 +203,7 @@ class Sweeper:
                 self._sweep(mine, package, old, new, named)
         results = {entry["key"]: entry for entry in self.doc.get("flips", [])}
         for flip in flips:
-            results[flip.key] = {"key": flip.key, **_flip_json(flip), **named[flip.key]}
+            results[flip.key] = {"key": flip.key, **asdict(flip), **named[flip.key]}
         self.doc["flips"] = sorted(results.values(), key=lambda e: e["key"])
         self._write()
 
@@ -310,10 +285,6 @@ def _change(package: str, change: flip_search.Change, raw: dict[str, str]) -> di
             "after": after, "stepped_over": change.stepped_over, "direction": direction}  # fmt: skip
 
 
-def _date(cell_id: str) -> str:
-    return cell_id.split("date-", 1)[-1][:10]
-
-
 def _common(lines: list[dict[str, Any] | None]) -> str:
     """The outcome every adapter of a flip gave at one probe, or 'mixed' / 'missing' (no evidence)."""
     if not lines or any(e is None for e in lines):
@@ -327,9 +298,3 @@ def _short(entry: dict[str, Any]) -> dict[str, Any]:
     return {"pair": entry["pair"], "outcome": entry["outcome"], "signature": entry.get("signature"),
             "check": entry.get("check"), "off_by": metrics.get("off_by"),
             "message": str(entry.get("message", ""))[:300]}  # fmt: skip
-
-
-def _flip_json(flip: GridFlip) -> dict[str, Any]:
-    return {"feature": flip.feature, "direction": flip.direction, "before_day": flip.before_day,
-            "after_day": flip.after_day, "before": flip.before, "after": flip.after,
-            "fixed_days": list(flip.fixed_days)}  # fmt: skip

@@ -182,17 +182,19 @@ def compare(
     rounded: dict[str, Any],
     scale_of: dict[str, Any],
     rounded_of: dict[str, Any] | None = None,
+    floor_at_least: float = 0.0,
 ) -> dict:
     """How far `run` is from the float64 `reference` (by name), against the round-off floor (`rounded`: the same hand
-    computation in float32, or the float32 computation of `rounded_of` where that is what ran in float32) and the size
-    of what is compared (`scale_of`: the reference update, or the adapter's effect). Every name of the reference must
-    be in the run: a missing one is a bug of the scenario, not a result."""
+    computation in float32, or the float32 computation of `rounded_of` where that is what ran in float32; at least
+    `floor_at_least` where the run rounded at another computation's scale too) and the size of what is compared
+    (`scale_of`: the reference update, or the adapter's effect). Every name of the reference must be in the run: a
+    missing one is a bug of the scenario, not a result."""
     missing = sorted(set(reference) - set(run))
     if missing:
         raise RuntimeError(f"the run has no {missing[:3]} ({len(missing)} of {len(reference)} compared tensors)")
     discrepancy = max(float((run[n].double() - reference[n]).abs().max()) for n in reference)
     exact = reference if rounded_of is None else rounded_of
-    floor = max(float((rounded[n].double() - exact[n]).abs().max()) for n in reference)
+    floor = max(floor_at_least, *(float((rounded[n].double() - exact[n]).abs().max()) for n in reference))
     scale = max(float(scale_of[n].double().abs().max()) for n in scale_of)
     if scale == 0.0:
         raise RuntimeError("the reference changes nothing: this identity cannot tell a right run from a wrong one")
