@@ -65,6 +65,30 @@ SPEC = {
     "flips_per_config": True,
     # No setup key: a file saved and loaded is the same file under the Trainer, a loop by hand, or any engine; the
     # adapter kind comes from the config.
+    # What sets a failing config apart, in words a user can check on their own model (the judge's "applies if").
+    "details": {
+        "modules_to_save=True": "a modules_to_save head",
+        "embed=True": "a LoRA on the embedding",
+        "head=True": "a LoRA on the output layer",
+        "trainable_tokens=True": "trainable tokens",
+        "lora_bias=True": "lora_bias=True",
+        "rslora=True": "use_rslora=True",
+        "adapters": "adapters named {value}",
+        "names.extra": "the modules_to_save head is named {value}",
+        "names.q": "a LoRA target is named {value}",
+        "names.v": "a LoRA target is named {value}",
+        "names.o": "a layer is named {value}",
+        "names.up": "a layer is named {value}",
+        "names.layers": "the blocks' container is named {value}",
+        "names.embed": "the embedding is named {value}",
+        "names.head": "the output layer is named {value}",
+        "model=llama": "",
+        "load=load_adapter": "loaded with load_adapter",
+        "targets=regex": "targets given as a regex",
+        "targets=all-linear": "targets 'all-linear'",
+    },
+    #: Words peft writes into its keys: a module name that contains one is said to.
+    "reserved_words": ["lora_", "base_layer", "weight", "modules_to_save", "default"],
 }
 
 SEED: dict[str, Any] = {

@@ -29,6 +29,7 @@ SPEC = {
     "title": "LoRA + SGD: applied update vs lr * grad, and the factor c a gradient hook sees",
     "known_issues": ["huggingface/peft#1893", "pytorch/pytorch#76464"],
     "world_size": 1,
+    "setup": {"adapter": "lora", "loop": "hand"},
     "device": "any",
     "requires": ["torch", "transformers", "peft"],
     # Every variant is a measurement (not a fix), so drawn configs run them all, failing or not.

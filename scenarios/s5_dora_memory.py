@@ -56,6 +56,7 @@ SPEC = {
         "huggingface/peft#2661",
     ],
     "world_size": 1,
+    "setup": {"adapter": "dora"},
     "device": "any",
     "requires": ["torch", "transformers", "peft"],
     # Every variant is a measurement (not a fix), so drawn configs run them all, failing or not.

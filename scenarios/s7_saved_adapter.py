@@ -74,6 +74,8 @@ SPEC = {
     "requires": ["torch", "transformers", "peft"],
     "target": ["check-saved_adapter_*"],
     "controls": [],
+    # A config's difference that is a condition on the user's own model (the judge's "applies if").
+    "details": {"modules_to_save": "a modules_to_save module ({value})"},
     "variants": {
         "baseline": ("baseline", "the config's engine and saving path, as its users write it"),
         "summon_full_params": ("fix", "FSDP1: save_pretrained inside FSDP.summon_full_params on every rank"),

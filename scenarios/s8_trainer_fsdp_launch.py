@@ -47,7 +47,7 @@ SPEC = {
     # would say nothing about this path, so CPU profiles skip it, saying why.
     "device": "cuda",
     # What every config of this scenario is, where a config does not say (the setup an advisory applies to).
-    "setup": {"engine": "fsdp1", "path": "trainer"},
+    "setup": {"engine": "fsdp1", "loop": "trainer"},
     # bitsandbytes only for the 4-bit configs (they end as not applicable where it is missing): a day whose
     # bitsandbytes cannot load still runs the LoRA configs.
     "requires": ["torch", "transformers", "peft", "accelerate"],

@@ -27,6 +27,7 @@ SPEC = {
     "title": "Training identity, one batch: the Trainer's update is the token mean's, against a float64 hand reference",
     "known_issues": ["huggingface/transformers#46204"],
     "world_size": 1,
+    "setup": {"loop": "trainer"},
     "device": "any",
     "requires": ["torch", "transformers", "peft"],
     "target": ["check-identity-batch"],

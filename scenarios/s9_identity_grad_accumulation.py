@@ -44,6 +44,8 @@ SPEC = {
     "requires": ["torch", "transformers", "peft", "accelerate"],
     "target": ["check-identity-accumulation"],
     "controls": [],
+    # A config's difference that is a condition on the user's own Trainer arguments (the judge's "applies if").
+    "details": {"smoothing": "label_smoothing_factor={value}", "accumulation": "gradient_accumulation_steps={value}"},
     "variants": {
         "baseline": ("baseline", "gradient accumulation as the path's users write it"),
         "window_token_mean": (

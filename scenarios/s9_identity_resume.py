@@ -39,6 +39,7 @@ SPEC = {
     "title": "Training identity, resume: stopped at a checkpoint, resumed in new processes, it ends where it should",
     "known_issues": ["huggingface/accelerate#4206", "huggingface/transformers#28320", "huggingface/transformers#28746"],
     "world_size": 2,
+    "setup": {"loop": "trainer"},
     "device": "any",
     "requires": ["torch", "transformers", "peft", "accelerate"],
     "target": ["check-identity-resume"],
@@ -56,8 +57,8 @@ SPEC = {
     # The fixes are settings of a user's accelerate config (fsdp_state_dict_type): `audit` clears the advisory for a
     # setup that already has the one the records show passing.
     "variant_setup": {
-        "full_state_dict_checkpoint": {"context": "full_state_dict"},
-        "sharded_state_dict_checkpoint": {"context": "sharded_state_dict"},
+        "full_state_dict_checkpoint": {"state_dict": "full_state_dict"},
+        "sharded_state_dict_checkpoint": {"state_dict": "sharded_state_dict"},
     },
 }
 

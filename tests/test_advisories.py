@@ -12,7 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from harness.publishing.knowledge import probe_records
+from harness.knowledge.selection import probe_records
 from harness.recording.packing import run_dirs
 from harness.recording.records import read_records
 from harness.tools import audit

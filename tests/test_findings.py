@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from harness.define.registry import discover
-from harness.publishing.atlas import newest_flips, upstream_verdict
-from harness.publishing.findings import accounts_for, findings_rows, load_all, still_seen
-from harness.publishing.report import select_runs
+from harness.knowledge.findings import load_all
+from harness.knowledge.flips import flips_of_runs as newest_flips
+from harness.knowledge.selection import select_runs
+from harness.publishing.atlas import upstream_verdict
+from harness.publishing.findings import accounts_for, findings_rows, still_seen
 from harness.tools import changed_code
 from harness.tools.findings import pinned_variant
 from tests.conftest import REPO_ROOT
@@ -71,7 +73,7 @@ def test_the_first_finding_points_at_the_changed_function() -> None:
 def test_every_flip_of_the_table_without_an_upstream_record_is_accounted_for() -> None:
     selection = select_runs(RESULTS)
     specs = {s.id: s.spec for s in discover()}
-    from harness.publishing.atlas import dated_verdicts, masking
+    from harness.knowledge.flips import dated_verdicts, masking
 
     findings = committed()
     records = selection.latest()[0]
@@ -131,7 +133,8 @@ def test_the_table_regenerates_findings_md() -> None:
 def test_a_finding_whose_flip_is_gone_moves_to_no_longer_seen(tmp_path: Path) -> None:
     import shutil
 
-    from harness.publishing.findings import findings_markdown, load_finding
+    from harness.knowledge.findings import load_finding
+    from harness.publishing.findings import findings_markdown
 
     results = tmp_path / "results"
     shutil.copytree(RESULTS / "findings" / FIRST, results / "findings" / FIRST)

@@ -157,8 +157,9 @@ def test_a_target_hidden_by_another_failure_is_shown_as_masked() -> None:
     2025-07-04) is no flip today and is set aside, and the one at 0.47.0 (2025-08-02 .. 2025-11-14) is a masking:
     no package is named as its cause and it is not judged against transformers 5.0.0."""
     from harness.define.registry import discover
-    from harness.publishing.atlas import dated_verdicts, flips_markdown, masking
-    from harness.publishing.report import latest_by_key
+    from harness.knowledge.flips import dated_verdicts, masking
+    from harness.knowledge.selection import latest_by_key
+    from harness.publishing.atlas import flips_markdown
     from harness.recording.records import read_records
     from harness.recording.signatures import rename_all
     from tests.conftest import REPO_ROOT

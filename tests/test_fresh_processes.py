@@ -12,7 +12,7 @@ import tarfile
 from collections import defaultdict
 
 from harness.define.registry import select
-from harness.publishing.report import select_runs
+from harness.knowledge.selection import select_runs
 from tests.conftest import REPO_ROOT
 
 RESULTS = REPO_ROOT / "results"

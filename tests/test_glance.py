@@ -7,8 +7,9 @@ from pathlib import Path
 
 from test_report import rec, write_run
 
+from harness.knowledge.selection import select_runs
 from harness.publishing.glance import ENTRY_LIMIT, column_labels
-from harness.publishing.report import render_markdown, select_runs
+from harness.publishing.report import render_markdown
 
 SPEC = {"target": ["t"], "variants": {"a_workaround": ["workaround"], "z_fix": ["fix"]}}
 

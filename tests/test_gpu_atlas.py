@@ -20,9 +20,10 @@ import pytest
 
 from harness.define.profile import load_profile
 from harness.errors import ProfileError
-from harness.publishing.atlas import dated_verdicts, held_torch, masking
+from harness.knowledge.flips import dated_verdicts, masking
+from harness.knowledge.selection import qualify_shared_cells
+from harness.publishing.atlas import held_torch
 from harness.publishing.device_compare import disagreements, disagreements_markdown
-from harness.publishing.report import qualify_shared_cells
 from harness.recording.signatures import classify
 from harness.recording.verdicts import verdict
 from harness.tools.flip_search import spread as _spread

@@ -1,4 +1,4 @@
-"""What the atlas knows, in one place (`harness/publishing/knowledge.py`): a config that fails on every release is a
+"""What the atlas knows, in one place (`harness/knowledge/`): a config that fails on every release is a
 pitfall of its setup, listed once and never counted as a version failure; lookup answers per setup, with the releases
 the flips and sweeps measured."""
 
@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.define import setup as vocabulary
 from harness.define.registry import discover
-from harness.publishing import knowledge
+from harness.knowledge import pitfalls as knowledge
+from harness.knowledge.evidence import device_class
+from harness.knowledge.flips import changes_for
+from harness.knowledge.selection import select_runs
 from harness.publishing.glance import glance_tables, pitfalls_markdown
-from harness.publishing.report import select_runs
 from harness.recording.flip import Flip
 from harness.tools.lookup import Context, answer, render, rows_of
 
@@ -91,7 +94,7 @@ def test_lookup_answers_per_setup_with_the_release_that_ends_it() -> None:
     found = knowledge.pitfalls(records, {S9W: SPEC})
     flip = Flip("2025-07-04", "2025-08-02", "target", "not-reproduced", {}, scenario=S9W, package="transformers",
                 release="4.54.0", last_release_before="4.53.3", config_ids=["trainer"], run_id="h")  # fmt: skip
-    changes = knowledge.changes_for([flip], {"h": "cpu"})
+    changes = changes_for([flip], {"h": "cpu"})
     context = Context(pitfalls=found, changes=changes)
     text = render(answer(rows_of(records), {"transformers": "4.53.0"}), {S9W: SPEC}, [S9W], context)
     assert "the Trainer · DDP · LoRA: FAILS (check-identity-world-size) on 1/1 configs" in text
@@ -128,7 +131,7 @@ def test_the_newest_glance_rows_count_no_config_that_fails_on_every_release() ->
                 same = [
                     r for r in [*records, *selection.probes]
                     if (r["scenario"], r["config_id"], r["variant"]) == (*key, "baseline")
-                    and knowledge.device_class(r) == knowledge.device_class(failing)
+                    and device_class(r) == device_class(failing)
                 ]  # fmt: skip
                 stacks = {tuple(sorted((r.get("versions") or {}).items())) for r in same if r["outcome"] == "fail"}
                 assert any(r["outcome"] != "fail" or r.get("signature") != failing["signature"] for r in same) or (
@@ -140,5 +143,5 @@ def test_the_newest_glance_rows_count_no_config_that_fails_on_every_release() ->
             }  # fmt: skip
     markdown = "\n".join(pitfalls_markdown(found, specs))
     for pitfall in found.values():
-        assert markdown.count(knowledge.setup_words(pitfall.config)) >= 1
+        assert markdown.count(vocabulary.words(vocabulary.setup_of(pitfall.config, specs.get(pitfall.scenario)))) >= 1
     assert len(markdown.splitlines()) == len(found) + 6  # each pitfall once

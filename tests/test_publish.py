@@ -10,8 +10,9 @@ import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from harness.knowledge.selection import Selection
 from harness.publishing.publish import build_matrix, write_junit, write_site
-from harness.publishing.report import Selection, render_markdown
+from harness.publishing.report import render_markdown
 from tests.conftest import REPO_ROOT, missing_component
 
 EVIL = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> | pipe & "quote"'
@@ -129,8 +130,8 @@ def test_glance_grid_and_picker_agree_with_matrix_json(tmp_path: Path) -> None:
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     from harness.define.registry import discover
+    from harness.knowledge.selection import select_runs
     from harness.publishing.growth import lately
-    from harness.publishing.report import select_runs
 
     document = build_matrix(select_runs(REPO_ROOT / "results"), None, {s.id: s.spec for s in discover()})
     document["lately"] = lately(REPO_ROOT / "results")
@@ -225,7 +226,7 @@ def test_the_answer_grid_reads_at_a_glance_on_a_laptop_window(tmp_path: Path) ->
     from selenium.webdriver.common.by import By
 
     from harness.define.registry import discover
-    from harness.publishing.report import select_runs
+    from harness.knowledge.selection import select_runs
 
     document = build_matrix(select_runs(REPO_ROOT / "results"), None, {s.id: s.spec for s in discover()})
     site = write_site(document, tmp_path / "site")

@@ -22,7 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.define.registry import discover
-from harness.publishing.report import Selection, render_markdown
+from harness.knowledge.selection import Selection
+from harness.publishing.report import render_markdown
 from harness.publishing.repro import render, repro_id, sync_repros
 
 TEXT = st.text(max_size=40)

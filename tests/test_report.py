@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.publishing.report import render_markdown, select_runs
+from harness.knowledge.selection import select_runs
+from harness.publishing.report import render_markdown
 
 
 def write_run(root: Path, run_id: str, profile: str, started: str, records: list[dict], **meta: object) -> None:
@@ -208,7 +209,8 @@ def test_not_applicable_counts_come_from_the_not_applicable_records() -> None:
 
 
 def test_the_published_not_applicable_line_matches_the_committed_records(repo_root: Path) -> None:
-    from harness.publishing.report import changed_at_run_line, select_runs
+    from harness.knowledge.selection import select_runs
+    from harness.publishing.report import changed_at_run_line
 
     records = select_runs(repo_root / "results").latest()[0]
     aside = [r for r in records if r.get("signature") == "not-applicable"]

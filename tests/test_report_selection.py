@@ -3,7 +3,7 @@ for a run made with `--config`, the newest per config it ran (a new config on ev
 
 from __future__ import annotations
 
-from harness.publishing.report import config_slices, newest_per_pair
+from harness.knowledge.selection import config_slices, newest_per_pair
 
 
 def _record(run: str, config: str, outcome: str) -> dict:

@@ -98,10 +98,11 @@ return JSON.stringify(CompatAudit.asJson(found));
 
 def site(tmp_path: Path) -> Path:
     from harness.define.registry import discover
+    from harness.knowledge.findings import load_all
+    from harness.knowledge.selection import select_runs
     from harness.publishing.adapter_grid import document as adapter_grid_document
-    from harness.publishing.findings import findings_rows, load_all
+    from harness.publishing.findings import findings_rows
     from harness.publishing.growth import lately
-    from harness.publishing.report import select_runs
 
     document = build_matrix(select_runs(RESULTS), None, {s.id: s.spec for s in discover()})
     # as publish() makes it: the findings (their "changed:" lists), what changed lately, the adapters grid

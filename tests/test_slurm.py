@@ -23,7 +23,7 @@ from harness.define.cells import expand
 from harness.define.profile import load_profile
 from harness.environments.envs import InstallOptions, default_envs_dir, ensure_env
 from harness.execution.launcher import LaunchSpec, WorkerSession
-from harness.publishing.report import select_runs
+from harness.knowledge.selection import select_runs
 from harness.recording.records import record_key
 from tests import slurm_cluster
 from tests.conftest import REPO_ROOT, missing_component

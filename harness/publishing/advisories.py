@@ -27,8 +27,10 @@ from typing import Any
 
 from packaging.version import Version
 
+from harness.define import setup as vocabulary
 from harness.define.packages import public_version
-from harness.publishing import knowledge
+from harness.knowledge import flips as knowledge
+from harness.knowledge.evidence import device_class
 from harness.recording.flip import Flip
 from harness.recording.verdicts import variant_kinds
 from scenarios.failure_names import family as failure_family
@@ -119,7 +121,7 @@ def _advisory(
 ) -> dict[str, Any]:
     spec = specs.get(scenario) or {}
     family = failure_family(entry["signature"])
-    on_device = [r for r in records if r["scenario"] == scenario and knowledge.device_class(r) == device]
+    on_device = [r for r in records if r["scenario"] == scenario and device_class(r) == device]
     # A flip stored without its configs stands for the configs whose records show its failure there.
     configs = sorted(entry["configs"]) or sorted(
         {r["config_id"] for r in on_device if r["outcome"] == "fail" and failure_family(r.get("signature")) == family}
@@ -177,8 +179,10 @@ def _advisory(
         evidence.append({"package": package, "events": notes})
     base = [r for r in mine if r["variant"] == "baseline"]
     apart = _apart(scenario, on_device, configs)
-    setups = sorted({knowledge.setup_words(r.get("config"), spec) + apart.get(r["config_id"], "") for r in base})
-    keys = sorted({json.dumps(knowledge.setup_of(r.get("config"), spec), sort_keys=True) for r in base})
+    setups = sorted({vocabulary.config_words(r.get("config"), spec) + apart.get(r["config_id"], "") for r in base})
+    keys = sorted(
+        {json.dumps(vocabulary.narrowing(vocabulary.setup_of(r.get("config"), spec)), sort_keys=True) for r in base}
+    )
     signature = entry["signature"]
     off = [float(x) for r in mine if isinstance(x := (r.get("metrics") or {}).get("off_by"), int | float)
            and r["outcome"] == "fail"]  # fmt: skip
@@ -268,7 +272,7 @@ def _apart(scenario: str, records: list[dict[str, Any]], configs: list[str]) -> 
     found = {}
     for config_id in configs:
         own = every.get(config_id, {})
-        odd = [f"{k}={own[k]}" for k in sorted(own) if k not in knowledge.SETUP_KEYS
+        odd = [f"{k}={own[k]}" for k in sorted(own) if not vocabulary.is_setup_key(k)
                and json.dumps(own[k], sort_keys=True) != common.get(k)]  # fmt: skip
         found[config_id] = f" with {', '.join(odd)}" if 0 < len(odd) <= 3 else ""
     return found
@@ -277,7 +281,7 @@ def _apart(scenario: str, records: list[dict[str, Any]], configs: list[str]) -> 
 def _finding_runs(folder: Path) -> dict[str, list[dict[str, Any]]]:
     """release -> the finding's newest verification run at it, as evidence: its reproducer's exit (1: the failure,
     0: it holds) with the versions its processes imported."""
-    from harness.publishing.findings import load_finding
+    from harness.knowledge.findings import load_finding
 
     finding = load_finding(folder)
     found: dict[str, list[dict[str, Any]]] = {}

@@ -3,18 +3,16 @@ target outcome, fixes marked, flips labelled) and the "what changed it" list fro
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES, public_version, short_name
 from harness.define.profile import DATE_AXIS
-from harness.publishing.glance import fullest_versions
+from harness.knowledge.flips import CONFIG_SERIES, dated_verdicts, family_state, masking
 from harness.recording.flip import Flip
-from harness.recording.verdicts import variant_kinds, verdict
+from harness.recording.verdicts import variant_kinds
 from harness.textsafe import code, md
-from scenarios.failure_names import family as failure_family
 
 #: Colour per verdict state on the timeline.
 COLOURS = {
@@ -26,45 +24,6 @@ COLOURS = {
     "env-broken": "#7f7f7f",
     "install-failed": "#7f7f7f",
 }
-
-
-def dated_verdicts(
-    records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]
-) -> tuple[list[str], dict[str, dict[str, Any]], dict[str, Any]]:
-    """(dates, {date: versions}, {scenario: {date: Verdict}}) of the records that carry a date pin."""
-    grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    by_date: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for record in records:
-        date = (record.get("pins") or {}).get(DATE_AXIS)
-        if not date:
-            continue
-        grouped[(record["scenario"], date)].append(record)
-        by_date[date].append(record)
-    # As the glance does: a run that left an optional package out does not drop it from the day's stack.
-    stacks = {date: versions for date, day in by_date.items() if (versions := fullest_versions(day))}
-    verdicts: dict[str, dict[str, Any]] = defaultdict(dict)
-    for (scenario, date), group in grouped.items():
-        verdicts[scenario][date] = verdict(group, specs.get(scenario))
-    return sorted({d for _, d in grouped}), stacks, dict(verdicts)
-
-
-def dated_by_device(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The dated records of each atlas: "cpu", "cuda" (one GPU) and "cuda-ws<N>" (N GPUs of one node). A CPU atlas
-    and a GPU atlas are two atlases, never one (their stacks differ: the era's torch on CPU, the node's fixed torch
-    on a GPU), and so are one GPU and several: a profile whose distributed scenarios ran at N ranks on N GPUs."""
-    found: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for record in records:
-        if (record.get("pins") or {}).get(DATE_AXIS):
-            found[atlas_of(record)].append(record)
-    return dict(sorted(found.items()))
-
-
-def atlas_of(record: dict[str, Any]) -> str:
-    """Which atlas a dated record belongs to (see `dated_by_device`)."""
-    hardware = record.get("hardware") or {}
-    device = str(hardware.get("device") or "cpu")
-    gpus = int(hardware.get("gpu_count") or 0)
-    return f"{device}-ws{gpus}" if device == "cuda" and gpus > 1 else device
 
 
 def atlas_words(atlas: str) -> str:
@@ -174,16 +133,6 @@ def _stack_label(date: str, versions: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def newest_flips(results_dir: Path, run_ids: list[str]) -> list[Flip]:
-    """The named flips of the selected dated runs (results/flips/<run-id>/flips.json)."""
-    found: list[Flip] = []
-    for run_id in run_ids:
-        path = results_dir / "flips" / run_id / "flips.json"
-        if path.is_file():
-            found += [Flip.from_json(flip | {"run_id": run_id}) for flip in json.loads(path.read_text())]
-    return found
-
-
 def upstream_verdict(flip: Flip) -> dict[str, Any] | None:
     """The upstream record of the flip's failure in the flip's direction, and whether the measured package and
     release agree with it (recomputed whenever the table is made, from scenarios/failure_names.py)."""
@@ -197,39 +146,6 @@ def upstream_verdict(flip: Flip) -> dict[str, Any] | None:
     if not flip.release:  # the package is named, its release not yet: another package already differs
         return known | {"agrees": None if flip.package == known["package"] else False}
     return known | {"agrees": (flip.package, flip.release) == (known["package"], known["release"])}
-
-
-def masking(flip: Flip, verdicts: dict[str, Any]) -> list[str]:
-    """Other failures of the baseline on the side of a flip where the target does not show (`verdicts`: the
-    third part of dated_verdicts): a target that 'ends' because another failure comes first is masked, not
-    fixed, and the table says so."""
-    side = flip.older if flip.older_state != "target" else flip.newer
-    other_side = flip.newer if side == flip.older else flip.older
-    by_date = verdicts.get(flip.scenario, {})
-    found, shown = by_date.get(side), by_date.get(other_side)
-    if found is None:
-        return []
-    # Another failure hides a target that ends (it may still be there); before an onset it is the history the
-    # onset is judged against (e.g. DoRA under FSDP failing otherwise before peft 0.12), so it masks nothing. Only a
-    # failure on the configs that showed the target hides it: where they ran and passed, the target did end (S7's
-    # ZeRO-3 save on 2 GPUs, 2025-03-20, beside other configs' failures). A flip stored without its configs is
-    # judged by every other failure of the day, as before.
-    mine = set(flip.config_ids or ())
-    hiding = {sig for cid, sig in found.other_ids.items() if cid in mine} if mine else set(found.others)
-    masked = sorted(hiding) if flip.newer_state != "target" else []
-    # The configs that showed the target on the other side could not run on this side: not a flip of the stack.
-    showed = {r["config_id"] for r in (shown.target_records if shown is not None else [])}
-    reasons = sorted({why for cid, why in found.inapplicable_ids.items() if cid in showed})
-    # ... or could not run at all there (the day's packages could not load them): no evidence either way.
-    broken = sorted({why for cid, why in found.unusable_ids.items() if cid in showed})
-    # ... or have no baseline record there at all (a day measured with other configs): no evidence either.
-    absent = sorted((mine or showed) - set(found.config_ids)) if found.config_ids else []
-    return (
-        masked
-        + [f"not applicable: {why}" for why in reasons]
-        + [f"could not run: {why}" for why in broken]
-        + [f"did not run: {cid}" for cid in absent]
-    )
 
 
 def flips_markdown(
@@ -383,42 +299,6 @@ def _states_today(flip: Flip, verdicts: dict[str, Any]) -> tuple[str, str] | Non
         shows = set(flip.config_ids or [])
         return family_state(older, family, shows)[0], family_state(newer, family, shows)[0]
     return _state(older), _state(newer)
-
-
-#: A series of one config (SPEC "flips_per_config"): its family name is this prefix and the config id.
-CONFIG_SERIES = "config-"
-
-
-def family_state(found: Any, family: str | None, shows: set[str]) -> tuple[str, list[dict[str, Any]]]:
-    """A date's target state for one failure family of its scenario, and the records that show it (flaky ones
-    define no state). Where only another family showed, on a config that shows this family on some date
-    (`shows`), this family's state is not known that day: "masked". A config series (`config-<id>`) is that one
-    config's state."""
-    if family and family.startswith(CONFIG_SERIES):
-        return config_state(found, family[len(CONFIG_SERIES) :])
-    hits = [r for r in found.target_records if r["outcome"] != "flaky"]
-    if family is not None:
-        hits = [r for r in hits if failure_family(r["signature"]) == family]
-    state = found.state
-    if state == "target" and not hits:
-        others = {r["config_id"] for r in found.target_records if r["outcome"] != "flaky"}
-        state = "masked" if others & shows else "not-reproduced"
-    return state, hits
-
-
-def config_state(found: Any, config_id: str) -> tuple[str, list[dict[str, Any]]]:
-    """One config's target state on a date: it showed the target; it failed another way ("masked": not known); it
-    could not run or did not run ("skip": no evidence); a flaky target defines no state ("skip"); else it passed."""
-    mine = [r for r in found.target_records if r["config_id"] == config_id]
-    if any(r["outcome"] == "flaky" for r in mine):
-        return "skip", []
-    if mine:
-        return "target", mine
-    if config_id in found.other_ids:
-        return "masked", []
-    if config_id in found.inapplicable_ids or config_id in found.unusable_ids or config_id not in found.config_ids:
-        return "skip", []
-    return "not-reproduced", []
 
 
 def _state(found: Any) -> str:

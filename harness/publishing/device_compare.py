@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.publishing.atlas import dated_verdicts, held_torch
+from harness.knowledge.flips import dated_verdicts
+from harness.publishing.atlas import held_torch
 from harness.textsafe import code, md
 
 #: Verdict states that say nothing about the target on that side.

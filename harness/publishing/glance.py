@@ -9,8 +9,10 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from harness.define import setup as vocabulary
 from harness.define.packages import AXIS_PACKAGES, public_version, short_name
-from harness.publishing import knowledge
+from harness.knowledge import pitfalls as knowledge
+from harness.knowledge.flips import fullest_versions
 from harness.recording.verdicts import first_change, largest_off_by, variant_kinds, verdict
 from harness.textsafe import md, slug
 from scenarios.fix_words import fix_words
@@ -110,14 +112,6 @@ def scenario_anchor(scenario: str) -> str:
 
 def version_label(versions: dict[str, Any]) -> str:
     return " ".join(f"{short_name(p)} {public_version(str(versions[p]))}" for p in AXIS_PACKAGES if versions.get(p))
-
-
-def fullest_versions(cell_records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The versions of the cell's record that names the most axis packages: a later run may have left an optional
-    package out (S7's GPU run installed no bitsandbytes), which must not drop it from a cell its other scenarios
-    ran with."""
-    with_versions = [r["versions"] for r in cell_records if r.get("versions")]
-    return max(with_versions, key=lambda v: sum(1 for p in AXIS_PACKAGES if v.get(p)), default={})
 
 
 def glance_tables(
@@ -237,7 +231,7 @@ def pitfall_rows(
                 "scenario": pitfall.scenario,
                 "config_id": pitfall.config_id,
                 "device": "GPU" if pitfall.device == "cuda" else "CPU",
-                "setup": knowledge.setup_words(pitfall.config),
+                "setup": vocabulary.config_words(pitfall.config, spec),
                 "why": pitfall.words(spec),
                 "measured": f"{pitfall.stacks} stacks, {pitfall.first_day} to {pitfall.last_day}",
                 "off": off,

@@ -9,9 +9,9 @@ from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES, public_version
 from harness.define.registry import discover
-from harness.publishing import knowledge
-from harness.publishing.atlas import dated_verdicts
-from harness.publishing.report import latest_by_key
+from harness.knowledge import pitfalls as knowledge
+from harness.knowledge.flips import dated_verdicts
+from harness.knowledge.selection import latest_by_key
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
 from harness.textsafe import md
@@ -69,7 +69,7 @@ def newest_changes(records: list[dict[str, Any]]) -> tuple[str | None, list[str]
 
 def profile_records(results_dir: Path, profile_name: str) -> list[dict[str, Any]]:
     """The records the table shows of one profile's runs."""
-    from harness.publishing.report import select_runs
+    from harness.knowledge.selection import select_runs
 
     selection = select_runs(results_dir)
     mine = {m["run_id"] for m in selection.metas if m.get("profile") == profile_name}

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES
+from harness.knowledge.selection import Selection, retired, same_code
 from harness.publishing.glance import SYMBOLS_LEGEND, glance_tables, pick_options, pitfall_rows
-from harness.publishing.report import Selection, retired, same_code
 from harness.recording import runs
 from harness.recording.outcomes import BAD
 from harness.recording.records import read_records, record_key
@@ -296,7 +296,8 @@ def publish(results_dir: Path, selection: Selection, specs: dict[str, dict[str, 
     repro_index = json.loads(repro_index_path.read_text()) if repro_index_path.is_file() else []
     document = build_matrix(selection, repro_index, specs)
     document["changes"] = changes_since_previous(results_dir, selection)
-    from harness.publishing.findings import findings_rows, load_all
+    from harness.knowledge.findings import load_all
+    from harness.publishing.findings import findings_rows
 
     document["findings"] = findings_rows(load_all(results_dir / "findings"), results_dir)
     from harness.publishing.growth import lately

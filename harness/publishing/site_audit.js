@@ -322,7 +322,7 @@
       if (f) found.push(f);
     }
     waysOut(found, pins, every, setup, gpus);
-    const withoutContext = Object.fromEntries(Object.entries(setup).filter(([k]) => k !== "context"));
+    const withoutContext = Object.fromEntries(Object.entries(setup).filter(([k]) => k !== "state_dict"));
     for (const a of every) {
       const fix = clearedBy(a.database_specific, setup);
       if (fix && judge(a, pins, withoutContext, null, false, gpus) !== null) {

@@ -24,7 +24,8 @@ def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | No
 
 def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None) -> Path:
     from harness.define.registry import discover
-    from harness.publishing.report import render_markdown, select_runs
+    from harness.knowledge.selection import select_runs
+    from harness.publishing.report import render_markdown
 
     selection = select_runs(results_dir, run_ids)
     if not selection.run_ids:
@@ -41,10 +42,11 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
     from harness.publishing.publish import changes_markdown, changes_since_previous
 
     text += changes_markdown(changes_since_previous(results_dir, selection))
-    from harness.publishing.atlas import atlas_words, dated_by_device, flips_markdown, held_torch, newest_flips
+    from harness.knowledge.flips import dated_by_device, flips_of_runs
+    from harness.publishing.atlas import atlas_words, flips_markdown, held_torch
     from harness.publishing.device_compare import disagreements_markdown
 
-    flips = newest_flips(results_dir, selection.run_ids)
+    flips = flips_of_runs(results_dir, selection.run_ids)
     dated = dated_by_device(selection.latest()[0])
     flips_of = {device: [f for f in flips if f.run_id in {r["run_id"] for r in rs}] for device, rs in dated.items()}
     for device, records in dated.items():
@@ -79,7 +81,8 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
             name = f"{prefix}history-timeline.png"
             plot_timeline(records, specs, flips_of[device], results_dir / name, device)
         plot_s5_history(dated.get("cpu", []), results_dir / "history-s5-ratio.png")
-        from harness.publishing.findings import findings_markdown, load_all
+        from harness.knowledge.findings import load_all
+        from harness.publishing.findings import findings_markdown
 
         (results_dir / "FINDINGS.md").write_text(
             findings_markdown(load_all(results_dir / "findings"), results_dir, specs)
@@ -96,8 +99,8 @@ def write_advisories(
 ) -> Path:
     """results/advisories/: the table's flips that name a cause (a masked one names none), the watch's, the sweeps'
     windows and the verified findings, as OSV advisories (`publishing/advisories.py`)."""
+    from harness.knowledge.flips import dated_verdicts, masking
     from harness.publishing import advisories
-    from harness.publishing.atlas import dated_verdicts, masking
     from harness.publishing.growth import watched_flips
 
     verdicts = {device: dated_verdicts(records, specs)[2] for device, records in dated.items()}

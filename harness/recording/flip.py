@@ -65,6 +65,9 @@ class Flip:
     sweep: dict[str, Any] | None = None
     #: The dated run the flip was found in (set when the table reads flips.json; never written).
     run_id: str | None = None
+    #: Why the flip is no evidence of a change (another failure hides the target on one side, its configs could not
+    #: run there): decided once when the knowledge model reads it (`knowledge.flips.with_masking`); never written.
+    masked_by: list[str] = field(default_factory=list)
 
     @property
     def direction(self) -> str:

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from harness.define.profile import DATE_AXIS, RULE_PREFIX, Profile, parse_date_rule
 from harness.errors import OptionError
-from harness.publishing.report import retired
+from harness.knowledge.selection import retired
 from harness.recording import runs
 from harness.recording.records import read_records
 
@@ -303,7 +303,7 @@ def write_flips(out_dir: Path, watched: list[Watched], versions: dict[str, str])
 
 def day_records(results_dir: Path, profile_name: str, day: str) -> list[dict[str, Any]]:
     """The baseline records the table shows for the day's cell of the profile (newest per key)."""
-    from harness.publishing.report import latest_by_key
+    from harness.knowledge.selection import latest_by_key
     from harness.recording.signatures import rename_all
 
     latest, _ = latest_by_key(rename_all(_cell_records(results_dir, profile_name, day)))

@@ -18,7 +18,6 @@ every applicable advisory, and the workarounds measured where no release ends it
 from __future__ import annotations
 
 import json
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,15 +131,9 @@ def read_setup(accelerate: Path | None, deepspeed: Path | None, words: list[str]
             raise UsageError(f"{deepspeed}: not a DeepSpeed JSON config: {exc}") from None
         if stage is not None:
             setup["engine"] = f"zero{stage}"
-    from harness.publishing.knowledge import setup_key
+    from harness.define.setup import parse_words
 
-    for word in (w.strip().lower() for item in words for w in item.replace(",", " ").split()):
-        key = setup_key(word)
-        if key is None and not re.fullmatch(r"ws\d+|cpu|gpu|cuda", word):
-            raise UsageError(f"--setup {word!r}: not an engine, adapter or path this tool knows")
-        if key:
-            setup[key] = word
-    return setup
+    return setup | parse_words(words)
 
 
 def _accelerate_setup(path: Path) -> dict[str, str]:
@@ -174,7 +167,7 @@ def _accelerate_setup(path: Path) -> dict[str, str]:
         found = {"engine": "fsdp2" if version.strip() == "2" else "fsdp1"} | precision
         state_dict = flat.get("fsdp_config.fsdp_state_dict_type", "").upper()
         if state_dict in ("FULL_STATE_DICT", "SHARDED_STATE_DICT"):
-            found["context"] = state_dict.lower()  # the setup words of S7's context and S9's fixes
+            found["state_dict"] = state_dict.lower()  # the setup of S7's saves and S9's fixes
         return found
     if kind == "DEEPSPEED":
         stage = flat.get("deepspeed_config.zero_stage", "")
@@ -305,7 +298,7 @@ def cleared(
     found = []
     for advisory in every:
         fix = _cleared_by(advisory["database_specific"], setup)
-        if fix and judge(advisory, pins, {k: v for k, v in setup.items() if k != "context"}, gpus=gpus) is not None:
+        if fix and judge(advisory, pins, {k: v for k, v in setup.items() if k != "state_dict"}, gpus=gpus) is not None:
             found.append((advisory["id"], fix))
     return found
 

@@ -17,13 +17,15 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from harness.define import setup as vocabulary
 from harness.define.packages import AXIS_PACKAGES
 from harness.define.registry import Scenario, discover, select
 from harness.errors import UsageError
 from harness.execution import hardware
 from harness.execution.launcher import LaunchSpec, WorkerSession, stack_env
 from harness.execution.scenario_run import observed
-from harness.publishing import knowledge
+from harness.knowledge import pitfalls as knowledge
+from harness.knowledge.evidence import device_class
 from harness.recording.record import judge, make_record
 from harness.recording.verdicts import headline, verdict
 
@@ -109,7 +111,7 @@ def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sy
 def published_pitfalls(results_dir: Path) -> dict[tuple[str, str], knowledge.Pitfall]:
     """The configs the published table lists as pitfalls (fail on every release measured); none where there is no
     table to read."""
-    from harness.publishing.report import select_runs
+    from harness.knowledge.selection import select_runs
 
     try:
         selection = select_runs(results_dir)
@@ -131,10 +133,10 @@ def pitfall_lines(
         mine = [r for r in records if r["config_id"] == config_id and r["variant"] == "baseline"]
         if not mine:
             continue
-        pitfall = pitfalls[knowledge.pitfall_key(mine[0]["scenario"], knowledge.device_class(mine[0]), config_id)]
+        pitfall = pitfalls[knowledge.pitfall_key(mine[0]["scenario"], device_class(mine[0]), config_id)]
         here = "shows here too" if mine[0]["outcome"] != "pass" else "PASSES here (the first release measured to)"
         lines.append(
-            f"pitfall, not counted ({knowledge.setup_words(pitfall.config)}): {pitfall.words(spec)}; {here}; "
+            f"pitfall, not counted ({vocabulary.config_words(pitfall.config, spec)}): {pitfall.words(spec)}; {here}; "
             f"fails on every release measured ({pitfall.stacks} stacks, {pitfall.first_day} to {pitfall.last_day}); "
             f"way out: {', '.join(pitfall.fixes) or 'no measured change removes it'}"
         )
@@ -217,7 +219,7 @@ def _run_seed(scenario: Scenario, session: WorkerSession, versions: dict[str, st
 def nearest_rows(versions: dict[str, str], results_dir: Path, specs: dict[str, dict[str, Any]], stream: TextIO) -> None:
     """The published table's cells whose stack is closest to this one (fewest packages at another version),
     with what the table says there for the scenarios checked here (`specs`: their id -> SPEC)."""
-    from harness.publishing.report import select_runs
+    from harness.knowledge.selection import select_runs
 
     try:
         records = select_runs(results_dir).latest()[0]

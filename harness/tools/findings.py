@@ -23,8 +23,8 @@ from typing import Any
 
 from harness.environments.overlay import uv_binary
 from harness.errors import UsageError
+from harness.knowledge.findings import Finding, load_finding
 from harness.paths import REPO_ROOT
-from harness.publishing.findings import Finding, load_finding
 from harness.recording.runs import now_iso
 from harness.tools import changed_code
 
@@ -198,7 +198,8 @@ def findings_root(results_dir: Path) -> Path:
 
 def command(args: Any) -> int:
     """`compat-matrix findings [ID] [--verify]`: list the findings, print one's issue body, or verify it."""
-    from harness.publishing.findings import findings_list_lines, issue_body, load_all
+    from harness.knowledge.findings import load_all
+    from harness.publishing.findings import findings_list_lines, issue_body
 
     root = findings_root(args.results_dir)
     if not args.finding:

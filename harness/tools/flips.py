@@ -24,13 +24,15 @@ from harness.define.profile import DATE_AXIS, Profile
 from harness.define.registry import discover
 from harness.errors import UsageError
 from harness.execution.options import MatrixOptions
+from harness.knowledge import pitfalls as knowledge
+from harness.knowledge.flips import CONFIG_SERIES, dated_verdicts, family_state, named_packages
 from harness.paths import REPO_ROOT
-from harness.publishing import knowledge
-from harness.publishing.atlas import CONFIG_SERIES, dated_verdicts, failure_family, family_state, upstream_verdict
+from harness.publishing.atlas import upstream_verdict
 from harness.recording.flip import Flip
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
 from harness.tools import bisection, flip_search, release_sweep
+from scenarios.failure_names import family as failure_family
 
 #: Target states that say something about the target (not a skip, not a broken environment).
 KNOWN_STATES = ("target", "not-reproduced")
@@ -307,7 +309,7 @@ def windows_in(
     `changed` holds only the named packages."""
     found = []
     for scenario, all_rows in sorted(states.items()):
-        named = knowledge.named_packages((specs.get(scenario) or {}).get("target") or [])
+        named = named_packages((specs.get(scenario) or {}).get("target") or [])
         named |= {str(e["package"]) for e in earlier if e.get("scenario") == scenario and e.get("package")}
         for family in dict.fromkeys(r.get("family") for r in all_rows):
             rows = [r for r in all_rows if r.get("family") == family and r["state"] in KNOWN_STATES]

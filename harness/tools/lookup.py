@@ -94,7 +94,7 @@ def rows_of(records: list[dict[str, Any]], source: str = "table") -> list[Row]:
         row.by_scenario.setdefault(record["scenario"], []).append(record)
         row.run_ids.add(str(record.get("run_id")))
     if source != "table":
-        from harness.publishing.report import latest_by_key
+        from harness.knowledge.selection import latest_by_key
 
         for row in rows.values():
             row.by_scenario = {s: latest_by_key(found)[0] for s, found in row.by_scenario.items()}
@@ -203,17 +203,19 @@ def scenario_lines(
 ) -> list[str]:
     """One scenario in one row: a line per setup (its state and way out), the pitfalls once, a single line where the
     scenario's configs are one setup."""
-    from harness.publishing import knowledge
+    from harness.define import setup as vocabulary
+    from harness.knowledge import pitfalls as knowledge
 
+    asked = vocabulary.parse_words(context.setup)
     records = row.by_scenario[scenario]
     if context.setup:
-        records = [r for r in records if knowledge.matches_setup(r.get("config"), context.setup)]
+        records = [r for r in records if vocabulary.agrees(vocabulary.setup_of(r.get("config"), spec), asked)]
         if not records:
             return [f"  {scenario}: no config of this setup ({' '.join(context.setup)}) in this row"]
     counted, left_out = knowledge.without_pitfalls(records, context.pitfalls)
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in counted:
-        groups[knowledge.setup_words(record.get("config"))].append(record)
+        groups[vocabulary.config_words(record.get("config"), spec)].append(record)
     lines = []
     if len(groups) == 1 and not left_out:
         [(_, mine)] = groups.items()
@@ -225,7 +227,8 @@ def scenario_lines(
     # The scenario's pitfalls on this device that the row did not run are said too: they hold whatever the versions.
     known = [
         c for (sc, c), pitfall in context.pitfalls.items()
-        if sc == f"{scenario}@{row.device.split('-')[0]}" and knowledge.matches_setup(pitfall.config, context.setup)
+        if sc == f"{scenario}@{row.device.split('-')[0]}"
+        and vocabulary.agrees(vocabulary.setup_of(pitfall.config, spec), asked)
     ]  # fmt: skip
     for config_id in sorted({*left_out, *known}):
         key = knowledge.pitfall_key(scenario, row.device, config_id)
@@ -236,7 +239,7 @@ def scenario_lines(
         shown.add(key)
         way = ", ".join(pitfall.fixes) or "no measured change removes it"
         lines.append(
-            f"    {knowledge.setup_words(pitfall.config)}: PITFALL, not a version failure{again}: "
+            f"    {vocabulary.config_words(pitfall.config, spec)}: PITFALL, not a version failure{again}: "
             + ("" if again else f"{pitfall.words(spec)}; fails on every release measured ({pitfall.stacks} stacks, "
                f"{pitfall.first_day} to {pitfall.last_day}); way out: {way}")
         )  # fmt: skip
@@ -372,8 +375,8 @@ def lookup(
     """The answer for `items` (PACKAGE==VERSION); with `measure`, where no record holds them, the stack built and
     the scenarios run here first (`tools/measure.py`), then the answer from that row."""
     from harness.define.registry import discover
-    from harness.publishing import knowledge
-    from harness.publishing.report import select_runs
+    from harness.knowledge import flips as knowledge
+    from harness.knowledge.selection import select_runs, selected_flip_runs
 
     wanted = parse_query(items)
     if measure and (not scenarios or device == "cuda"):
@@ -399,7 +402,10 @@ def lookup(
     words = tuple(w.strip().lower() for item in setup or [] for w in item.replace(",", " ").split() if w.strip())
     context = Context(
         pitfalls=selection.pitfalls(specs),
-        changes=knowledge.changes_for(knowledge.flips_everywhere(results_dir), knowledge.atlas_of_runs(table))
+        changes=knowledge.changes_for(
+            knowledge.with_masking(knowledge.flips_of_runs(results_dir, selected_flip_runs(results_dir)), table, specs),
+            knowledge.atlas_of_runs(table),
+        )
         + knowledge.finding_changes(results_dir),
         setup=words,
         measure_hint="compat-matrix lookup " + " ".join(items) + " --measure"

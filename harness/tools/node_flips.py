@@ -138,7 +138,7 @@ def usable_runs(run_dirs: list[Path], profile_name: str) -> None:
     """Refuse runs that are not one profile's evidence: another profile's run, or one the table leaves out
     (superseded or withdrawn: its records are no evidence, so a flip read from them would be none either)."""
     from harness.errors import UsageError
-    from harness.publishing.report import retired
+    from harness.knowledge.selection import retired
 
     for run_dir in run_dirs:
         meta_path = run_dir / "meta.json"
@@ -154,7 +154,7 @@ def run_records(run_dirs: list[Path]) -> list[dict[str, Any]]:
     """The runs' records judged by today's rules, chosen as the table chooses them (`report.select_runs`): runs
     newest first (by their start), each giving the (cell, scenario) pairs no newer run of them covers, then the
     newest record per key."""
-    from harness.publishing.report import config_slices, latest_by_key, newest_per_pair
+    from harness.knowledge.selection import config_slices, latest_by_key, newest_per_pair
 
     def started(run_dir: Path) -> tuple[str, str]:  # its start, then its id (which begins with its start time)
         meta = run_dir / "meta.json"
@@ -172,7 +172,7 @@ def plan_round(
     """Every flip of the GPU runs (one run, or several runs of one profile read together) advanced as far as its
     probe records allow (written to flips.json under the first run). Returns (flips, the probe days still needed
     per scenario). `scenarios`: only these (the others' flips are neither planned nor written)."""
-    from harness.publishing.atlas import dated_verdicts, masking
+    from harness.knowledge.flips import dated_verdicts, masking
 
     run_dir = run_dirs[0]
     records = [r for r in run_records(run_dirs) if not scenarios or r["scenario"] in scenarios]

@@ -10,8 +10,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from harness.knowledge.selection import select_runs
 from harness.publishing.publish import build_matrix, write_site
-from harness.publishing.report import select_runs
 
 
 def inline_page(site: Path) -> Path:

@@ -1,0 +1,345 @@
+"""The known failures: each failure of one scenario on one device class, for the configs whose records share its
+history, with the conditions it shows under and the records behind every bound.
+
+A failure is made from the changes the flips, sweeps and verified findings name (`flips.Change`): the changes of one
+failure family whose configs overlap are one failure (S4: torch 2.5.0 brings it, deepspeed 0.19.3 ends it, on the
+same configs). A config that shows a failure no change names (present on every day measured, or on some days with no
+release named between) is a failure too, one per setup. Pitfall configs are never part of one.
+
+Each failure carries its observations: every baseline record of its configs on its device (the table's and the
+probes'), as what it shows of this failure: it shows it, it passes, or it failed another way (no evidence either way).
+The judge (`judge.py`) reads nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.define import setup as vocabulary
+from harness.define.packages import AXIS_PACKAGES
+from harness.knowledge.evidence import NONE, OTHER, PASSES, SHOWS, device_class, stack_of, world_size
+from harness.knowledge.evidence import state as record_state
+from harness.knowledge.flips import Change
+from harness.versions.matching import release_key
+from scenarios.failure_names import family as failure_family
+
+#: OSV's prefix for a database of one's own (`x_`), and this project's name after it.
+PREFIX = "x_COMPAT-MATRIX"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One baseline record of a config, as evidence about its scenario's failures."""
+
+    scenario: str
+    config_id: str
+    device: str
+    world_size: int
+    stack: tuple[tuple[str, str], ...]
+    setup: tuple[tuple[str, str], ...]
+    outcome: str
+    signature: str | None
+    run_id: str
+    cell: str
+    day: str | None
+    source: str  # "table" | "probe"
+    started_at: str
+    off_by: float | None = None
+
+    def release(self, package: str) -> str | None:
+        return dict(self.stack).get(package)
+
+    def state_for(self, family: str) -> str:
+        """SHOWS this family, PASSES, or OTHER (failed another way, another family of the target included)."""
+        if self.outcome == "pass":
+            return PASSES
+        if self.outcome == NONE:
+            return NONE
+        return SHOWS if self.signature and failure_family(self.signature) == family else OTHER
+
+    def ref(self) -> dict[str, Any]:
+        """What an answer cites: the run, the config, the cell, the outcome and the failure's name."""
+        found = {"run_id": self.run_id, "config_id": self.config_id, "cell": self.cell, "outcome": self.outcome}
+        return found | ({"signature": self.signature} if self.signature else {})
+
+
+def observations(
+    records: Iterable[dict[str, Any]], probes: Iterable[dict[str, Any]], specs: dict[str, dict[str, Any]]
+) -> list[Observation]:
+    """Every baseline record of a scenario with a SPEC as an observation; a record that is no evidence at all (not
+    applicable here, could not run) is left out. Where the table and a probe hold the same config at the same stack,
+    the table's record speaks."""
+    seen: set[tuple[Any, ...]] = set()
+    found = []
+    for source, group in (("table", records), ("probe", probes)):
+        for record in group:
+            spec = specs.get(record["scenario"])
+            if record["variant"] != "baseline" or spec is None:
+                continue
+            judged = record_state(record, spec)
+            if judged == NONE:
+                continue
+            stack = tuple(sorted(stack_of(record).items()))
+            key = (record["scenario"], record["config_id"], device_class(record), world_size(record), stack)
+            if source == "probe" and key in seen:
+                continue
+            seen.add(key)
+            off = (record.get("metrics") or {}).get("off_by")
+            found.append(Observation(
+                record["scenario"], record["config_id"], device_class(record), world_size(record), stack,
+                tuple(vocabulary.narrowing(vocabulary.setup_of(record.get("config"), spec)).items()),
+                "pass" if judged == PASSES else "fail" if judged in (SHOWS, OTHER) else NONE,
+                record.get("signature"), str(record.get("run_id")), str(record["cell"]),
+                (record.get("pins") or {}).get("date"), source, str(record.get("started_at") or ""),
+                float(off) if isinstance(off, int | float) and not isinstance(off, bool) else None,
+            ))  # fmt: skip
+    return found
+
+
+@dataclass
+class Event:
+    """A release that brought ('introduced') or ended ('fixed') a failure of a package, with the records at exactly
+    that release and at the release before it, or the bound it is ('earliest measured')."""
+
+    kind: str
+    release: str
+    before: str | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    before_records: list[dict[str, Any]] = field(default_factory=list)
+    #: 'earliest measured': the failure already shows on the oldest release measured; no release before it was.
+    bound: str | None = None
+    #: Why the release before is no release measured good (it failed another way): the onset is masked below.
+    masked: str | None = None
+    finding: str | None = None
+
+
+@dataclass
+class Condition:
+    package: str
+    events: list[Event]
+
+
+@dataclass
+class KnownFailure:
+    """One failure of one scenario on one device class, for configs that share its history."""
+
+    id: str
+    scenario: str
+    device: str
+    family: str
+    signature: str
+    config_ids: list[str]
+    setups: list[dict[str, str]]
+    conditions: list[Condition]
+    observed: list[Observation]
+    depends: list[str]
+    distributed: bool
+    #: What sets the configs apart from the scenario's usual one, in words a user can check ("applies if ...").
+    detail: str | None = None
+    fixes: list[dict[str, Any]] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+
+    def state(self, observation: Observation) -> str:
+        return observation.state_for(self.family)
+
+    @property
+    def world_sizes(self) -> list[int]:
+        return sorted({o.world_size for o in self.observed})
+
+    def measured(self, package: str) -> list[str]:
+        """The releases of `package` its configs' records showed it or passed on (the evidence, in order)."""
+        found = {o.release(package) for o in self.observed if self.state(o) in (SHOWS, PASSES)}
+        return sorted((v for v in found if v), key=release_key)
+
+    @property
+    def shape(self) -> str:
+        """'events' (releases bound it), 'everywhere' (it shows on every stack its configs were measured on) or 'mixed'
+        (it shows on some and passes on others, and no release is named between: only exact records decide)."""
+        if self.conditions:
+            return "events"
+        return "mixed" if any(self.state(o) == PASSES for o in self.observed) else "everywhere"
+
+
+def failure_id(scenario: str, device: str, family: str, configs: list[str]) -> str:
+    digest = hashlib.sha256(json.dumps([scenario, device, family, configs]).encode()).hexdigest()
+    return f"{PREFIX}-{scenario.split('-')[0]}-{device}-{digest[:10]}"
+
+
+def known_failures(
+    observed: list[Observation],
+    changes: list[Change],
+    specs: dict[str, dict[str, Any]],
+    pitfall_configs: set[tuple[str, str, str]],
+    fixes_of: dict[tuple[str, str, str], list[dict[str, Any]]],
+) -> list[KnownFailure]:
+    """Every known failure: the changes' groups first, then each config that shows a failure no change names, by
+    setup. `pitfall_configs`: (scenario, device, config id) of the pitfalls, never part of a failure; `fixes_of`:
+    (scenario, device, config id) -> the changes measured passing where its baseline failed."""
+    by_key: dict[tuple[str, str], list[Observation]] = defaultdict(list)
+    for obs in observed:
+        if (obs.scenario, obs.device, obs.config_id) not in pitfall_configs:
+            by_key[(obs.scenario, obs.device)].append(obs)
+    made: list[KnownFailure] = []
+    claimed: set[tuple[str, str, str, str]] = set()
+    for (scenario, device, configs, family), found in _grouped(changes, by_key).items():
+        mine = [o for o in by_key[(scenario, device)] if o.config_id in configs]
+        made.append(_failure(scenario, device, family, sorted(configs), mine, found, specs, fixes_of))
+        claimed |= {(scenario, device, family, c) for c in configs}
+    showing: dict[tuple[str, str, str, tuple[tuple[str, str], ...]], set[str]] = defaultdict(set)
+    for (scenario, device), mine in by_key.items():
+        target = list((specs.get(scenario) or {}).get("target") or [])
+        for obs in mine:
+            family = failure_family(obs.signature) if obs.signature else ""
+            if obs.outcome == "fail" and target and _is_target(obs.signature, target):
+                if (scenario, device, family, obs.config_id) not in claimed:
+                    showing[(scenario, device, family, obs.setup)].add(obs.config_id)
+    for (scenario, device, family, _), configs in sorted(showing.items()):
+        mine = [o for o in by_key[(scenario, device)] if o.config_id in configs]
+        made.append(_failure(scenario, device, family, sorted(configs), mine, [], specs, fixes_of))
+    return sorted(made, key=lambda f: (_mode(f.scenario), f.scenario, f.device, f.family, f.id))
+
+
+def _is_target(signature: str | None, target: list[str]) -> bool:
+    from harness.recording.verdicts import matches
+
+    return matches(signature, target)
+
+
+def _mode(scenario: str) -> int:
+    return int(scenario[1:].split("-")[0])
+
+
+def _grouped(
+    changes: list[Change], by_key: dict[tuple[str, str], list[Observation]]
+) -> dict[tuple[str, str, frozenset[str], str], list[Change]]:
+    """Changes of one failure whose configs overlap, as one group (S4: torch 2.5.0 brought it on some configs,
+    deepspeed 0.19.3 ended it on them: one failure, never two that contradict). A change stored without its configs
+    stands for the configs whose records show its failure on that device."""
+    keyed: list[tuple[str, str, set[str], str, Change]] = []
+    for change in changes:
+        family = failure_family(change.signature)
+        configs = set(change.config_ids) or {
+            o.config_id
+            for o in by_key.get((change.scenario, change.device), [])
+            if o.outcome == "fail" and o.signature and failure_family(o.signature) == family
+        }
+        if configs:
+            keyed.append((change.scenario, change.device, configs, family, change))
+    groups: list[tuple[str, str, set[str], str, list[Change]]] = []
+    for scenario, device, configs, family, change in keyed:
+        joined = [g for g in groups if g[:2] == (scenario, device) and g[3] == family and g[2] & configs]
+        merged = (scenario, device, set(configs), family, [change])
+        for group in joined:
+            groups.remove(group)
+            merged[2].update(group[2])
+            merged[4].extend(group[4])
+        groups.append(merged)
+    # Groups of one failure whose changes are the same releases are one failure too (several configs' flips, each
+    # named alone, that tell one history).
+    merged: dict[tuple[Any, ...], tuple[set[str], list[Change]]] = {}
+    for scenario, device, configs, family, found in groups:
+        events = frozenset((c.package, c.release, c.direction) for c in found)
+        entry = merged.setdefault((scenario, device, family, events), (set(), []))
+        entry[0].update(configs)
+        entry[1].extend(found)
+    return {(s, d, frozenset(c), f): found for (s, d, f, _), (c, found) in merged.items()}
+
+
+def _failure(
+    scenario: str,
+    device: str,
+    family: str,
+    configs: list[str],
+    mine: list[Observation],
+    changes: list[Change],
+    specs: dict[str, dict[str, Any]],
+    fixes_of: dict[tuple[str, str, str], list[dict[str, Any]]],
+) -> KnownFailure:
+    spec = specs.get(scenario) or {}
+    showing = [o for o in mine if o.state_for(family) == SHOWS]
+    signature = next((c.signature for c in changes if c.signature), None) or (
+        sorted({str(o.signature) for o in showing})[0] if showing else family
+    )
+    setups = sorted({o.setup for o in mine if o.config_id in configs})
+    conditions = _conditions(changes, mine, family)
+    depends = sorted(
+        {p for p in (spec.get("requires") or []) if p in AXIS_PACKAGES}
+        | {c.package for c in conditions}
+        | set().union(*(vocabulary.brought_packages(dict(s)) for s in setups)),
+        key=AXIS_PACKAGES.index,
+    )
+    fixes: dict[str, dict[str, Any]] = {}
+    for config in configs:
+        for fix in fixes_of.get((scenario, device, config), []):
+            fixes.setdefault(fix["variant"], fix)
+    return KnownFailure(
+        failure_id(scenario, device, family, configs), scenario, device, family, str(signature), configs,
+        [dict(s) for s in setups], conditions, mine, depends, int(spec.get("world_size") or 1) > 1,
+        fixes=sorted(fixes.values(), key=lambda f: (f["kind"] != "fix", f["variant"])), changes=changes,
+    )  # fmt: skip
+
+
+def _conditions(changes: list[Change], mine: list[Observation], family: str) -> list[Condition]:
+    """Per package the changes name: its events in order, each with the records at its release and at the release
+    before; a failure that a package's first change ends already showed on the oldest release measured (a bound)."""
+    by_package: dict[str, list[Change]] = defaultdict(list)
+    for change in changes:
+        by_package[change.package].append(change)
+    conditions = []
+    for package, found in sorted(by_package.items()):
+        ordered = sorted(
+            {(c.release, c.direction): c for c in found}.values(), key=lambda c: (release_key(c.release), c.direction)
+        )
+        events: list[Event] = []
+        if ordered and ordered[0].direction == "ended":
+            earliest = _earliest_showing(mine, package, family)
+            if earliest and release_key(earliest) < release_key(ordered[0].release):
+                events.append(Event("introduced", earliest, None, _at(mine, package, earliest, family, SHOWS),
+                                    bound="earliest measured"))  # fmt: skip
+        for change in ordered:
+            kind = "introduced" if change.direction == "started" else "fixed"
+            if events and events[-1].kind == kind:
+                continue  # two configs' flips naming the same direction twice: the first stands
+            claims, before_claims = (SHOWS, PASSES) if kind == "introduced" else (PASSES, SHOWS)
+            # A flip named by a search that kept no release before: the newest release below it its records measured
+            # in the older state (the last failing one before a fix, the last passing one before an onset).
+            before = change.last_before or _newest_below(mine, package, change.release, family, before_claims)
+            event = Event(kind, change.release, before, _at(mine, package, change.release, family, claims),
+                          _at(mine, package, before, family, before_claims), finding=change.finding)  # fmt: skip
+            if kind == "introduced" and (not change.before_measured or _only_other(event.before_records)):
+                event.masked = "the release before it failed another way: no release measured good to pin"
+            events.append(event)
+        if events:
+            conditions.append(Condition(package, events))
+    return conditions
+
+
+def _only_other(refs: list[dict[str, Any]]) -> bool:
+    return bool(refs) and not any(r["outcome"] == "pass" for r in refs)
+
+
+def _newest_below(mine: list[Observation], package: str, release: str, family: str, state: str) -> str | None:
+    releases = {o.release(package) for o in mine if o.state_for(family) == state}
+    below = [r for r in releases if r and release_key(r) < release_key(release)]
+    return max(below, key=release_key) if below else None
+
+
+def _earliest_showing(mine: list[Observation], package: str, family: str) -> str | None:
+    releases = {o.release(package) for o in mine if o.state_for(family) == SHOWS}
+    releases.discard(None)
+    return min(releases, key=release_key) if releases else None  # type: ignore[arg-type]
+
+
+def _at(mine: list[Observation], package: str, release: str | None, family: str, claims: str) -> list[dict[str, Any]]:
+    """Up to three baseline records of these configs at exactly `release` of `package`, those showing what the event
+    claims there (the failure, or a pass) first: the evidence."""
+    if not release:
+        return []
+    found = [o for o in mine if o.release(package) == release]
+    found.sort(key=lambda o: (o.state_for(family) != claims, o.run_id, o.config_id))
+    return [o.ref() | {"state": o.state_for(family)} for o in found[:3]]

@@ -1,0 +1,207 @@
+"""The judge's tables, compiled once from the model (`failures.py`, `pitfalls.py`): what `judge.evaluate` and the
+page's `judge.js` look versions up in. Plain JSON, written beside the advisories (`results/advisories/judge.json`), so
+`audit` answers from an installed wheel without the records.
+
+Per failure: its setups (keys and words), the packages it depends on (its scenario's, those its setups bring, those a
+release of which changed it), the points (every stack its configs were measured at over those packages, with the
+setup, world size and what they showed), and per package the segments: the release line cut where the records decide
+it (affected, clear), where they only measured it, and where nothing was measured (below the oldest release, above
+the newest, and between a change's release and the release before it), each with its words and its records.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from harness.define import setup as vocabulary
+from harness.define.packages import AXIS_PACKAGES
+from harness.knowledge.evidence import OTHER, PASSES, SHOWS
+from harness.knowledge.failures import Event, KnownFailure
+from harness.knowledge.judge import AFFECTED, CLEAR, MEASURED, SCHEMA, UNMEASURED, key
+from harness.knowledge.pitfalls import Pitfall
+from scenarios.fix_words import fix_words
+
+
+def compile_tables(
+    failures: list[KnownFailure],
+    pitfalls: list[Pitfall],
+    specs: dict[str, dict[str, Any]],
+    coverage: dict[str, list[dict[str, str]]],
+    details: dict[str, tuple[str, str]] | None = None,
+) -> dict[str, Any]:
+    """The tables every answer judges by (`details`: failure id -> (the condition on the user's model, what else
+    its configs ran with), in words)."""
+    return {
+        "schema": SCHEMA,
+        "packages": list(AXIS_PACKAGES),
+        "narrowing": [k.name for k in vocabulary.KEYS if k.narrows],
+        "failures": [_failure(f, specs.get(f.scenario) or {}, (details or {}).get(f.id)) for f in failures],
+        "pitfalls": [_pitfall(p, specs.get(p.scenario) or {}) for p in pitfalls],
+        "coverage": {k: sorted(v, key=lambda s: sorted(s.items())) for k, v in sorted(coverage.items())},
+        "releases": _releases(failures),
+    }
+
+
+def _failure(failure: KnownFailure, spec: dict[str, Any], detail: tuple[str, str] | None) -> dict[str, Any]:
+    setups = [dict(s) for s in failure.setups]
+    points, refs = _points(failure, setups)
+    title = str(spec.get("title") or failure.scenario)
+    return {
+        "id": failure.id,
+        "scenario": failure.scenario,
+        "device": failure.device,
+        "failure": failure.signature,
+        "family": failure.family,
+        "title": title.split(": ", 1)[-1],
+        "what": title.split(": ", 1)[0],
+        "setups": [{"keys": s, "words": vocabulary.words(s)} for s in setups],
+        "detail": (detail or ("", ""))[0] or None,
+        "measured_with": (detail or ("", ""))[1] or None,
+        "depends": failure.depends,
+        "conditions": [c.package for c in failure.conditions],
+        "distributed": failure.distributed,
+        "world_sizes": failure.world_sizes,
+        "shape": failure.shape,
+        "everywhere": _everywhere_words(failure),
+        "segments": {p: segments(failure, p) for p in failure.depends},
+        "points": points,
+        "refs": refs,
+        "events": {c.package: [_event_json(e) for e in c.events] for c in failure.conditions},
+        "fixes": [
+            {"variant": f["variant"], "kind": f["kind"], "words": fix_words(f["variant"])}
+            | ({"setup": f["setup"]} if f.get("setup") else {})
+            for f in failure.fixes
+        ],
+    }
+
+
+def _points(failure: KnownFailure, setups: list[dict[str, str]]) -> tuple[list[list[Any]], list[dict[str, Any]]]:
+    """[stack over `depends`, setup index, world size, state, ref index] per (stack, setup, world size): what the
+    records there show (the failure wherever one config shows it), with one record cited (a showing one first)."""
+    grouped: dict[tuple[Any, ...], list[Any]] = defaultdict(list)
+    for obs in sorted(failure.observed, key=lambda o: (o.run_id, o.config_id)):
+        stack = tuple(obs.release(p) for p in failure.depends)
+        if None not in stack:  # a record without a package the failure depends on is no point of it
+            grouped[(stack, setups.index(dict(obs.setup)), obs.world_size)].append(obs)
+    points, refs = [], []
+    for (stack, setup, size), found in sorted(grouped.items(), key=lambda kv: ([key(v) for v in kv[0][0]], kv[0][1:])):
+        states = {failure.state(o) for o in found}
+        refs.append(next((o for o in found if failure.state(o) == SHOWS), found[0]).ref())
+        points.append([list(stack), setup, size, point_state(states), len(refs) - 1])
+    return points, refs
+
+
+def point_state(states: set[str]) -> str:
+    """What the configs at one stack show together: the failure where one shows it; a pass where all passed;
+    another failure where none passed; 'mixed' where some passed and others failed another way."""
+    if SHOWS in states:
+        return SHOWS
+    if states == {PASSES}:
+        return PASSES
+    return OTHER if PASSES not in states else "mixed"
+
+
+def _everywhere_words(failure: KnownFailure) -> str:
+    shown = [o for o in failure.observed if failure.state(o) == SHOWS]
+    days = sorted({o.day for o in shown if o.day})
+    span = f", {days[0]} to {days[-1]}" if days else ""
+    stacks = {o.stack for o in shown}
+    return f"it shows on every stack its configs were measured on ({len(stacks)} stacks{span}); no release ends it"
+
+
+def segments(failure: KnownFailure, package: str) -> list[list[Any]]:
+    """[low, low_in, high, high_in, state, why] covering every release of `package`, in order."""
+    condition = next((c for c in failure.conditions if c.package == package), None)
+    events = condition.events if condition else []
+    known = failure.measured(package) + [r for e in events for r in (e.release, e.before) if r]
+    if not known:
+        return [[None, False, None, False, UNMEASURED, f"{package}: no release of it was measured for this failure"]]
+    low, high = min(known, key=key), max(known, key=key)
+    cut: list[list[Any]] = [[None, False, low, False, UNMEASURED,
+                             f"{package} older than {low}, the oldest release measured for this failure"]]  # fmt: skip
+    if not events:
+        cut.append([low, True, high, True, MEASURED, f"{package} {low} to {high} measured"])
+    else:
+        cut += _event_segments(package, events, low, high, failure.measured(package))
+    cut.append([high, False, None, False, UNMEASURED,
+                f"{package} newer than {high}, the newest release measured for this failure"])  # fmt: skip
+    return [s for s in cut if s[0] is None or s[2] is None or key(s[0]) < key(s[2]) or (s[1] and s[3])]
+
+
+def _event_segments(package: str, events: list[Event], low: str, high: str, measured: list[str]) -> list[list[Any]]:
+    """The segments between the oldest and the newest release measured, cut at each event and its release before."""
+    cut: list[list[Any]] = []
+    first = events[0]
+    if first.kind == "fixed":
+        before = first.before or _measured_below(measured, first.release)
+        words = f"{package} {low} to {before or low} measured failing (before {first.release} ended it)"
+        cut.append([low, True, before or low, True, AFFECTED, words])
+    elif first.bound != "earliest measured":
+        before = first.before or _measured_below(measured, first.release)
+        if before and first.masked:
+            cut.append([low, True, before, True, UNMEASURED,
+                        f"{package} {before} and older failed another way: no evidence either way"])  # fmt: skip
+        elif before:
+            cut.append([low, True, before, True, CLEAR,
+                        f"{package} {low} to {before} measured without it ({first.release} brought it)"])  # fmt: skip
+    for index, event in enumerate(events):
+        before = event.before or _measured_below(measured, event.release)
+        if before and key(before) < key(event.release) and (index or first.kind == "fixed" or not first.bound):
+            cut.append(
+                [
+                    before,
+                    False,
+                    event.release,
+                    False,
+                    UNMEASURED,
+                    f"{package} between {before} and {event.release}, where the change was found: not measured",
+                ]
+            )
+        following = events[index + 1] if index + 1 < len(events) else None
+        end = (following.before or _measured_below(measured, following.release)) if following else high
+        end = end or event.release
+        state = AFFECTED if event.kind == "introduced" else CLEAR
+        words = (f"{package} {event.release} to {end} measured failing" if state == AFFECTED
+                 else f"{package} {event.release} to {end} measured clear ({event.release} ended it)")  # fmt: skip
+        if event.bound == "earliest measured":
+            words += " (the oldest release measured already fails)"
+        cut.append([event.release, True, end, True, state, words])
+    return cut
+
+
+def _measured_below(measured: list[str], release: str) -> str | None:
+    below = [v for v in measured if key(v) < key(release)]
+    return below[-1] if below else None
+
+
+def _event_json(event: Event) -> dict[str, Any]:
+    return {
+        "kind": event.kind, "release": event.release, "before": event.before, "bound": event.bound,
+        "masked": event.masked, "finding": event.finding, "records": event.records,
+        "before_records": event.before_records,
+    }  # fmt: skip
+
+
+def _pitfall(pitfall: Pitfall, spec: dict[str, Any]) -> dict[str, Any]:
+    setup = vocabulary.narrowing(vocabulary.setup_of(pitfall.config, spec))
+    return {
+        "id": f"pitfall-{pitfall.scenario}-{pitfall.device}-{pitfall.config_id}",
+        "scenario": pitfall.scenario,
+        "device": pitfall.device,
+        "setup": setup,
+        "words": vocabulary.words(setup),
+        "why": pitfall.words(spec),
+        "measured": f"{pitfall.stacks} stacks, {pitfall.first_day} to {pitfall.last_day}",
+        "way_out": [fix_words(v) for v in pitfall.fixes] or ["no measured change removes it"],
+    }
+
+
+def _releases(failures: list[KnownFailure]) -> dict[str, list[str]]:
+    """Every release of each package the failures' records measured: what a loose range is judged over, and where a
+    way out may move."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for failure in failures:
+        for package in failure.depends:
+            found[package].update(failure.measured(package))
+    return {p: sorted(found[p], key=key) for p in AXIS_PACKAGES if found.get(p)}

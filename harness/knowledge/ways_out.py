@@ -1,0 +1,164 @@
+"""Ways out, judged over the whole model: the smallest set of release moves after which no known failure applies and
+none is brought, each move judged again by the one judge (`judge.evaluate`), never advice from one failure alone.
+
+The candidates are the releases where the records decide a failure of the query clear (a fix's release and the ones
+after it that were measured, or the last release measured good before an onset), for the packages those failures'
+conditions name, then the packages of what a move would bring. Sets grow one package at a time (at most `MOST_MOVES`)
+and the first size that leaves nothing applying wins; among those, the one that leaves the fewest failures
+undecided, moves down the fewest packages and moves the least. Every release it names was measured (it comes from the
+records), and the answer says which failures it leaves undecided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from itertools import combinations, product
+from typing import Any
+
+from harness.knowledge.judge import AFFECTED, CLEAR, Query, evaluate, key
+
+#: How many packages one way out may move.
+MOST_MOVES = 3
+#: How many candidate stacks one search may judge (a bound on its time; the answer says when it was reached).
+MOST_TRIES = 4000
+#: The states a way out must leave none of.
+BLOCKING = ("applies", "applies-if")
+
+
+def way_out(tables: Mapping[str, Any], query: Query, answers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """{'pins': {package: release} (the one recommended set; {} where nothing applies), 'from': the releases they
+    replace, 'leaves': ids left undecided, 'ends': ids it ends, 'stays': ids no measured release ends (their way out
+    is a fix of the setup), 'notes': per applying failure what a single move of each of its packages does, 'none':
+    why no set was found (or '')}."""
+    answers = evaluate(tables, query) if answers is None else answers
+    blocking = [a for a in answers if a["state"] in BLOCKING]
+    if not blocking:
+        return {"pins": {}, "from": {}, "leaves": [], "ends": [], "stays": [], "notes": {}, "none": ""}
+    by_id = {f["id"]: f for f in tables["failures"] if f["id"] in {a["id"] for a in blocking}}
+    # A failure no measured release decides clear (on every stack, or with no release named) stays whatever moves:
+    # its way out is a change of the setup (its fixes), and the search leaves it aside.
+    movable = [f for f in by_id.values() if _candidates([f], query)]
+    stays = sorted(set(by_id) - {f["id"] for f in movable})
+    candidates = _candidates(movable, query)
+    notes = {i: _single_moves(tables, query, f, answers) for i, f in by_id.items()}
+    found, tried = _search(tables, query, candidates, set(stays)) if movable else (None, 0)
+    if found is None:
+        return {"pins": {}, "from": {}, "leaves": [], "ends": [], "stays": stays, "notes": notes,
+                "none": _none_words(candidates, tried)}  # fmt: skip
+    moved, after, whole = found
+    states = {a["id"]: a["state"] for a in after}
+    left = sorted(i for i, s in states.items() if s in BLOCKING and i not in stays)
+    return {
+        "pins": moved,
+        "from": {p: query.versions.get(p) for p in moved},
+        "leaves": sorted(i for i, s in states.items() if s == "undecided"),
+        "ends": sorted(f["id"] for f in movable if states.get(f["id"]) not in BLOCKING),
+        "stays": stays,
+        "still": left,
+        "notes": notes,
+        "none": "" if whole else _none_words(candidates, tried) + "; the closest set is given, and what it leaves",
+    }
+
+
+def _candidates(failures: list[Mapping[str, Any]], query: Query) -> dict[str, list[str]]:
+    """package -> the releases where one of these failures' segments is decided clear (nearest first)."""
+    found: dict[str, set[str]] = {}
+    for failure in failures:
+        for package in failure["conditions"]:
+            for segment in failure["segments"][package]:
+                if segment[4] == CLEAR:
+                    found.setdefault(package, set()).update(v for v in (segment[0], segment[2]) if v)
+    have = {p: key(query.versions[p]) for p in found if p in query.versions}
+    return {
+        p: sorted((v for v in releases if key(v) != have.get(p)), key=lambda v: _distance(v, have.get(p)))
+        for p, releases in sorted(found.items())
+    }
+
+
+def _distance(version: str, have: tuple[int, ...] | None) -> tuple[int, tuple[int, ...]]:
+    """Upgrades first (the nearest first), then downgrades (the nearest first)."""
+    if have is None:
+        return (0, key(version))
+    at = key(version)
+    if at > have:
+        return (0, tuple(a - b for a, b in zip(at, have, strict=True)))
+    return (1, tuple(b - a for a, b in zip(at, have, strict=True)))
+
+
+def _search(
+    tables: Mapping[str, Any], query: Query, candidates: dict[str, list[str]], stays: set[str]
+) -> tuple[tuple[dict[str, str], list[dict[str, Any]], bool] | None, int]:
+    """(moves, the answers after them, whether they leave nothing blocking but what `stays`) of the best set, and
+    how many stacks were judged. The smallest size that leaves nothing blocking wins; where no size does, the set
+    that leaves the fewest failures applying (then applying if, then undecided) is the closest."""
+    tried = 0
+    packages = sorted(candidates)
+    closest: tuple[tuple[Any, ...], dict[str, str], list[dict[str, Any]]] | None = None
+    for size in range(1, min(MOST_MOVES, len(packages)) + 1):
+        best: tuple[tuple[Any, ...], dict[str, str], list[dict[str, Any]]] | None = None
+        for chosen in combinations(packages, size):
+            for releases in product(*(candidates[p] for p in chosen)):
+                if tried >= MOST_TRIES:
+                    break
+                tried += 1
+                moved = dict(zip(chosen, releases, strict=True))
+                after = evaluate(tables, replace(query, versions=query.versions | moved))
+                left = [a["state"] for a in after if a["state"] in BLOCKING and a["id"] not in stays]
+                score = (left.count("applies"), left.count("applies-if"), *_score(moved, query, after))
+                if not left and (best is None or score < best[0]):
+                    best = (score, moved, after)
+                if closest is None or score < closest[0]:
+                    closest = (score, moved, after)
+        if best is not None:
+            return (best[1], best[2], True), tried
+    return ((closest[1], closest[2], False) if closest else None), tried
+
+
+def _score(moved: dict[str, str], query: Query, after: list[dict[str, Any]]) -> tuple[Any, ...]:
+    undecided = sum(1 for a in after if a["state"] == "undecided")
+    distance = [_distance(v, key(query.versions[p]) if p in query.versions else None) for p, v in moved.items()]
+    return (undecided, len(moved), sum(d[0] for d in distance), sorted(d[1] for d in distance), sorted(moved.items()))
+
+
+def _single_moves(
+    tables: Mapping[str, Any], query: Query, failure: Mapping[str, Any], before: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """For each package of the failure: the nearest release that ends it (an upgrade, else the last good one to pin),
+    and what that one move ends and brings, judged again."""
+    blocking = {a["id"] for a in before if a["state"] in BLOCKING}
+    notes = []
+    for package in failure["conditions"]:
+        have = query.versions.get(package)
+        releases = _candidates([failure], query).get(package, [])
+        for release in releases:
+            after = evaluate(tables, replace(query, versions=query.versions | {package: release}))
+            states = {a["id"]: a["state"] for a in after}
+            if states.get(failure["id"]) in BLOCKING:
+                continue
+            now = {i for i, s in states.items() if s in BLOCKING}
+            notes.append({
+                "package": package, "release": release, "from": have,
+                "direction": "upgrade" if have is None or key(release) > key(have) else "downgrade",
+                "ends": sorted(blocking - now), "brings": sorted(now - blocking),
+            })  # fmt: skip
+            break
+        else:
+            decided = [s for s in failure["segments"][package] if s[4] in (AFFECTED, CLEAR)]
+            notes.append({"package": package, "release": None, "from": have, "direction": None, "ends": [],
+                          "brings": [], "why": _no_release_words(package, decided)})  # fmt: skip
+    return notes
+
+
+def _no_release_words(package: str, decided: list[list[Any]]) -> str:
+    if any(s[4] == CLEAR for s in decided):
+        return f"no measured release of {package} ends it without another failure"
+    return f"no measured release of {package} ends it"
+
+
+def _none_words(candidates: dict[str, list[str]], tried: int) -> str:
+    if not candidates:
+        return "no measured release ends them: the way out is a change of the setup (their fixes)"
+    if tried >= MOST_TRIES:
+        return f"no set of moves found within {MOST_TRIES} stacks judged"
+    return f"no set of up to {MOST_MOVES} release moves leaves every known failure behind"
