@@ -357,7 +357,9 @@ def report(args: argparse.Namespace) -> int:
 def lookup(args: argparse.Namespace) -> int:
     from harness.tools.lookup import lookup as nearest_rows
 
-    print(nearest_rows(args.results_dir, args.versions, args.scenario, args.device, args.setup, args.measure))
+    print(
+        nearest_rows(args.results_dir, args.versions, args.scenario, args.device, args.setup, args.measure, args.gpus)
+    )
     return 0
 
 

@@ -462,15 +462,14 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "lookup",
         "lookup",
-        help=("the measured rows nearest your versions, the verdict per scenario there and the fix to try"),
+        help="what the atlas knows about your releases: per scenario and known failure, how sure, and the way out",
         description=(
-            "Finds every record whose versions match PACKAGE==VERSION (a version like 2.4 matches every "
-            "2.4.x): the table's install days and the probes of flips, sweeps and bisects; without one, it says "
-            "the releases were not measured and shows the two atlas dates whose stacks bracket them (or the "
-            "nearest rows, saying plainly that it is extrapolating). Prints each row's versions and, per "
-            "scenario and setup, the verdict and the way out: the release that ends it, the last good one "
-            "to pin, the fixes that remove it. A config that fails on every release is shown once as a "
-            "pitfall, never as a failure of these versions."
+            "Asks the one judge about PACKAGE==VERSION (a version like 2.4 names every 2.4.x): per scenario, the "
+            "records at exactly these releases of every package it depends on (the install days and the probes of "
+            "flips, sweeps and bisects), and per known failure whether it APPLIES, APPLIES IF a condition on your "
+            "model holds, is UNDECIDED (not measured here: never clean), a PITFALL of your setup, or CLEARED by it, "
+            "each with how sure: exact, bracketed by the releases measured around them, or unmeasured. The way out "
+            "is judged over every known failure: the release moves that end it and what each brings."
         ),
         options=(
             Option(("versions",), nargs="+", metavar="PACKAGE==VERSION"),
@@ -478,15 +477,23 @@ COMMANDS: tuple[Command, ...] = (
             Option(
                 ("--device",),
                 choices=["cpu", "cuda"],
-                help="only rows measured on this device (default: CPU rows for a scenario that runs on CPU)",
+                help="where you train (default: CPU for scenarios that run on CPU)",
+            ),
+            Option(
+                ("--gpus",),
+                type=int,
+                metavar="N",
+                help="how many GPUs you train on (0: a CPU run): a GPU failure measured at other world sizes is "
+                "UNDECIDED",
             ),
             Option(
                 ("--setup",),
                 action="append",
                 metavar="WORDS",
                 help=(
-                    "only configs of your setup: engine (ddp, fsdp1, fsdp2, zero3), adapter (lora, dora, qlora, "
-                    "none), path (trainer, accelerate, hand); e.g. --setup fsdp2,lora"
+                    "your setup, in the setup vocabulary: engine (single, ddp, fsdp1, fsdp2, zero2, zero3), adapter "
+                    "(lora, dora, qlora, qdora, none), loop (trainer, hand, accelerate), state_dict; e.g. --setup "
+                    "fsdp2,lora"
                 ),
             ),
             Option(
@@ -508,10 +515,12 @@ COMMANDS: tuple[Command, ...] = (
         description=(
             "Reads exact releases from a requirements file or pip freeze, uv.lock, pylock.toml (PEP 751), "
             "poetry.lock, or an environment (--env: this one; --python: another), and a setup from an accelerate "
-            "config YAML, a DeepSpeed JSON or --setup; judges each advisory of results/advisories/ (OSV, made with the "
-            "table) by all of its conditions and prints each that applies, with the smallest upgrade or the pin "
-            "that leaves it and the workarounds; an advisory whose release the atlas never measured is UNDECIDED, "
-            "never clean. Exit 1 when an advisory applies, 0 when none does, 2 on bad input."
+            "config YAML, a DeepSpeed JSON or --setup; asks the one judge (the tables beside results/advisories/, made "
+            "with the table) about every known failure and prints each that concerns you: APPLIES, APPLIES IF (a "
+            "condition on your model), RANGE, UNDECIDED (your releases were not measured: never clean; with the "
+            "command that measures them), PITFALL (your setup fails on every release measured), CLEARED (your setup "
+            "has the measured fix), each with how sure it is; then the one recommended set of pins, judged again over "
+            "every known failure. Exit 1 when a failure applies, 0 when none does, 2 on bad input."
         ),
         options=(
             Option(
@@ -533,8 +542,9 @@ COMMANDS: tuple[Command, ...] = (
                 action="append",
                 metavar="WORDS",
                 help=(
-                    "engine (single: one process, ddp, fsdp1, fsdp2, zero3), adapter (lora, dora, qlora), "
-                    "path (trainer, hand)"
+                    "how you train, in the setup vocabulary: engine (single, ddp, fsdp1, fsdp2, zero2, zero3), adapter "
+                    "(lora, dora, qlora, qdora, none), loop (trainer, hand, accelerate), state_dict (full_state_dict, "
+                    "sharded_state_dict), order (ckpt_then_peft, ...)"
                 ),
             ),
             Option(("--device",), choices=["cpu", "cuda"], help="only advisories measured on this device"),
@@ -548,6 +558,14 @@ COMMANDS: tuple[Command, ...] = (
                 ),
             ),
             Option(("--ignore-id",), action="append", metavar="ID", help="an advisory to leave out (repeatable)"),
+            Option(
+                ("--strict",),
+                action="store_true",
+                help=(
+                    "exit 1 also where a failure APPLIES IF a condition on your model holds (a modules_to_save head "
+                    "named like peft's keys, label smoothing): a lockfile cannot show it"
+                ),
+            ),
             Option(("--format",), choices=["columns", "json", "markdown"], default="columns"),
             RESULTS_OPTION,
         ),

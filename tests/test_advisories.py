@@ -12,6 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from harness.knowledge.judge import Query, evaluate
 from harness.knowledge.selection import probe_records
 from harness.recording.packing import run_dirs
 from harness.recording.records import read_records
@@ -42,34 +43,32 @@ def test_every_advisory_is_valid_osv_and_the_index_lists_every_file() -> None:
     assert files == {f"{a['id']}.json" for a in found}
 
 
-def test_every_event_names_records_at_that_exact_release() -> None:
-    """The evidence rule: an `introduced` or `fixed` event is backed by records at that release that show what it
-    claims (a bound the atlas did not measure says so), and the records it names really hold that release."""
+def test_every_event_names_records_at_that_exact_release_and_the_one_before() -> None:
+    """The evidence rule, with zero exceptions: every `introduced` or `fixed` event is backed by records at exactly that
+    release that show what it claims (the failure where it was introduced, a pass where it was fixed), and, unless it
+    is the oldest release measured (a bound, said so), by records at the release before it that show the other state
+    or, where they failed another way, a masking note (so an OSV reader never takes that release for clean); the
+    records named really hold those releases."""
     runs = {d.name: d for d in run_dirs(RESULTS)}
-    checked = 0
+    checked, violations = 0, []
     for advisory in committed():
+        mine = failure_family(advisory["database_specific"]["failure"])
         for entry in advisory["database_specific"]["evidence"]:
             package = entry["package"]
             for event in entry["events"]:
-                release = event.get("introduced") or event.get("fixed")
-                if event.get("bound", "").startswith("not measured"):
-                    continue
-                assert event["records"], (advisory["id"], package, release)
-                # the outcome the event claims at that release: the failure where it was introduced, a pass where
-                # it was fixed (and the other way round at the release before it)
-                mine = failure_family(advisory["database_specific"]["failure"])
-
-                def this_failure(record: dict, mine: str = mine) -> bool:
-                    return record.get("outcome") == "fail" and failure_family(record.get("signature")) == mine
-
-                at, before = event["records"], (event.get("before") or {}).get("records")
-                if "introduced" in event:
-                    assert any(this_failure(r) for r in at if "finding" not in r) or any("finding" in r for r in at)
-                    assert not before or any(not this_failure(r) for r in before), (advisory["id"], event)
+                kind = "introduced" if "introduced" in event else "fixed"
+                claim, before_claim = ("fail", "pass") if kind == "introduced" else ("pass", "fail")
+                if not any(_shows(r, claim, mine) for r in event["records"]):
+                    violations.append((advisory["id"], package, kind, event[kind], "no record at the release"))
+                if event.get("bound"):
+                    assert event["bound"] == "earliest measured"
                 else:
-                    assert any(r.get("outcome", "pass") == "pass" for r in at), (advisory["id"], event)
-                    assert not before or any(r.get("outcome", "fail") == "fail" for r in before), advisory["id"]
-                for named in event["records"]:
+                    before = event["before"]
+                    shown = any(_shows(r, before_claim, mine) for r in before["records"])
+                    if not before["release"] or not (shown or (event.get("masked") and before["records"])):
+                        violations.append((advisory["id"], package, kind, event[kind], "no record before it"))
+                for named in [*event["records"], *(event.get("before") or {}).get("records", [])]:
+                    release = event[kind] if named in event["records"] else event["before"]["release"]
                     if "finding" in named:
                         finding = REPO / "results" / "findings" / named["finding"] / "runs.jsonl"
                         versions = [json.loads(x)["version"] for x in finding.read_text().splitlines() if x.strip()]
@@ -77,10 +76,18 @@ def test_every_event_names_records_at_that_exact_release() -> None:
                         continue
                     records = read_records(runs[named["run_id"]] / "records.jsonl")
                     cell = named["cell"].split("@")[0]  # the table qualifies a cell two profiles share
-                    mine = [r for r in records if r["config_id"] == named["config_id"] and r["cell"] == cell]
-                    assert any(str(r["versions"].get(package, "")).split("+")[0] == release for r in mine), named
+                    held = [r for r in records if r["config_id"] == named["config_id"] and r["cell"] == cell]
+                    assert any(str(r["versions"].get(package, "")).split("+")[0] == release for r in held), named
                 checked += 1
-    assert checked >= 20
+    assert violations == []
+    assert checked >= 40
+
+
+def _shows(record: dict, outcome: str, family: str) -> bool:
+    """Whether a cited record shows `outcome` of this failure: a failure of its family, or a pass."""
+    if record.get("outcome") != outcome:
+        return False
+    return outcome == "pass" or "finding" in record or failure_family(record.get("signature")) == family
 
 
 def _audit(tmp_path: Path, text: str, *args: str, name: str = "requirements.txt") -> subprocess.CompletedProcess:
@@ -90,40 +97,56 @@ def _audit(tmp_path: Path, text: str, *args: str, name: str = "requirements.txt"
                           text=True, cwd=REPO)  # fmt: skip
 
 
+def answers(done: subprocess.CompletedProcess) -> list[dict]:
+    return json.loads(done.stdout)["answers"]
+
+
+def judged(versions: dict[str, str], setup: dict | None = None) -> dict[str, dict]:
+    """failure id -> the judge's answer for these releases, given as a requirements file gives them (the packages it
+    leaves out are not given, not absent), over the tables audit reads."""
+    tables = audit.load_tables(RESULTS)
+    return {a["id"]: a for a in evaluate(tables, Query(versions, setup or {}, partial=True))}
+
+
 def test_fsdp2_gets_the_accelerate_upgrade_and_fsdp1_its_own_advisory(tmp_path: Path) -> None:
     (tmp_path / "fsdp2.yaml").write_text(FSDP.format(v=2))
     (tmp_path / "fsdp1.yaml").write_text(FSDP.format(v=1))
-    two = _audit(tmp_path, STACK, "--accelerate-config", str(tmp_path / "fsdp2.yaml"))
+    two = _audit(tmp_path, STACK, "--accelerate-config", str(tmp_path / "fsdp2.yaml"), "--gpus", "2")
     assert two.returncode == 1, two.stdout + two.stderr
-    assert "FSDP2 · LoRA" in two.stdout and "way out: upgrade accelerate to 1.15.0" in two.stdout
-    assert "FSDP1 · LoRA" not in two.stdout  # the FSDP1 advisories are another setup's
-    one = _audit(tmp_path, STACK, "--accelerate-config", str(tmp_path / "fsdp1.yaml"), "--format", "json")
+    assert (
+        "the Trainer · FSDP2 · LoRA" in two.stdout and "upgrade accelerate to 1.15.0 (measured): ends it" in two.stdout
+    )
+    assert "+ accelerate==1.15.0" in two.stdout and "uv add 'accelerate==1.15.0'" in two.stdout
+    assert "the Trainer · FSDP1 · LoRA" not in two.stdout  # the FSDP1 failures are another setup's
+    one = _audit(
+        tmp_path, STACK, "--accelerate-config", str(tmp_path / "fsdp1.yaml"), "--gpus", "2", "--format", "json"
+    )
     found = json.loads(one.stdout)
-    resume = [f for f in found if "S9-identity-resume" in f["summary"]]
-    assert [f["setups"] for f in resume] == [["FSDP1 · LoRA"]]
-    assert not any("upgrade accelerate" in w for w in resume[0]["way_out"])
-    assert "no release of peft after yours ends it: pin peft 0.19.1" in resume[0]["way_out"]
+    resume = [a for a in found["answers"] if a["scenario"] == "S9-identity-resume" and a["state"] == "applies"]
+    assert [a["setups"] for a in resume] == [["the Trainer · FSDP1 · LoRA"]]
+    assert found["way_out"]["pins"] == {"peft": "0.19.1"}  # the last release measured good: a pin
 
 
 def test_a_lock_inside_a_range_reports_it_and_just_past_the_fix_does_not(tmp_path: Path) -> None:
     lock = '[[package]]\nname = "{n}"\nversion = "{v}"\n'
-    inside = lock.format(n="accelerate", v="1.14.0") + lock.format(n="transformers", v="5.14.1")
-    past = lock.format(n="accelerate", v="1.15.0") + lock.format(n="transformers", v="5.14.1")
-    args = ("--setup", "fsdp2,lora", "--device", "cuda", "--format", "json")
-    assert any("S9-identity-resume" in f["summary"] and f["state"] == "applies"
-               for f in json.loads(_audit(tmp_path, inside, *args, name="uv.lock").stdout))  # fmt: skip
-    after = _audit(tmp_path, past, *args, name="uv.lock")
-    assert not any("S9-identity-resume" in f["summary"] for f in json.loads(after.stdout)), after.stdout
+    stack = "".join(lock.format(n=n, v=v) for n, v in (("torch", "2.11.0"), ("transformers", "5.14.1"),
+                                                      ("peft", "0.20.0")))  # fmt: skip
+    args = ("--setup", "fsdp2,lora", "--gpus", "2", "--format", "json")
+    inside = answers(_audit(tmp_path, stack + lock.format(n="accelerate", v="1.14.0"), *args, name="uv.lock"))
+    assert any(a["scenario"] == "S9-identity-resume" and a["state"] == "applies" for a in inside)
+    past = answers(_audit(tmp_path, stack + lock.format(n="accelerate", v="1.15.0"), *args, name="uv.lock"))
+    assert not any(a["scenario"] == "S9-identity-resume" and a["state"] == "applies" for a in past), past
 
 
-def test_a_release_in_an_unmeasured_gap_is_undecided_never_clean() -> None:
-    advisory = next(a for a in committed() if a["database_specific"]["scenario"] == "S2-qlora-grad-flags"
-                    and a["database_specific"]["device"] == "cpu")  # fmt: skip
-    # transformers 4.57.6 failed and 5.0.0 passed: inside that gap nothing is between; far outside it, nothing measured.
-    found = audit.judge(advisory, {"transformers": "6.1.0"}, {})
-    assert found is not None and found.state == "undecided" and "outside the releases measured" in found.why
-    assert audit.judge(advisory, {"transformers": "4.57.6"}, {}).state == "applies"
-    assert audit.judge(advisory, {"transformers": "5.0.0"}, {}) is None
+def test_a_release_no_record_holds_is_undecided_never_clean() -> None:
+    """S2 on CPU: transformers 4.57.6 fails and 5.0.0 passes, measured; 6.1.0 lies above anything measured, 5.0.1
+    inside a measured clear range is bracketed, never exact."""
+    s2 = next(f for f in audit.load_tables(RESULTS)["failures"] if f["scenario"] == "S2-qlora-grad-flags"
+              and f["device"] == "cpu" and f["conditions"] == ["transformers"])  # fmt: skip
+    assert judged({"transformers": "6.1.0"})[s2["id"]]["state"] == "undecided"
+    assert judged({"transformers": "4.57.6"})[s2["id"]]["state"] == "applies"
+    assert judged({"transformers": "5.0.0"})[s2["id"]]["state"] == "clean"
+    assert judged({"transformers": "4.57.6"})[s2["id"]]["sure"] == "bracketed"  # torch, peft, bnb not given
 
 
 def test_a_malformed_lockfile_exits_2_with_its_line(tmp_path: Path) -> None:
@@ -151,8 +174,8 @@ def test_audit_of_a_real_environment_reports_only_what_applies_to_its_setup(tmp_
     done = subprocess.run([sys.executable, "-m", "harness", "audit", "--python", str(env.python), "--setup",
                            "ddp,lora", "--format", "json"], capture_output=True, text=True, cwd=REPO)  # fmt: skip
     assert done.returncode in (0, 1), done.stderr
-    for found in json.loads(done.stdout):
-        setups = " ".join(found["setups"])
+    for found in answers(done):
+        setups = str(found.get("when"))
         assert not any(word in setups for word in ("FSDP", "ZeRO", "DoRA", "QLoRA")), found
 
 
@@ -161,47 +184,53 @@ def test_probe_records_are_read_beside_the_table() -> None:
 
 
 def test_a_release_below_the_oldest_failing_one_is_undecided_and_open_in_osv() -> None:
-    """The FSDP2 resume failure first shows with accelerate 1.13.0, the oldest release measured with transformers
-    5.14.1: accelerate 1.12.0 was never measured with it, so audit cannot call it clean, and OSV's own fields leave
-    the range open below (introduced "0"), so a tool reading only them cannot either."""
+    """The FSDP2 resume failure first shows with accelerate 1.13.0, the oldest release measured with it: accelerate
+    1.12.0 was never measured with it, so the judge cannot call it clean, and OSV's own fields leave the range open
+    below (introduced "0"), so a tool reading only them cannot either."""
     advisory = next(a for a in committed() if a["database_specific"]["scenario"] == "S9-identity-resume"
-                    and a["database_specific"]["setup_keys"] == [{"adapter": "lora", "engine": "fsdp2"}])  # fmt: skip
+                    and a["database_specific"]["setup_keys"][0].get("engine") == "fsdp2")  # fmt: skip
     first = advisory["database_specific"]["evidence"][0]["events"][0]
     assert first.get("bound") == "earliest measured"
     assert advisory["affected"][0]["ranges"][0]["events"][0] == {"introduced": "0"}
-    found = audit.judge(advisory, {"accelerate": "1.12.0", "transformers": "5.14.1"}, {"engine": "fsdp2"})
-    assert found is not None and found.state == "undecided" and "older than 1.13.0" in found.why
-    assert audit.judge(advisory, {"accelerate": "1.14.0"}, {"engine": "fsdp2"}).state == "applies"
+    below = judged({"accelerate": "1.12.0"}, {"engine": "fsdp2"})[advisory["id"]]
+    assert below["state"] == "undecided" and "older than 1.13.0" in below["why"]
+    assert judged({"accelerate": "1.14.0"}, {"engine": "fsdp2"})[advisory["id"]]["state"] == "applies"
 
 
 def test_a_setup_that_already_has_the_measured_fix_is_cleared(tmp_path: Path) -> None:
     """SHARDED_STATE_DICT passed where the FSDP2 resume baseline failed (accelerate 1.14.0): a config that declares
-    it is not affected; one that declares FULL_STATE_DICT (which failed there too) is."""
+    it is not affected, and the Trainer's SHARDED_STATE_DICT adapter save, which fails on every release measured, is
+    said as a pitfall of that setup; one that declares FULL_STATE_DICT (which failed there too) is affected."""
     sharded = FSDP.format(v=2) + "  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
     full = FSDP.format(v=2) + "  fsdp_state_dict_type: FULL_STATE_DICT\n"
     states = {}
     for name, text in (("sharded", sharded), ("full", full)):
         (tmp_path / f"{name}.yaml").write_text(text)
-        done = _audit(tmp_path, STACK, "--accelerate-config", str(tmp_path / f"{name}.yaml"), "--format", "json")
-        states[name] = {f["state"] for f in json.loads(done.stdout) if "S9-identity-resume" in f["summary"]}
-    assert states == {"sharded": {"cleared"}, "full": {"applies"}}
+        done = _audit(tmp_path, STACK, "--accelerate-config", str(tmp_path / f"{name}.yaml"), "--gpus", "2",
+                      "--format", "json")  # fmt: skip
+        found = answers(done)
+        states[name] = {a["state"] for a in found if a["scenario"] == "S9-identity-resume"}
+        states[name + " pitfalls"] = {a["when"] for a in found if a["state"] == "pitfall" and "S7" in a["scenario"]}
+    assert states["sharded"] == {"cleared"} and states["full"] == {"applies"}
+    assert states["sharded pitfalls"] == {"the Trainer · FSDP2 · SHARDED_STATE_DICT · LoRA"}
+    assert states["full pitfalls"] == set()
 
 
 def test_a_requirements_file_that_leaves_a_package_out_is_undecided_a_lock_is_not(tmp_path: Path) -> None:
     """torch is often installed apart from a project's requirements: a requirements file without it cannot clear a
     failure torch brings; a lock without it has no torch, and the failure cannot happen."""
-    args = ("--setup", "zero3,lora", "--device", "cpu", "--format", "json")
-    loose = json.loads(_audit(tmp_path, "deepspeed==0.16.1\n", *args).stdout)
-    assert any(f["state"] == "undecided" and "torch is not in your files" in f["why"] for f in loose)
+    args = ("--setup", "zero3,lora", "--gpus", "0", "--format", "json")
+    loose = answers(_audit(tmp_path, "deepspeed==0.16.1\n", *args))
+    assert any(a["state"] == "undecided" and "torch is not in your files" in a["why"] for a in loose)
     locked = '[[package]]\nname = "deepspeed"\nversion = "0.16.1"\n'
-    assert not any("torch" in f["why"] for f in json.loads(_audit(tmp_path, locked, *args, name="uv.lock").stdout))
+    assert not any("torch is not in your files" in a["why"] or "not given" in a["why"]
+                   for a in answers(_audit(tmp_path, locked, *args, name="uv.lock")))  # fmt: skip
 
 
 def test_a_failure_one_package_brings_and_another_ends_is_one_advisory() -> None:
     """S4 on CPU: torch 2.5.0 brought the ZeRO-3 checkpointing failure and deepspeed 0.19.3 ended it on the same
-    configs. One advisory holds both as a conjunction (audit: torch 2.13.0 with deepspeed 0.19.3 is clear, with 0.19.2
-    it is not, torch 2.4.1 is clear); OSV's own fields name both packages (any of them), so a tool reading only those
-    reports every stack the conjunction reports."""
+    configs. One advisory holds both as a conjunction (torch 2.13.0 with deepspeed 0.19.3 is clear, with 0.19.2 it is
+    not, torch 2.4.1 is clear); OSV's own fields name both packages (any of them)."""
     s4 = [a for a in committed() if a["database_specific"]["scenario"] == "S4-zero3-lora-checkpoint"
           and a["database_specific"]["device"] == "cpu"]  # fmt: skip
     both = [a for a in s4 if {c["package"] for c in a["database_specific"]["conditions"]} == {"torch", "deepspeed"}]
@@ -209,8 +238,8 @@ def test_a_failure_one_package_brings_and_another_ends_is_one_advisory() -> None
     advisory = both[0]
     configs = set(advisory["database_specific"]["config_ids"])
     assert not [a for a in s4 if a is not advisory and set(a["database_specific"]["config_ids"]) & configs]
-    assert audit.judge(advisory, {"torch": "2.13.0", "deepspeed": "0.19.3"}, {}) is None
-    assert audit.judge(advisory, {"torch": "2.13.0", "deepspeed": "0.19.2"}, {}).state == "applies"
-    assert audit.judge(advisory, {"torch": "2.4.1", "deepspeed": "0.16.1"}, {}) is None
-    for stack in ({"torch": "2.13.0", "deepspeed": "0.19.2"}, {"torch": "2.11.0", "deepspeed": "0.16.1"}):
-        assert any(audit.affected(e["ranges"][0]["events"], stack[e["package"]["name"]]) for e in advisory["affected"])
+    state = {}
+    for torch, deepspeed in (("2.13.0", "0.19.3"), ("2.13.0", "0.19.2"), ("2.4.1", "0.16.1")):
+        state[(torch, deepspeed)] = judged({"torch": torch, "deepspeed": deepspeed})[advisory["id"]]["state"]
+    assert state == {("2.13.0", "0.19.3"): "clean", ("2.13.0", "0.19.2"): "applies", ("2.4.1", "0.16.1"): "clean"}
+    assert {e["package"]["name"] for e in advisory["affected"]} == {"torch", "deepspeed"}

@@ -4,17 +4,19 @@ the flips and sweeps measured."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+from test_report import write_run
 
 from harness.define import setup as vocabulary
 from harness.define.registry import discover
 from harness.knowledge import pitfalls as knowledge
+from harness.knowledge.atlas import Atlas
 from harness.knowledge.evidence import device_class
-from harness.knowledge.flips import changes_for
 from harness.knowledge.selection import select_runs
 from harness.publishing.glance import glance_tables, pitfalls_markdown
-from harness.recording.flip import Flip
-from harness.tools.lookup import Context, answer, render, rows_of
+from harness.tools.lookup import query_of, render
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 S9W = "S9-identity-world-size"
@@ -54,14 +56,15 @@ def atlas() -> list[dict]:
     return records
 
 
-def test_a_config_that_fails_on_every_release_is_a_pitfall_and_leaves_the_count() -> None:
+def test_a_config_that_fails_on_every_release_is_a_pitfall_and_leaves_the_count(tmp_path: Path) -> None:
     found = knowledge.pitfalls(atlas(), {S9W: SPEC})
     [(key, pitfall)] = found.items()
     assert key == knowledge.pitfall_key(S9W, "cpu", "hand")
     assert (pitfall.stacks, pitfall.first_day, pitfall.last_day, pitfall.fixes) == (
         4, "2025-07-04", "2026-04-15", ["global_token_mean"],
     )  # fmt: skip
-    [table] = glance_tables(atlas(), {S9W: SPEC}, found)
+    write_run(tmp_path, "h", "history", "1", atlas())
+    [table] = glance_tables(Atlas(tmp_path, {S9W: SPEC}))
     entries = {row["day"]: row["entries"][0]["text"] for row in table["rows"]}
     assert entries["2026-04-15"] == "✓ 0/1 · ⚠ 1 pitfall"  # the newest day: the Trainer holds, the loop is apart
     assert entries["2025-07-04"].startswith("✗ 1/1")  # the Trainer's own failure still counts
@@ -87,24 +90,32 @@ def test_two_releases_are_not_every_release() -> None:
     assert knowledge.pitfalls(few, {S9W: SPEC}) == {}
 
 
-def test_lookup_answers_per_setup_with_the_release_that_ends_it() -> None:
-    """An exact row: the Trainer fails (and a release ended it, measured), the loop by hand is a pitfall said once;
-    --setup narrows the answer to the user's setup."""
-    records = atlas()
-    found = knowledge.pitfalls(records, {S9W: SPEC})
-    flip = Flip("2025-07-04", "2025-08-02", "target", "not-reproduced", {}, scenario=S9W, package="transformers",
-                release="4.54.0", last_release_before="4.53.3", config_ids=["trainer"], run_id="h")  # fmt: skip
-    changes = changes_for([flip], {"h": "cpu"})
-    context = Context(pitfalls=found, changes=changes)
-    text = render(answer(rows_of(records), {"transformers": "4.53.0"}), {S9W: SPEC}, [S9W], context)
-    assert "the Trainer · DDP · LoRA: FAILS (check-identity-world-size) on 1/1 configs" in text
-    assert "after transformers 4.53.0: ended with transformers 4.54.0 (measured)" in text
-    assert "a loop by hand · FSDP1 · LoRA: PITFALL, not a version failure: your own loop" in text
-    narrowed = render(answer(rows_of(records), {"transformers": "4.53.0"}), {S9W: SPEC}, [S9W],
-                      Context(pitfalls=found, changes=changes, setup=("ddp",)))  # fmt: skip
-    assert "PITFALL" not in narrowed and "FAILS" in narrowed
-    held = render(answer(rows_of(records), {"transformers": "5.5.4"}), {S9W: SPEC}, [S9W], context)
-    assert "target not reproduced (0/1)" in held and "FAILS" not in held
+def test_lookup_answers_per_setup_with_the_release_that_ends_it(tmp_path: Path) -> None:
+    """An exact row: the Trainer fails (and a release ended it, measured), the loop by hand is a pitfall of that setup,
+    said where the user names a setup it could be; --setup narrows the answer to the user's setup."""
+    write_run(tmp_path, "h", "history", "1", atlas())
+    flip = {"scenario": S9W, "older": "2025-07-04", "newer": "2025-08-02", "older_state": "target",
+            "newer_state": "not-reproduced", "changed": {"transformers": ["4.53.0", "4.54.1"]},
+            "package": "transformers", "release": "4.54.0", "last_release_before": "4.53.3",
+            "config_ids": ["trainer"], "signature": "check-identity-world-size"}  # fmt: skip
+    (tmp_path / "flips" / "h").mkdir(parents=True)
+    (tmp_path / "flips" / "h" / "flips.json").write_text(json.dumps([flip]))
+    found = Atlas(tmp_path, {S9W: SPEC})
+
+    def ask(version: str, *words: str) -> str:
+        query = query_of({"transformers": version}, vocabulary.parse_words(words), "cpu", None)
+        return render(found, query, [S9W], [f"transformers=={version}"])
+
+    text = ask("4.53.0")
+    assert "APPLIES (bracketed): the Trainer · DDP · LoRA" in text  # torch and accelerate not given: not exact
+    assert "upgrade transformers to 4.54.0 (measured): ends it" in text
+    assert "PITFALL" not in text  # no setup named: a pitfall is said to the setup it is of
+    assert "PITFALL: a loop by hand · FSDP1 · LoRA: a pitfall, not a version failure: your own loop" in ask(
+        "4.53.0", "fsdp1"
+    )
+    assert "APPLIES" not in ask("4.53.0", "fsdp1")  # the Trainer's DDP failure is another setup's
+    held = ask("5.5.4")
+    assert "no known failure of this scenario applies here" in held and "APPLIES" not in held
 
 
 def test_the_newest_glance_rows_count_no_config_that_fails_on_every_release() -> None:
@@ -115,7 +126,7 @@ def test_the_newest_glance_rows_count_no_config_that_fails_on_every_release() ->
     found = selection.pitfalls(specs)
     assert found, "the loops written by hand (S9) fail on every release: the table lists them as pitfalls"
     records = selection.latest()[0]
-    for table in glance_tables(records, specs, found):
+    for table in glance_tables(Atlas(RESULTS, specs)):
         dated = [row for row in table["rows"] if row["day"]]
         if not dated:
             continue

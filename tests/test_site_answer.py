@@ -1,7 +1,8 @@
-"""The page's answer (site_audit.js, in a real headless Chromium) and `compat-matrix audit` agree on the same input:
-the same findings, states, reasons, certainty and ways out, over the committed advisories, for pasted requirements
-files, pip freezes and lockfiles, every setup the page offers and every GPU count. Then the page as a user reads it:
-the issue's own case at 1,400 px, a linked URL restoring the setup, and a phone's 420 px with nothing off the edge."""
+"""The page's answer (read.js and judge.js, in a real headless Chromium) and `compat-matrix audit` agree on the same
+input: the same answers, states, reasons, certainty and way out, over the committed judge's tables, for pasted
+requirements files, pip freezes and lockfiles, every setup the page offers and every GPU count. Then the page as a user
+reads it: the issue's own case at 1,400 px, a linked URL restoring the setup, and a phone's 420 px with nothing off the
+edge."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from harness.publishing.publish import build_matrix, write_site
-from harness.tools.audit import audit, load_advisories, loose_ranges, read_pins, read_setup, render
+from harness.tools.audit import audit, load_tables, query_of, read_pins, read_setup
 from tests.conftest import REPO_ROOT, screenshot_path
 from tests.test_publish import headless_chromium, open_page
 
@@ -27,17 +28,17 @@ ISSUE_CASE = "torch==2.11.0\ntransformers==5.14.1\npeft==0.20.0\naccelerate==1.1
 
 
 def releases() -> dict[str, list[str]]:
-    """Every release the feed names per package (measured, held, events), plus releases it never measured."""
+    """Every release the judge's tables name per package (measured, and every segment's bound), plus releases they never
+    measured."""
     found: dict[str, set[str]] = {p: {"0.0.1", "99.0.0"} for p in PACKAGES}
-    for advisory in load_advisories(RESULTS):
-        facts = advisory["database_specific"]
-        for package, values in [*facts.get("measured", {}).items(), *facts.get("held", {}).items()]:
-            found.setdefault(package, set()).update(values)
-        for condition in facts["conditions"]:
-            for event in condition["events"]:
-                found[condition["package"]].add(next(iter(event.values())))
+    tables = load_tables(RESULTS)
+    for package, values in tables["releases"].items():
+        found.setdefault(package, set()).update(values)
+    for failure in tables["failures"]:
+        for package, segments in failure["segments"].items():
+            found[package].update(v for s in segments for v in (s[0], s[2]) if v)
     found["accelerate"].add("1.14.1")  # inside a failing range, not measured
-    return {p: sorted(v - {"0"}) for p, v in found.items()}
+    return {p: sorted(v) for p, v in found.items()}
 
 
 def inputs(count: int, seed: int = 20261128) -> list[tuple[str, str, str, str, int | None]]:
@@ -73,26 +74,26 @@ def inputs(count: int, seed: int = 20261128) -> list[tuple[str, str, str, str, i
     return made
 
 
-def audit_json(tmp_path: Path, name: str, text: str, engine: str, adapter: str, gpus: int | None) -> list[Any]:
-    """What `compat-matrix audit FILE --setup ENGINE,ADAPTER [--gpus N] --format json` prints, as data."""
+def audit_json(tmp_path: Path, name: str, text: str, words: list[str], gpus: int | None) -> dict[str, Any]:
+    """What `compat-matrix audit FILE --setup WORDS [--gpus N]` judges, as data: the answers shown, the way out."""
     path = tmp_path / name
     path.write_text(text)
     pins, loose = read_pins(path)
-    setup = read_setup(None, None, [w for w in (engine, adapter) if w])
+    setup = read_setup(None, None, words)
     partial = path.suffix not in (".lock", ".toml")
-    found = audit(RESULTS, pins, setup, [], None, loose_ranges(loose), partial, gpus)
-    return json.loads(render(found, "json", loose))
+    tables = load_tables(RESULTS)
+    report = audit(tables, query_of(tables, pins, setup, loose, partial, gpus, None, []))
+    return json.loads(json.dumps({"answers": report.answers, "way_out": report.way_out}))
 
 
-PAGE_AUDIT = """
-const [text, engine, adapter, gpus] = arguments;
-const read = CompatAudit.readPins(text);
-const setup = {};
-if (engine) setup.engine = engine;
-if (adapter) setup.adapter = adapter;
-const found = CompatAudit.audit(window.COMPAT_ADVISORIES, read.pins, setup,
-  {ranges: CompatAudit.looseRanges(read.loose), partial: read.kind !== "lock", gpus: gpus === null ? undefined : gpus});
-return JSON.stringify(CompatAudit.asJson(found));
+#: The page's own answer for a pasted text and a setup: its state set as the controls set it, then its renderAnswer.
+PAGE_ANSWER = """
+const [text, setup, gpus] = arguments;
+for (const key of ["engine", "adapter", "loop", "state_dict"]) state[key] = setup[key] || "";
+state.gpus = gpus === null ? "" : String(gpus);
+document.getElementById("answer-paste").value = text;
+readPasted();
+return JSON.stringify(window.__answer);
 """
 
 
@@ -118,18 +119,22 @@ def test_the_page_and_audit_agree_on_the_same_input(tmp_path: Path) -> None:
     browser = headless_chromium()
     try:
         browser.get(page.as_uri())
-        assert browser.execute_script("return window.COMPAT_ADVISORIES.length") == len(load_advisories(RESULTS))
+        assert browser.execute_script("return window.COMPAT_JUDGE.failures.length") == len(
+            load_tables(RESULTS)["failures"]
+        )
         states: dict[str, int] = {}
         for name, text, engine, adapter, gpus in cases:
-            expected = audit_json(tmp_path, name, text, engine, adapter, gpus)
-            got = json.loads(browser.execute_script(PAGE_AUDIT, text, engine, adapter, gpus))
+            words = [w for w in (engine, adapter) if w]
+            expected = audit_json(tmp_path, name, text, words, gpus)
+            setup = read_setup(None, None, words)
+            got = json.loads(browser.execute_script(PAGE_ANSWER, text, setup, gpus))
             assert got == expected, f"{name} {engine} {adapter} gpus={gpus}\n{text}"
-            for f in expected:
-                states[f["state"]] = states.get(f["state"], 0) + 1
-        print(f"{len(cases)} inputs agree; findings by state: {states}")
-        assert {"applies", "undecided", "range"} <= set(states), "the inputs reach every state audit gives"
+            for answer in expected["answers"]:
+                states[answer["state"]] = states.get(answer["state"], 0) + 1
+        print(f"{len(cases)} inputs agree; answers by state: {states}")
+        assert {"applies", "undecided", "range", "pitfall"} <= set(states), "the inputs reach every state audit gives"
         bad = browser.execute_script(
-            "try { CompatAudit.readPins('torch=>2 what'); return null } catch (e) { return e.message }"
+            "try { CompatRead.readPins('torch=>2 what'); return null } catch (e) { return e.message }"
         )
         assert bad and "not a requirement" in bad
     finally:
@@ -141,9 +146,10 @@ def test_a_pasted_requirements_file_gives_the_failure_and_the_way_out_and_the_li
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     page = site(tmp_path)
-    expected = audit_json(tmp_path, "requirements.txt", ISSUE_CASE, "fsdp2", "lora", 2)
-    resume = [f for f in expected if f["id"] == "x_COMPAT-MATRIX-S9-cuda-3a1bd84d0d"]
-    assert resume and resume[0]["state"] == "applies" and "upgrade accelerate to 1.15.0" in resume[0]["way_out"]
+    expected = audit_json(tmp_path, "requirements.txt", ISSUE_CASE, ["fsdp2", "lora"], 2)
+    resume = [a for a in expected["answers"] if a["id"] == "x_COMPAT-MATRIX-S9-cuda-3a1bd84d0d"]
+    assert resume and resume[0]["state"] == "applies" and resume[0]["sure"] == "exact"
+    assert expected["way_out"]["pins"] == {"accelerate": "1.15.0"}
     browser = headless_chromium()
     try:
         open_page(browser, page.as_uri(), 1400)
@@ -155,8 +161,9 @@ def test_a_pasted_requirements_file_gives_the_failure_and_the_way_out_and_the_li
         assert json.loads(browser.execute_script("return JSON.stringify(window.__answer)")) == expected
         item = browser.find_element(By.CSS_SELECTOR, '#answer-list li[data-id="x_COMPAT-MATRIX-S9-cuda-3a1bd84d0d"]')
         assert item.get_attribute("data-state") == "applies"
-        assert "resume" in item.text and "upgrade accelerate to 1.15.0" in item.text
-        assert "measured at these exact releases" in item.text
+        assert "resume" in item.text and "upgrade accelerate to 1.15.0 (measured): ends it" in item.text
+        assert "records at exactly these releases" in item.text
+        assert "accelerate==1.15.0" in browser.find_element(By.ID, "answer-pins").text
         browser.save_screenshot(str(screenshot_path("answer-1400.png")))
         link = browser.current_url
         for key in ("engine=fsdp2", "adapter=lora", "gpus=2", "v-accelerate=1.14.0", "src=requirements"):

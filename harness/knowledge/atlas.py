@@ -8,14 +8,17 @@ walks the records again.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from harness.define import setup as vocabulary
+from harness.define.profile import DATE_AXIS
 from harness.knowledge import flips as flip_model
-from harness.knowledge.evidence import device_class
+from harness.knowledge.evidence import OTHER, SHOWS, depends_of, device_class, stack_of, state, world_size
 from harness.knowledge.failures import KnownFailure, Observation, known_failures, observations
+from harness.knowledge.flips import fullest_versions
 from harness.knowledge.judge import Query, evaluate
 from harness.knowledge.pitfalls import Pitfall, pitfalls, without_pitfalls
 from harness.knowledge.selection import Selection, select_runs, selected_flip_runs
@@ -24,12 +27,26 @@ from harness.recording.flip import Flip
 from harness.recording.verdicts import matches, variant_kinds
 
 
+@dataclass(frozen=True)
+class Day:
+    """An install day of an atlas: its date, device and stack (what `lookup --measure` moves releases onto)."""
+
+    date: str
+    device: str
+    versions: dict[str, str]
+    source: str = "table"
+
+
 class Atlas:
     """What the records show, read once. `run_ids` narrows the table to named runs (the probes and flips stay the
     selected runs')."""
 
     def __init__(
-        self, results_dir: Path, specs: dict[str, dict[str, Any]] | None = None, run_ids: list[str] | None = None
+        self,
+        results_dir: Path,
+        specs: dict[str, dict[str, Any]] | None = None,
+        run_ids: list[str] | None = None,
+        selection: Selection | None = None,
     ) -> None:
         self.results_dir = results_dir
         self.run_ids = run_ids
@@ -38,6 +55,23 @@ class Atlas:
 
             specs = {s.id: s.spec for s in discover()}
         self.specs = specs
+        if selection is not None:
+            self.__dict__["selection"] = selection
+
+    @classmethod
+    def of(cls, selection: Selection, specs: dict[str, dict[str, Any]] | None = None) -> Atlas:
+        """The atlas of runs already selected (the flips and findings read from beside them)."""
+        return cls(selection.results_dir or Path("results"), specs, selection=selection)
+
+    def with_records(self, records: list[dict[str, Any]]) -> Atlas:
+        """This atlas with more records in its table (`check`'s own runs of this environment): the same model built
+        again over them, so the judge answers from them as from any record."""
+        selection = self.selection
+        grown = Selection(
+            selection.run_ids, [*selection.records, *records], selection.metas, selection.conflicting,
+            selection.probes, selection.results_dir,
+        )  # fmt: skip
+        return Atlas(self.results_dir, self.specs, self.run_ids, grown)
 
     @cached_property
     def selection(self) -> Selection:
@@ -135,6 +169,64 @@ class Atlas:
                 configs[(record["scenario"], record["config_id"])].append(record.get("config") or {})
         return details(self.failures, configs, self.specs)
 
+    @cached_property
+    def rows(self) -> list[Row]:
+        """The stacks that really ran, one row each: a cell's records split where they ran other versions (a later
+        run of one day can have resolved a newer release), a record that lacks an optional package joining the row
+        whose versions it agrees with; each with its device, world size (the GPUs of a GPU row, the most ranks of a
+        CPU one) and day."""
+        by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for record in self.table:
+            by_cell[record["cell"]].append(record)
+        found = []
+        for cell, records in by_cell.items():
+            for versions, mine in _split_by_versions(records):
+                found.append(Row.of(cell, versions, mine))
+        return found
+
+    def records_at(
+        self, scenario: str, versions: dict[str, str], device: str | None, ranks: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The records of a scenario (every variant; pitfall configs left out) at exactly `versions` of every package
+        its config depends on, on `device` (a distributed scenario on GPUs at `ranks`): the table's and the probes',
+        one per config and variant, the one that shows the target where one does (what the judge's points hold)."""
+        spec = self.specs.get(scenario) or {}
+        chosen: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}
+        for depends, stack, record in self._by_scenario.get(scenario, []):
+            if device and device_class(record) != device:
+                continue
+            if ranks and device == "cuda" and int(spec.get("world_size") or 1) > 1 and world_size(record) != ranks:
+                continue
+            if all(stack[p] == versions.get(p) for p in depends if p in stack):  # a package it lacks: not installed
+                rank = _worst(record, spec)
+                key = (record["config_id"], record["variant"])
+                if key not in chosen or rank > chosen[key][0]:
+                    chosen[key] = (rank, record)
+        return self.counted([record for _, record in chosen.values()])[0]
+
+    @cached_property
+    def _by_scenario(self) -> dict[str, list[tuple[list[str], dict[str, str], dict[str, Any]]]]:
+        """scenario -> (the packages its config depends on, its stack, the record) for every record, table first."""
+        found: dict[str, list[tuple[list[str], dict[str, str], dict[str, Any]]]] = defaultdict(list)
+        for record in [*self.table, *self.probes]:
+            spec = self.specs.get(record["scenario"])
+            if spec is None:
+                continue
+            depends = depends_of(spec, vocabulary.setup_of(record.get("config"), spec))
+            found[record["scenario"]].append((depends, stack_of(record), record))
+        return found
+
+    def days(self, device: str) -> list[Day]:
+        """The install days of the device's atlas, each with its stack as its fullest record names it."""
+        by_day: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for record in self.table:
+            day = (record.get("pins") or {}).get(DATE_AXIS)
+            if day and device_class(record) == device:
+                by_day[str(day)].append(record)
+        return [
+            Day(day, device, stack_of({"versions": fullest_versions(found)})) for day, found in sorted(by_day.items())
+        ]
+
     def judge(self, query: Query) -> list[dict[str, Any]]:
         return evaluate(self.tables, query)
 
@@ -143,3 +235,51 @@ class Atlas:
 
     def setup_of(self, record: dict[str, Any]) -> dict[str, str]:
         return vocabulary.narrowing(vocabulary.setup_of(record.get("config"), self.specs.get(record["scenario"])))
+
+
+@dataclass
+class Row:
+    """A stack that ran: its cell, the versions its records ran, where, and the records."""
+
+    cell: str
+    versions: dict[str, str]
+    device: str
+    ranks: int
+    day: str | None
+    records: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, cell: str, versions: dict[str, str], records: list[dict[str, Any]]) -> Row:
+        hardware = [r.get("hardware") or {} for r in records]
+        device = "cuda" if any(h.get("device") == "cuda" for h in hardware) else "cpu"
+        gpus = max((int(h.get("gpu_count") or 0) for h in hardware), default=0)
+        ranks = gpus if device == "cuda" and gpus else max((int(h.get("world_size") or 1) for h in hardware), default=1)
+        day = next((str(r["pins"][DATE_AXIS]) for r in records if (r.get("pins") or {}).get(DATE_AXIS)), None)
+        return cls(cell, versions, device, ranks, day, records)
+
+    def query(self) -> Query:
+        """The judge's question at this row: exactly its releases, on its device (a GPU row at its GPU count)."""
+        return Query(dict(self.versions), {}, self.device, self.ranks if self.device == "cuda" else None)
+
+
+def _split_by_versions(records: list[dict[str, Any]]) -> list[tuple[dict[str, str], list[dict[str, Any]]]]:
+    """The records of one cell by the versions they ran: a record that names fewer packages joins the one group whose
+    versions agree with all it names (S7's GPU run without bitsandbytes joins the day's S2 run with it)."""
+    groups: dict[tuple[tuple[str, str], ...], list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        groups[tuple(sorted(stack_of(record).items()))].append(record)
+    fullest = sorted(groups, key=len, reverse=True)
+    merged: dict[tuple[tuple[str, str], ...], list[dict[str, Any]]] = {}
+    for versions in fullest:
+        homes = [v for v in merged if len(v) > len(versions) and set(versions) <= set(v)]
+        if len(homes) == 1:
+            merged[homes[0]].extend(groups[versions])
+        else:
+            merged[versions] = list(groups[versions])
+    return [(dict(v), found) for v, found in merged.items()]
+
+
+def _worst(record: dict[str, Any], spec: dict[str, Any]) -> int:
+    """Which record of a config speaks at a stack: one that shows the target, then another failure, then a pass."""
+    found = state(record, spec)
+    return {SHOWS: 3, OTHER: 2}.get(found, 1 if record["outcome"] == "pass" else 0)

@@ -55,3 +55,12 @@ def state(record: dict[str, Any], spec: dict[str, Any] | None) -> str:
     if outcome in BAD and matches(record.get("signature"), target):
         return SHOWS
     return OTHER if outcome in BAD else NONE
+
+
+def depends_of(spec: dict[str, Any] | None, setup: dict[str, str]) -> list[str]:
+    """The axis packages a config of this setup can depend on: its scenario's (SPEC `requires`) and those its setup
+    brings (ZeRO-3: deepspeed; QLoRA: bitsandbytes; the Trainer: accelerate), in table order."""
+    if not (spec or {}).get("requires"):
+        return list(AXIS_PACKAGES)  # a scenario that does not say what it imports depends on every package
+    wanted = set((spec or {}).get("requires") or []) | vocabulary.brought_packages(setup)
+    return [p for p in AXIS_PACKAGES if p in wanted]

@@ -22,7 +22,7 @@ from typing import Any
 
 from harness.define import setup as vocabulary
 from harness.define.packages import AXIS_PACKAGES
-from harness.knowledge.evidence import NONE, OTHER, PASSES, SHOWS, device_class, stack_of, world_size
+from harness.knowledge.evidence import NONE, OTHER, PASSES, SHOWS, depends_of, device_class, stack_of, world_size
 from harness.knowledge.evidence import state as record_state
 from harness.knowledge.flips import Change
 from harness.versions.matching import release_key
@@ -267,12 +267,8 @@ def _failure(
     )
     setups = sorted({o.setup for o in mine if o.config_id in configs})
     conditions = _conditions(changes, mine, family)
-    depends = sorted(
-        {p for p in (spec.get("requires") or []) if p in AXIS_PACKAGES}
-        | {c.package for c in conditions}
-        | set().union(*(vocabulary.brought_packages(dict(s)) for s in setups)),
-        key=AXIS_PACKAGES.index,
-    )
+    wanted = {c.package for c in conditions}.union(*(depends_of(spec, dict(s)) for s in setups))
+    depends = [p for p in AXIS_PACKAGES if p in wanted]
     fixes: dict[str, dict[str, Any]] = {}
     for config in configs:
         for fix in fixes_of.get((scenario, device, config), []):

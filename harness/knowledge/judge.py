@@ -153,18 +153,12 @@ def _judge(failure: Mapping[str, Any], query: Query, narrowing: list[str], table
     setups = [i for i, s in enumerate(failure["setups"]) if _agrees(s["keys"], query.setup, narrowing)]
     if not setups:
         return _answer(failure, "not-applicable", "another setup")
-    when = "; ".join(failure["setups"][i]["words"] for i in setups)
     answer = _by_points(failure, query, setups) or _by_segments(failure, query)
-    answer["when"] = when
+    answer.setdefault("setups", [failure["setups"][i]["keys"] for i in setups])
+    answer.setdefault("when", "; ".join(failure["setups"][i]["words"] for i in setups))
+    when = answer["when"]
     if answer["state"] in ("applies", "undecided", "range"):
-        fix = next(
-            (
-                f
-                for f in failure["fixes"]
-                if f.get("setup") and all(query.setup.get(k) == v for k, v in f["setup"].items())
-            ),
-            None,
-        )
+        fix = next((f for f in failure["fixes"] if _has_setting(query.setup, f.get("setup"))), None)
         if fix is not None:
             return _answer(failure, "cleared", f"your setup has {fix['words']}, which the records show passing "
                            "where it failed", answer["sure"], when=when)  # fmt: skip
@@ -207,7 +201,7 @@ def _by_points(failure: Mapping[str, Any], query: Query, setups: list[int]) -> d
     depends = failure["depends"]
     if any(p not in query.versions for p in depends):
         return None
-    by_stack: dict[tuple[str, ...], set[str]] = {}
+    by_stack: dict[tuple[str, ...], dict[int, set[str]]] = {}
     refs: list[Any] = []
     for stack, setup, size, state, ref in failure["points"]:
         if setup not in setups or (
@@ -215,21 +209,25 @@ def _by_points(failure: Mapping[str, Any], query: Query, setups: list[int]) -> d
         ):
             continue
         if all(_matches(v, query.versions[p], p in query.prefix) for p, v in zip(depends, stack, strict=True)):
-            by_stack.setdefault(tuple(stack), set()).add(state)
+            by_stack.setdefault(tuple(stack), {}).setdefault(setup, set()).add(state)
             refs.append(failure["refs"][ref])
     if not by_stack:
         return None
-    verdicts = {stack: _stack_state(states) for stack, states in by_stack.items()}
+    verdicts = {stack: _stack_state(set().union(*found.values())) for stack, found in by_stack.items()}
     states = set(verdicts.values())
-    at = ", ".join(f"{p} {v}" for p, v in zip(depends, sorted(by_stack)[0], strict=True))
+    ordered = sorted(by_stack, key=lambda stack: [key(v) for v in stack])
+    at = ", ".join(f"{p} {v}" for p, v in zip(depends, ordered[0], strict=True))
+    showing = sorted({i for found in by_stack.values() for i, s in found.items() if _stack_state(s) == SHOWS})
     if states == {SHOWS}:
-        return _answer(failure, "applies", f"measured failing at {at}", "exact", evidence=refs[:3])
+        return _answer(failure, "applies", f"measured failing at {at}", "exact", evidence=refs[:3],
+                       setups=[failure["setups"][i]["keys"] for i in showing],
+                       when="; ".join(failure["setups"][i]["words"] for i in showing))  # fmt: skip
     if states == {PASSES}:
         return _answer(failure, "clean", f"measured passing at {at}", "exact", evidence=refs[:3])
     if len(verdicts) > 1:
         words = "; ".join(
             f"{', '.join(f'{p} {v}' for p, v in zip(depends, stack, strict=True))}: {_STATE_WORDS[s]}"
-            for stack, s in sorted(verdicts.items())
+            for stack, s in ((stack, verdicts[stack]) for stack in ordered)
         )
         return _answer(failure, "undecided", f"the releases asked name stacks that differ: {words}", "exact",
                        evidence=refs[:3])  # fmt: skip
@@ -270,7 +268,7 @@ def _by_segments(failure: Mapping[str, Any], query: Query) -> dict[str, Any]:
                     unmeasured.append(f"{package}: your range holds no release measured for it")
             elif conditioned and query.partial:
                 unmeasured.append(f"{package} is not in your files (installed apart? give its release: a lock, --env)")
-            elif conditioned:
+            elif conditioned or not query.partial:  # a lock or an environment without it: it is not installed
                 return _answer(failure, "not-applicable", f"{package} is not installed")
             else:
                 missing.append(package)

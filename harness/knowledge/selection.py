@@ -29,6 +29,8 @@ class Selection:
     #: The records of the probe runs (flips' moves and sweeps, bisects, the watch) beside the table's: evidence at
     #: exact releases (a config that passed in one is no pitfall). Read for the default table only.
     probes: tuple[dict[str, Any], ...] = ()
+    #: Where the runs were read from (the flips and findings beside them belong to the same atlas).
+    results_dir: Path | None = None
 
     def pitfalls(self, specs: dict[str, dict[str, Any]]) -> dict[tuple[str, str], Any]:
         """The configs that fail on every release measured (`knowledge.pitfalls`), from the table and the probes."""
@@ -56,7 +58,9 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
 
             raise UsageError(f"unknown run id(s): {', '.join(unknown)} (known: {', '.join(metas) or 'none'})")
         records = [rec for r in chosen for rec in rename_all(read_records(run_root / r / "records.jsonl"))]
-        return Selection(chosen, qualify_shared_cells(records, metas), [metas[r] for r in chosen])
+        return Selection(
+            chosen, qualify_shared_cells(records, metas), [metas[r] for r in chosen], results_dir=results_dir
+        )
     by_profile: dict[str, list[str]] = defaultdict(list)
     for run_id, meta in metas.items():
         if not retired(meta):
@@ -83,9 +87,8 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
     records = qualify_shared_cells(records, metas, shared)
     # A flaky key of a shared cell follows its cell to the qualified id.
     conflicting = {(_shown_cell(key[0], profile, shared), *key[1:]) for profile, key in disagreeing}
-    return Selection(
-        chosen, records, [metas[r] for r in chosen], frozenset(conflicting), tuple(probe_records(results_dir, metas))
-    )
+    probes = tuple(probe_records(results_dir, metas))
+    return Selection(chosen, records, [metas[r] for r in chosen], frozenset(conflicting), probes, results_dir)
 
 
 def newest_per_pair(

@@ -71,7 +71,7 @@ def _candidates(failures: list[Mapping[str, Any]], query: Query) -> dict[str, li
                     found.setdefault(package, set()).update(v for v in (segment[0], segment[2]) if v)
     have = {p: key(query.versions[p]) for p in found if p in query.versions}
     return {
-        p: sorted((v for v in releases if key(v) != have.get(p)), key=lambda v: _distance(v, have.get(p)))
+        p: sorted((v for v in sorted(releases) if key(v) != have.get(p)), key=lambda v: _distance(v, have.get(p)))
         for p, releases in sorted(found.items())
     }
 

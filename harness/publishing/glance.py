@@ -4,6 +4,7 @@ and the first change to try (a real fix before a workaround: the first one the d
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -12,7 +13,7 @@ from packaging.version import InvalidVersion, Version
 from harness.define import setup as vocabulary
 from harness.define.packages import AXIS_PACKAGES, public_version, short_name
 from harness.knowledge import pitfalls as knowledge
-from harness.knowledge.flips import fullest_versions
+from harness.knowledge.atlas import Atlas
 from harness.recording.verdicts import first_change, largest_off_by, variant_kinds, verdict
 from harness.textsafe import md, slug
 from scenarios.fix_words import fix_words
@@ -114,45 +115,28 @@ def version_label(versions: dict[str, Any]) -> str:
     return " ".join(f"{short_name(p)} {public_version(str(versions[p]))}" for p in AXIS_PACKAGES if versions.get(p))
 
 
-def glance_tables(
-    records: list[dict[str, Any]],
-    specs: dict[str, dict[str, Any]],
-    pitfalls: dict[tuple[str, str], knowledge.Pitfall] | None = None,
-) -> list[dict[str, Any]]:
-    """One table per (device, world size): its scenario columns and its rows, newest first, each row named by
-    the versions that ran, with the cell it stands for and one short entry per scenario. The Markdown table,
-    matrix.json and the site's answer grid are all drawn from this. A config that fails on every release measured
-    (`knowledge.pitfalls`, from these records where none are given) never counts in an entry's k/n."""
-    if pitfalls is None:
-        pitfalls = knowledge.pitfalls(records, specs)
-    by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for record in records:
-        by_cell[record["cell"]].append(record)
-    scenarios = sorted({r["scenario"] for r in records}, key=lambda s: (int(s[1:].split("-")[0]), s))
+def glance_tables(atlas: Atlas) -> list[dict[str, Any]]:
+    """One table per (device, world size): its scenario columns and its rows (`Atlas.rows`: a stack that ran, split
+    where a cell's records ran other versions), newest first, each named by the versions its records ran, with one short
+    entry per scenario. The entry's symbol is the judge's (a known failure of the scenario applies, measured at exactly
+    the row's releases), its count and first fix the row's records' (pitfall configs never counted); `failing` lists
+    the setups whose failure applies there, so the page narrows the grid to a user's setup without judging again."""
+    specs = atlas.specs
+    scenarios = sorted({r["scenario"] for r in atlas.table}, key=lambda s: (int(s[1:].split("-")[0]), s))
     groups: dict[tuple[str, int], list[tuple[tuple, dict[str, Any]]]] = defaultdict(list)
-    for cell, cell_records in by_cell.items():
-        versions = fullest_versions(cell_records)
-        hardware = [r.get("hardware") or {} for r in cell_records]
-        device = "GPU" if any(h.get("device") == "cuda" for h in hardware) else "CPU"
-        # A GPU table holds the runs made on that many GPUs (their distributed scenarios at that many ranks): the
-        # newest evidence of each world size, never one world size's run hiding another's. On CPU, the most ranks.
-        gpus = max((int(h.get("gpu_count") or 0) for h in hardware), default=0)
-        ranks = gpus if device == "GPU" and gpus else max((int(h.get("world_size") or 1) for h in hardware), default=1)
-        date = next(((r.get("pins") or {}).get("date") for r in cell_records if (r.get("pins") or {}).get("date")), "")
-        shown = {p: public_version(str(versions[p])) for p in AXIS_PACKAGES if versions.get(p)}
-        label = (version_label(versions) or cell) + (f" ({date})" if date else "")
-        entries = []
-        for scenario in scenarios:
-            subset, left_out = knowledge.without_pitfalls(
-                [r for r in cell_records if r["scenario"] == scenario], pitfalls
-            )
-            found = verdict(subset, specs.get(scenario)) if subset else None
-            text = entry(found, specs.get(scenario), len(left_out)) if found or left_out else "-"
-            state = found.state if found else "empty"
-            entries.append({"scenario": scenario, "text": text, "state": state, "pitfalls": sorted(left_out)})
-        order = tuple(public_version(str(versions.get(p) or "0")) for p in AXIS_PACKAGES)
-        row = {"label": label, "cell": cell, "day": date or None, "versions": shown, "entries": entries}
-        groups[(device, ranks)].append((order, row))
+    for found_row in atlas.rows:
+        device = "GPU" if found_row.device == "cuda" else "CPU"
+        answers = atlas.judge(found_row.query())
+        date = found_row.day or ""
+        label = (version_label(found_row.versions) or found_row.cell) + (f" ({date})" if date else "")
+        entries = [
+            _entry_of(atlas, found_row, scenario, [a for a in answers if a["scenario"] == scenario])
+            for scenario in scenarios
+        ]
+        order = tuple(found_row.versions.get(p) or "0" for p in AXIS_PACKAGES)
+        row = {"label": label, "cell": found_row.cell, "day": date or None, "versions": dict(found_row.versions),
+               "entries": entries}  # fmt: skip
+        groups[(device, found_row.ranks)].append((order, row))
     for rows in groups.values():
         # Two profiles that ran the same stack (the coffee-break `default` and the full `cpu`) are two rows of
         # their own evidence: each is told apart by its profile where their versions read the same.
@@ -178,23 +162,44 @@ def glance_tables(
     return tables
 
 
+#: The judge's states that mark an entry failing (measured at exactly the row's releases).
+FAILING = ("applies", "applies-if")
+
+
+def _entry_of(atlas: Atlas, row: Any, scenario: str, answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The entry of a row's scenario: its records at exactly the row's releases of every package the scenario
+    depends on (the row's own, and any other run's at those releases: the judge's points), counted."""
+    spec = atlas.specs.get(scenario)
+    mine = [r for r in row.records if r["scenario"] == scenario]
+    _, left_out = atlas.counted(mine)
+    counted = atlas.records_at(scenario, row.versions, row.device, row.ranks) if mine else []
+    found = verdict(counted, spec) if counted else None
+    failing = [a for a in answers if a["state"] in FAILING and a["sure"] == "exact"]
+    text = entry(found, spec, len(left_out)) if found or left_out else "-"
+    state = found.state if found else "empty"
+    return {
+        "scenario": scenario,
+        "text": text,
+        "state": state,
+        "judged": "fails" if failing else "holds" if found and state in ("not-reproduced", "passes") else "none",
+        "failing": sorted({json.dumps(k, sort_keys=True) for a in failing for k in a.get("setups", [])}),
+        "pitfalls": sorted(left_out),
+    }
+
+
 def _title(device: str, ranks: int) -> str:
     """'CPU, up to 2 ranks'; 'GPU, 2 ranks' for the runs made on 2 GPUs (their single-process scenarios at one)."""
     plural = "s" if ranks > 1 else ""
     return f"CPU, up to {ranks} rank{plural}" if device == "CPU" else f"GPU, {ranks} rank{plural}"
 
 
-def glance_markdown(
-    records: list[dict[str, Any]],
-    specs: dict[str, dict[str, Any]],
-    pitfalls: dict[tuple[str, str], knowledge.Pitfall] | None = None,
-) -> list[str]:
+def glance_markdown(atlas: Atlas) -> list[str]:
     """The glance table's lines: one table per (device, world size), rows named by versions, newest first; then the
     pitfalls, once each."""
-    if pitfalls is None:
-        pitfalls = knowledge.pitfalls(records, specs)
+    pitfalls = atlas.pitfalls
+    specs = atlas.specs
     lines = ["## The answer at a glance", "", LEGEND, ""]
-    tables = glance_tables(records, specs, pitfalls)
+    tables = glance_tables(atlas)
     if tables:
         heads = "; ".join(f"**{md(c['label'])}**: {md(c['what'])}" for c in tables[0]["columns"] if c["what"])
         lines += [f"Columns: {heads}.", ""]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES
+from harness.knowledge.atlas import Atlas
 from harness.knowledge.selection import Selection, retired, same_code
 from harness.publishing.glance import SYMBOLS_LEGEND, glance_tables, pick_options, pitfall_rows
 from harness.recording import runs
@@ -27,7 +28,8 @@ from harness.textsafe import code, md, slug
 
 SCHEMA = "compat-matrix/matrix/v1"
 SITE_TEMPLATE = Path(__file__).with_name("site_template.html")
-SITE_AUDIT = Path(__file__).with_name("site_audit.js")  # audit.py's judging, for the page
+SITE_READ = Path(__file__).with_name("site_read.js")  # audit.py's readers, for the page
+SITE_JUDGE = Path(__file__).with_name("judge.js")  # the judge's fold over the compiled tables, for the page
 MESSAGE_LIMIT = 1500
 VERSION_KEYS = ("python", *AXIS_PACKAGES)
 
@@ -36,11 +38,14 @@ def build_matrix(
     selection: Selection,
     repro_index: list[dict[str, Any]] | None = None,
     specs: dict[str, dict[str, Any]] | None = None,
+    atlas: Atlas | None = None,
 ) -> dict[str, Any]:
-    """The document behind matrix.json and the site (schema: docs/matrix-json.md)."""
+    """The document behind matrix.json and the site (schema: docs/matrix-json.md); the glance and the pitfalls are
+    views of the atlas's judge."""
     specs = specs or {}
+    atlas = atlas or Atlas.of(selection, specs)
     records, flaky = selection.latest()
-    pitfalls = selection.pitfalls(specs)
+    pitfalls = atlas.pitfalls
     grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         grouped[(record["cell"], record["scenario"])].append(record)
@@ -111,7 +116,7 @@ def build_matrix(
         },
         "records": slim,
         "flaky_keys": sorted(list(k) for k in flaky),
-        "glance": glance_tables(records, specs, pitfalls),
+        "glance": glance_tables(atlas),
         "pitfalls": pitfall_rows(pitfalls, specs),
     }
 
@@ -243,9 +248,10 @@ def write_junit(selection: Selection, out_dir: Path) -> list[Path]:
 
 
 def write_site(document: dict[str, Any], out_dir: Path, advisories_dir: Path | None = None) -> Path:
-    """A small page and its data beside it: `data/glance.js` (the answer grid, loaded first) and `data/matrix.js`
-    (every record, loaded once the grid is on screen). No external resources; works from file://, where a
-    browser refuses fetch(), so the data are script files that assign one JSON object each."""
+    """A small page and its data beside it: `data/glance.js` (the answer grid, loaded first), `data/judge.js` (the
+    judge's tables the page's answer looks versions up in) and `data/matrix.js` (every record, loaded once the grid is
+    on screen). No external resources; works from file://, where a browser refuses fetch(), so the data are script
+    files that assign one JSON object each."""
     data_dir = out_dir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     glance = {
@@ -261,21 +267,24 @@ def write_site(document: dict[str, Any], out_dir: Path, advisories_dir: Path | N
     }
     (data_dir / "glance.js").write_text(f"window.COMPAT_GLANCE = {_script_json(glance)};\n")
     (data_dir / "matrix.js").write_text(f"window.COMPAT_DATA = {_script_json(document)};\n")
-    write_site_advisories(advisories_dir, out_dir)
-    (out_dir / "audit.js").write_text(SITE_AUDIT.read_text())
+    write_site_tables(advisories_dir, out_dir)
+    (out_dir / "read.js").write_text(SITE_READ.read_text())
+    (out_dir / "judge.js").write_text(SITE_JUDGE.read_text())
     path = out_dir / "index.html"
     path.write_text(SITE_TEMPLATE.read_text())
     return path
 
 
-def write_site_advisories(advisories_dir: Path | None, site_dir: Path) -> None:
-    """data/advisories.js: the advisories feed the page's answer judges (audit.js), as audit reads it; empty where
-    there is no feed yet."""
-    from harness.publishing.advisories import read
+def write_site_tables(advisories_dir: Path | None, site_dir: Path) -> None:
+    """data/judge.js: the judge's tables written beside the advisories, which the page's answer looks versions up in;
+    empty tables where there is no feed yet."""
+    from harness.publishing.advisories import JUDGE_FILE, read_tables
 
-    every = read(advisories_dir) if advisories_dir and (advisories_dir / "index.json").is_file() else []
+    found = advisories_dir and (advisories_dir / JUDGE_FILE).is_file()
+    tables = read_tables(advisories_dir) if found else {"failures": [], "pitfalls": [], "releases": {}}  # type: ignore[arg-type]
     (site_dir / "data").mkdir(parents=True, exist_ok=True)
-    (site_dir / "data" / "advisories.js").write_text(f"window.COMPAT_ADVISORIES = {_script_json(every)};\n")
+    (site_dir / "data" / "judge.js").write_text(f"window.COMPAT_JUDGE = {_script_json(tables)};\n")
+    (site_dir / "data" / "advisories.js").unlink(missing_ok=True)
 
 
 def _script_json(value: Any) -> str:
@@ -290,11 +299,13 @@ def _script_json(value: Any) -> str:
     )
 
 
-def publish(results_dir: Path, selection: Selection, specs: dict[str, dict[str, Any]] | None = None) -> dict[str, Path]:
+def publish(
+    results_dir: Path, selection: Selection, specs: dict[str, dict[str, Any]] | None = None, atlas: Atlas | None = None
+) -> dict[str, Path]:
     """matrix.json, site/index.html and junit/<run>.xml next to COMPATIBILITY.md."""
     repro_index_path = results_dir / "repros" / "index.json"
     repro_index = json.loads(repro_index_path.read_text()) if repro_index_path.is_file() else []
-    document = build_matrix(selection, repro_index, specs)
+    document = build_matrix(selection, repro_index, specs, atlas)
     document["changes"] = changes_since_previous(results_dir, selection)
     from harness.knowledge.findings import load_all
     from harness.publishing.findings import findings_rows

@@ -24,15 +24,16 @@ def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | No
 
 def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None) -> Path:
     from harness.define.registry import discover
-    from harness.knowledge.selection import select_runs
+    from harness.knowledge.atlas import Atlas
     from harness.publishing.report import render_markdown
 
-    selection = select_runs(results_dir, run_ids)
-    if not selection.run_ids:
-        raise NothingToReport(f"no records under {results_dir / 'runs'}; run `nox -s matrix` first")
     known = discover()
     specs = {s.id: s.spec for s in known}
-    text = render_markdown(selection, specs)
+    atlas = Atlas(results_dir, specs, run_ids)
+    selection = atlas.selection
+    if not selection.run_ids:
+        raise NothingToReport(f"no records under {results_dir / 'runs'}; run `nox -s matrix` first")
+    text = render_markdown(selection, specs, atlas)
     from harness.publishing.growth import lately, lately_markdown
 
     recent = lately(results_dir) if run_ids is None else {}
@@ -67,7 +68,7 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
         from harness.publishing.repro import sync_repros
 
         sync_repros(selection.records, {s.id: s for s in known}, results_dir / "repros")
-        publish(results_dir, selection, specs)
+        publish(results_dir, selection, specs, atlas)
         from harness.publishing.plots import plot_real_size
         from harness.publishing.report import real_size_rows
 
@@ -87,37 +88,27 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
         (results_dir / "FINDINGS.md").write_text(
             findings_markdown(load_all(results_dir / "findings"), results_dir, specs)
         )
-        write_advisories(results_dir, selection, specs, flips, dated)
+        write_advisories(atlas)
         from harness.publishing import adapter_grid
 
         adapter_grid.write(results_dir)  # ADAPTER-GRID.md, from the newest adapters-grid run
     return output
 
 
-def write_advisories(
-    results_dir: Path, selection: Any, specs: dict[str, Any], flips: list[Any], dated: dict[str, Any]
-) -> Path:
-    """results/advisories/: the table's flips that name a cause (a masked one names none), the watch's, the sweeps'
-    windows and the verified findings, as OSV advisories (`publishing/advisories.py`)."""
-    from harness.knowledge.flips import dated_verdicts, masking
+def write_advisories(atlas: Any) -> Path:
+    """results/advisories/: every known failure of the atlas as an OSV advisory, and the judge's tables beside them
+    (`publishing/advisories.py`); the site's copy of the feed and of the tables its page judges by."""
     from harness.publishing import advisories
-    from harness.publishing.growth import watched_flips
 
-    verdicts = {device: dated_verdicts(records, specs)[2] for device, records in dated.items()}
-    run_device = {r["run_id"]: device for device, records in dated.items() for r in records}
-    named = [
-        f for f in [*flips, *watched_flips(results_dir)]
-        if not masking(f, verdicts.get(run_device.get(f.run_id or "", "cpu"), {}))
-    ]  # fmt: skip
-    made = advisories.build(selection.latest()[0], list(selection.probes), named, specs, results_dir)
-    folder = advisories.write(made, results_dir)
+    results_dir = atlas.results_dir
+    folder = advisories.write(advisories.build(atlas), atlas.tables, results_dir)
     site = results_dir / "site"
     if site.is_dir():  # the site serves them as a feed beside its page (advisories/index.json)
         import shutil
 
         shutil.rmtree(site / "advisories", ignore_errors=True)
         shutil.copytree(folder, site / "advisories")
-        from harness.publishing.publish import write_site_advisories
+        from harness.publishing.publish import write_site_tables
 
-        write_site_advisories(folder, site)  # the page's answer judges the advisories just written
+        write_site_tables(folder, site)  # the page's answer looks versions up in the tables just written
     return folder

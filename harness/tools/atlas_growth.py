@@ -182,7 +182,7 @@ def write_watch(out_dir: Path, watched: list[Watched], day: str, on: dt.date) ->
 def day_versions(results_dir: Path, profile_name: str, day: str) -> dict[str, str]:
     """The axis packages' releases the day's cell really imported (its records' `versions`, the fullest of them)."""
     from harness.define.packages import AXIS_PACKAGES, public_version
-    from harness.publishing.glance import fullest_versions
+    from harness.knowledge.flips import fullest_versions
 
     versions = fullest_versions(_cell_records(results_dir, profile_name, day))
     return {p: public_version(str(versions[p])) for p in AXIS_PACKAGES if versions.get(p)}

@@ -1,18 +1,16 @@
 """`compat-matrix audit`: a lockfile and a setup in, the known failures that apply out, as a CI gate (pip-audit's
 conventions: `--format columns|json|markdown`, `--ignore-id`, exit 1 when an advisory applies, 0 when none does, 2 on
-bad input).
+bad input). It is a view of the one judge (`knowledge/judge.py`), over the tables written beside the advisories.
 
 It reads what the user has (`requirements.txt` with exact pins or a `pip freeze`, `uv.lock`, `pylock.toml`,
 `poetry.lock`, or an environment: this one with `--env`, another with `--python`) and their setup (the YAML that
-`accelerate config` writes, a DeepSpeed JSON, or `--setup fsdp1,lora`), and judges each advisory of
-`results/advisories/` (`publishing/advisories.py`) by its conjunction of conditions (every package's range), its setups
-and the releases the atlas measured:
-- **applies**: every condition holds and each release lies where the records decide it;
-- **undecided**: a release lies where the atlas measured nothing (outside the releases measured for that failure, or
-  between the two releases a change was found between); never reported as clean: `lookup --measure` measures it;
-- not applicable: another setup, a package the user does not have, or a release outside a range.
-For each advisory that applies it prints the way out: the smallest upgrade (or the downgrade) of a package that leaves
-every applicable advisory, and the workarounds measured where no release ends it.
+`accelerate config` writes, a DeepSpeed JSON, or `--setup fsdp1,lora`), asks the judge about every known failure, and
+prints each answer that concerns the user: APPLIES (exit 1), APPLIES IF (a condition on their model no lockfile shows:
+exit 1 only under `--strict`), RANGE (a range they allow admits a release measured failing), UNDECIDED (their releases
+lie where nothing was measured: never clean; with the command that measures them), PITFALL (their setup fails on every
+release measured) and CLEARED (their setup already has the measured fix), each with how sure it is. Then the one
+recommended set of pins (`knowledge/ways_out.py`): the fewest release moves that leave nothing applying, judged again
+over every failure, and per failure what one move of each of its packages ends and brings.
 """
 
 from __future__ import annotations
@@ -27,12 +25,12 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from harness.errors import UsageError
+from harness.knowledge.judge import Query, evaluate
+from harness.knowledge.ways_out import way_out
 from harness.paths import RESULTS_DIR
-from harness.versions.matching import release_key
-from scenarios.fix_words import fix_words
+from harness.publishing.advisories import JUDGE_FILE, read_tables
 
 FORMATS = ("columns", "json", "markdown")
-CLEARED = "which the records show passing where it failed"
 
 
 # --- what the user has ---------------------------------------------------------------------------------------------
@@ -179,218 +177,29 @@ def _accelerate_setup(path: Path) -> dict[str, str]:
 
 # --- judging -------------------------------------------------------------------------------------------------------
 
+#: What each state is called in the columns.
+LABELS = {"applies": "APPLIES", "applies-if": "APPLIES IF", "range": "RANGE", "undecided": "UNDECIDED",
+          "pitfall": "PITFALL", "cleared": "CLEARED"}  # fmt: skip
+SHOWN = tuple(LABELS)
+
 
 @dataclass
-class Finding:
-    advisory: dict[str, Any]
-    state: str  # "applies" | "undecided" | "range" (a loose requirement admits it) | "cleared" (the setup has its fix)
-    why: str
-    way_out: list[str] = field(default_factory=list)
-    sure: str = ""  # how sure: measured at these exact releases, or what to run to measure them
+class Report:
+    """The judge's answers that concern the user, the one recommended way out, and the tables they came from."""
 
+    answers: list[dict[str, Any]]
+    way_out: dict[str, Any]
+    tables: dict[str, Any]
+    query: Query
+    loose: list[str] = field(default_factory=list)
 
-def affected(events: list[dict[str, str]], version: str) -> bool:
-    """OSV's ECOSYSTEM range: the last event at or below `version` is an `introduced` one."""
-    state = False
-    for event in sorted(events, key=lambda e: release_key(next(iter(e.values())))):
-        kind, at = next(iter(event.items()))
-        if release_key(at) > release_key(version):
-            break
-        state = kind == "introduced"
-    return state
+    def failure(self, failure_id: str) -> dict[str, Any]:
+        return next(f for f in self.tables["failures"] if f["id"] == failure_id)
 
-
-def judge(
-    advisory: dict[str, Any],
-    pins: dict[str, str],
-    setup: dict[str, str],
-    ranges: dict[str, Any] | None = None,
-    partial: bool = False,
-    gpus: int | None = None,
-) -> Finding | None:
-    """An advisory against the user's releases and setup: applies, undecided, admitted by a range the user allows
-    ("range": a requirement that pins no release, whose range holds an affected release the atlas measured), or None
-    (does not apply). `partial`: the input is a requirements file, which need not name every package installed (torch
-    is often installed apart), so a package it does not name is undecided, not absent. `gpus`: how many GPUs the user
-    trains on (0: a CPU run, where what was measured on GPUs does not apply; N: an advisory measured on GPUs at other
-    world sizes only is undecided); None: every advisory, by releases and setup alone."""
-    facts = advisory["database_specific"]
-    if gpus == 0 and facts["device"] != "cpu":
-        return None
-    if setup and facts.get("setup_keys") and not any(_same_setup(keys, setup) for keys in facts["setup_keys"]):
-        return None
-    if _cleared_by(facts, setup):
-        return None
-    undecided, admitted = [], []
-    for condition in facts["conditions"]:
-        package, events = condition["package"], condition["events"]
-        have = pins.get(package)
-        if have is None and package in (ranges or {}):
-            allowed_by = (ranges or {})[package]
-            allowed = [v for v in facts.get("measured", {}).get(package, []) if allowed_by.contains(v)]
-            bad = [v for v in allowed if affected(events, v)]
-            if bad:
-                admitted.append(f"{package} {allowed_by or '(any)'} admits {', '.join(bad)}")
-                continue
-            if allowed:
-                return None
-            undecided.append(f"{package} {allowed_by or '(any)'} holds no release measured for it")
-            continue
-        if have is None and partial:
-            undecided.append(f"{package} is not in your files (installed apart? give its release: a lock, --env)")
-            continue
-        if have is None:
-            return None  # a lock or an environment without the package: the failure cannot happen
-        gap = _unmeasured(facts, package, have)
-        if gap:
-            undecided.append(gap)
-            continue
-        if not affected(events, have):
-            return None
-    sizes = facts.get("world_size") or []
-    if gpus and facts["device"] != "cpu" and sizes and gpus not in sizes:
-        undecided.append(f"measured on {' and '.join(map(str, sizes))} GPUs, not on {gpus}")
-    if undecided:
-        return Finding(advisory, "undecided", "; ".join(undecided), sure=_to_measure(facts, pins))
-    if admitted:
-        return Finding(
-            advisory, "range", "; ".join(admitted), sure="a range you allow admits a release measured failing"
-        )
-    have = ", ".join(f"{c['package']} {pins[c['package']]}" for c in facts["conditions"])
-    return Finding(advisory, "applies", have, sure=_sureness(facts, pins))
-
-
-def _sureness(facts: dict[str, Any], pins: dict[str, str]) -> str:
-    """'measured at these exact releases', or which of them no record holds (the range around them says it fails)."""
-    off = [
-        f"{c['package']} {pins[c['package']]}"
-        for c in facts["conditions"]
-        if not any(
-            release_key(m) == release_key(pins[c["package"]]) for m in facts.get("measured", {}).get(c["package"], [])
-        )
-    ]
-    if not off:
-        return "measured at these exact releases"
-    return (
-        f"not measured at {', '.join(off)} exactly (the releases measured around it fail): {_to_measure(facts, pins)}"
-    )
-
-
-def _to_measure(facts: dict[str, Any], pins: dict[str, str]) -> str:
-    asked = " ".join(f"{c['package']}=={pins[c['package']]}" for c in facts["conditions"] if c["package"] in pins)
-    return f"run `compat-matrix lookup {asked + ' ' if asked else ''}--scenario {facts['scenario']} --measure`"
-
-
-def _cleared_by(facts: dict[str, Any], setup: dict[str, str]) -> str | None:
-    """The fix the user's setup already has (`fsdp_state_dict_type: SHARDED_STATE_DICT`) where the records show it
-    passing on these configs while their baseline failed: the advisory is not theirs."""
-    for fix in facts.get("workarounds", []):
-        wanted = fix.get("setup") or {}
-        if wanted and all(setup.get(k) == v for k, v in wanted.items()):
-            return str(fix["variant"])
-    return None
-
-
-def cleared(
-    every: list[dict[str, Any]], pins: dict[str, str], setup: dict[str, str], gpus: int | None = None
-) -> list[tuple[str, str]]:
-    """(advisory id, fix) for each advisory the releases alone would report that the setup's own settings clear."""
-    found = []
-    for advisory in every:
-        fix = _cleared_by(advisory["database_specific"], setup)
-        if fix and judge(advisory, pins, {k: v for k, v in setup.items() if k != "state_dict"}, gpus=gpus) is not None:
-            found.append((advisory["id"], fix))
-    return found
-
-
-def _same_setup(keys: dict[str, str], setup: dict[str, str]) -> bool:
-    """Whether one of the advisory's setups is the user's: every key both name agrees."""
-    return all(keys[k] == v for k, v in setup.items() if k in keys)
-
-
-def _unmeasured(facts: dict[str, Any], package: str, have: str) -> str:
-    """Why the atlas cannot decide `package` at `have` for this failure ('' where it can): outside the releases
-    measured for it, or strictly between the two releases a change was found between."""
-    measured = sorted(facts.get("measured", {}).get(package) or [], key=release_key)
-    if not measured:
-        return ""
-    key = release_key(have)
-    if key < release_key(measured[0]) or key > release_key(measured[-1]):
-        return f"{package} {have} lies outside the releases measured for it ({measured[0]} to {measured[-1]})"
-    for entry in facts.get("evidence", []):
-        if entry["package"] != package:
-            continue
-        for event in entry["events"]:
-            release = event.get("introduced") or event.get("fixed")
-            if event.get("bound") == "earliest measured" and release and key < release_key(release):
-                return (f"{package} {have} is older than {release}, the oldest release this failure was measured "
-                        "with (older ones ran only under other releases of the rest)")  # fmt: skip
-            before = (event.get("before") or {}).get("release")
-            if release and before and release_key(before) < key < release_key(release):
-                return f"{package} {have} lies between {before} and {release}, where the change was found, unmeasured"
-    return ""
-
-
-def ways_out(
-    findings: list[Finding],
-    pins: dict[str, str],
-    every: list[dict[str, Any]],
-    setup: dict[str, str],
-    gpus: int | None = None,
-) -> None:
-    """For each applying advisory: the smallest upgrade of one of its packages that leaves it and brings no other
-    advisory to apply, else the last release measured good before it came (a downgrade), and the workarounds."""
-    now = _applying(every, pins, setup, gpus)
-    for finding in (f for f in findings if f.state == "applies"):
-        facts = finding.advisory["database_specific"]
-        for condition in facts["conditions"]:
-            package, events = condition["package"], condition["events"]
-            fixes = sorted(
-                (e["fixed"] for e in events if "fixed" in e and release_key(e["fixed"]) > release_key(pins[package])),
-                key=release_key,
-            )
-            clear = None
-            for fix in fixes:
-                after = _applying(every, pins | {package: fix}, setup, gpus)
-                if finding.advisory["id"] not in after and after <= now:
-                    clear = fix
-                    break
-            if clear:
-                finding.way_out.append(f"upgrade {package} to {clear}")
-                continue
-            before = _measured_good_before(facts, package, pins[package])
-            if before:
-                finding.way_out.append(f"no release of {package} after yours ends it: pin {package} {before}")
-            else:
-                finding.way_out.append(f"no measured release of {package} ends it")
-        changes = sorted(facts.get("workarounds", []), key=lambda w: w.get("kind") != "fix")
-        finding.way_out += [f"{w['kind']}: {w.get('words') or fix_words(w['variant'])}" for w in changes[:3]]
-        if len(changes) > 3:
-            finding.way_out.append(f"{len(changes) - 3} more measured changes in {finding.advisory['id']}.json")
-
-
-def _applying(
-    every: list[dict[str, Any]], pins: dict[str, str], setup: dict[str, str], gpus: int | None = None
-) -> set[str]:
-    return {a["id"] for a in every if (f := judge(a, pins, setup, gpus=gpus)) is not None and f.state == "applies"}
-
-
-def _measured_good_before(facts: dict[str, Any], package: str, have: str) -> str | None:
-    """The release measured good right before the `introduced` event that covers `have` (its `before`)."""
-    for entry in facts.get("evidence", []):
-        if entry["package"] != package:
-            continue
-        covering = [
-            e for e in entry["events"] if "introduced" in e and release_key(e["introduced"]) <= release_key(have)
-        ]
-        before = (covering[-1].get("before") or {}) if covering else {}
-        # Only a release the records measured passing is one to pin (before S1's onset peft 0.11 failed otherwise).
-        if before.get("records") and all(r["outcome"] == "pass" for r in before["records"]):
-            return before["release"]
-    return None
-
-
-# --- the command ---------------------------------------------------------------------------------------------------
+    def gate(self, strict: bool = False) -> int:
+        """pip-audit's exit code: 1 where a failure applies (or applies if, under --strict), else 0."""
+        failing = ("applies", "applies-if") if strict else ("applies",)
+        return 1 if any(a["state"] in failing for a in self.answers) else 0
 
 
 #: Where a wheel install (a pre-commit hook, a CI job's `pip install`) keeps the advisories of the commit it was built
@@ -398,87 +207,209 @@ def _measured_good_before(facts: dict[str, Any], package: str, have: str) -> str
 PACKAGED = Path(__file__).resolve().parents[1] / "advisories_feed"
 
 
-def load_advisories(results_dir: Path) -> list[dict[str, Any]]:
+def load_tables(results_dir: Path) -> dict[str, Any]:
+    """The judge's tables written with the advisories (a checkout's, else the ones packaged in the wheel)."""
     folder = results_dir / "advisories"
-    if not (folder / "index.json").is_file() and results_dir == RESULTS_DIR and (PACKAGED / "index.json").is_file():
+    if not (folder / JUDGE_FILE).is_file() and results_dir == RESULTS_DIR and (PACKAGED / JUDGE_FILE).is_file():
         folder = PACKAGED
-    index = folder / "index.json"
-    if not index.is_file():
-        raise UsageError(f"no {index}: run `nox -s report` first")
-    from harness.publishing.advisories import read
-
-    return read(folder)
+    if not (folder / JUDGE_FILE).is_file():
+        raise UsageError(f"no {folder / JUDGE_FILE}: run `nox -s report` first")
+    return read_tables(folder)
 
 
-def audit(
-    results_dir: Path,
+def audit(tables: dict[str, Any], query: Query) -> Report:
+    """The judge's answers for the query (those that concern the user) and the way out over all of them."""
+    answers = evaluate(tables, query)
+    # A range the user allows is no release to move from: the way out is for pinned releases.
+    found = way_out(tables, query, [] if query.ranges else answers)
+    return Report([a for a in answers if a["state"] in SHOWN], found, tables, query)
+
+
+def query_of(
+    tables: dict[str, Any],
     pins: dict[str, str],
     setup: dict[str, str],
+    loose: list[str],
+    partial: bool,
+    gpus: int | None,
+    device: str | None,
     ignore: list[str],
-    device: str | None = None,
-    ranges: dict[str, Any] | None = None,
-    partial: bool = False,
-    gpus: int | None = None,
-) -> list[Finding]:
-    every = [a for a in load_advisories(results_dir) if a["id"] not in ignore]
-    if device:
-        every = [a for a in every if a["database_specific"]["device"] == device]
-    found = [f for a in every if (f := judge(a, pins, setup, ranges, partial, gpus)) is not None]
-    ways_out(found, pins, every, setup, gpus)
-    by_id = {a["id"]: a for a in every}
-    found += [
-        Finding(by_id[advisory], "cleared", f"your setup has {fix_words(fix)}, {CLEARED}")
-        for advisory, fix in cleared(every, pins, setup, gpus)
-    ]
-    order = {"applies": 0, "undecided": 1, "range": 2, "cleared": 3}
-    return sorted(found, key=lambda f: (order.get(f.state, 3), f.advisory["id"]))
+) -> Query:
+    """The judge's question: the pins, the releases the atlas measured that each loose requirement admits, the setup,
+    and where it trains (`--gpus 0` is a CPU run; N GPUs a GPU run; `--device` says it without a count)."""
+    ranges = {}
+    for package, specifier in loose_ranges(loose).items():
+        ranges[package] = [v for v in tables["releases"].get(package, []) if specifier.contains(v)]
+    where = device or ("cpu" if gpus == 0 else "cuda" if gpus else None)
+    return Query(dict(pins), dict(setup), where, gpus, partial, [], ranges, list(ignore))
 
 
-def render(findings: list[Finding], fmt: str, loose: list[str]) -> str:
+# --- output --------------------------------------------------------------------------------------------------------
+
+
+def render(report: Report, fmt: str) -> str:
     if fmt == "json":
-        return json.dumps(
-            [{"id": f.advisory["id"], "state": f.state, "summary": f.advisory["summary"], "why": f.why,
-              "sure": f.sure, "setups": f.advisory["database_specific"]["setups"], "way_out": f.way_out}
-             for f in findings],
-            indent=1,
-        )  # fmt: skip
-    applies = [f for f in findings if f.state == "applies"]
-    undecided = [f for f in findings if f.state == "undecided"]
-    admitted = [f for f in findings if f.state == "range"]
-    settled = [f for f in findings if f.state == "cleared"]
+        return json.dumps(as_json(report), indent=1)
     if fmt == "markdown":
-        lines = ["| advisory | state | what | setups | way out |", "|---|---|---|---|---|"]
-        for f in findings:
-            setups = "; ".join(f.advisory["database_specific"]["setups"])
-            way = "; ".join(f.way_out) or f.why
-            lines.append(f"| {f.advisory['id']} | {f.state} | {f.advisory['summary']} | {setups} | {way} |")
-        return "\n".join(lines)
+        return markdown(report)
+    return "\n".join(columns(report))
+
+
+def as_json(report: Report) -> dict[str, Any]:
+    """Structured, for tools: each answer with its failure's packages, affected segments, fixed-in releases, setups,
+    how sure, the evidence, and the one way out."""
+    found = []
+    for answer in report.answers:
+        entry = {k: answer.get(k) for k in ("id", "scenario", "device", "state", "why", "sure", "when")}
+        if answer["state"] != "pitfall":
+            failure = report.failure(answer["id"])
+            entry |= {
+                "summary": _summary(failure),
+                "packages": failure["conditions"],
+                "fixed_in": {
+                    p: [e["release"] for e in events if e["kind"] == "fixed"] for p, events in failure["events"].items()
+                },
+                "affected": {
+                    p: [s for s in failure["segments"][p] if s[4] == "affected"] for p in failure["conditions"]
+                },
+                "setups": [s["words"] for s in failure["setups"]],
+                "applies_if": failure["detail"],
+                "fixes": failure["fixes"],
+                "evidence": answer.get("evidence") or [],
+                "measure": measure_command(failure, report.query),
+            }
+        else:
+            entry |= {"way_out": answer.get("way_out")}
+        found.append(entry)
+    return {"answers": found, "way_out": report.way_out, "totals": _totals(report), "not_judged": report.loose}
+
+
+def _summary(failure: dict[str, Any]) -> str:
+    where = "on GPUs" if failure["device"] == "cuda" else "on CPU"
+    return f"{failure['scenario']}: {failure['title']} ({where})"
+
+
+def _totals(report: Report) -> dict[str, int]:
+    return {state: sum(1 for a in report.answers if a["state"] == state) for state in SHOWN}
+
+
+def totals_line(report: Report) -> str:
+    counts = _totals(report)
+    said = [f"{n} {LABELS[s].lower()}" for s, n in counts.items() if n]
+    return "; ".join(said) if said else "no known failure concerns these releases and this setup"
+
+
+def columns(report: Report) -> list[str]:
     lines = []
-    for f in findings:
-        facts = f.advisory["database_specific"]
-        lines.append(f"{f.state.upper():10} {f.advisory['id']}  {f.advisory['summary']}")
-        if f.state == "cleared":
-            lines.append(f"           {f.why}")
+    for answer in report.answers:
+        lines.append(f"{LABELS[answer['state']]:10} {answer['id']}  {_title(report, answer)}")
+        lines += [f"           {line}" for line in _answer_lines(report, answer)]
+    if report.loose:
+        lines.append(f"not pinned exactly (judged by the releases the atlas measured in their range): "
+                     f"{', '.join(report.loose)}")  # fmt: skip
+    lines += way_out_lines(report)
+    lines.append(totals_line(report))
+    return lines
+
+
+def _title(report: Report, answer: dict[str, Any]) -> str:
+    if answer["state"] == "pitfall":
+        where = "on GPUs" if answer["device"] == "cuda" else "on CPU"
+        return f"{answer['scenario']}: a pitfall of {answer['when']} ({where})"
+    return _summary(report.failure(answer["id"]))
+
+
+def _answer_lines(report: Report, answer: dict[str, Any]) -> list[str]:
+    state = answer["state"]
+    if state == "pitfall":
+        return [f"why: {answer['why']}", f"way out: {', '.join(answer.get('way_out') or [])}"]
+    failure = report.failure(answer["id"])
+    lines = [f"when: {answer.get('when') or 'any setup'}"]
+    if state == "applies-if":
+        lines.append(f"applies if: {failure['detail']}")
+    lines.append(f"{'because' if state in ('undecided', 'cleared') else 'you have'}: {answer['why']}")
+    if state != "cleared":
+        lines.append(f"how sure: {SURE_WORDS.get(answer['sure'], answer['sure'])}")
+    if state in ("undecided", "range"):
+        lines.append(f"measure it: {measure_command(failure, report.query)}")
+    if state in ("applies", "applies-if"):
+        lines += [f"way out: {n}" for n in note_lines(report, answer["id"])]
+        lines += [f"{f['kind']}: {f['words']}" for f in failure["fixes"][:3]]
+        if len(failure["fixes"]) > 3:
+            lines.append(f"{len(failure['fixes']) - 3} more measured changes in {failure['id']}.json")
+    return lines
+
+
+SURE_WORDS = {
+    "exact": "records at exactly these releases of every package it depends on, this setup",
+    "bracketed": "not measured at these exact releases; the releases measured around them decide it",
+    "unmeasured": "not measured here",
+}
+
+
+def note_lines(report: Report, failure_id: str) -> list[str]:
+    """What one move of each of the failure's packages does: 'upgrade peft to 0.21.0: ends it; brings S7 ...'."""
+    lines = []
+    for note in report.way_out.get("notes", {}).get(failure_id, []):
+        if not note.get("release"):
+            lines.append(note.get("why", ""))
             continue
-        lines.append(
-            f"           when: {'; '.join(facts['setups']) or 'any setup'} ({facts['device']}); "
-            f"{'you have' if f.state == 'applies' else 'because'} {f.why}"
+        verb = "upgrade" if note["direction"] == "upgrade" else "pin"
+        brings = [f"{i} ({report.failure(i)['scenario']})" for i in note["brings"] if i != failure_id]
+        lines.append(f"{verb} {note['package']} to {note['release']} (measured): ends it"
+                     + (f"; brings {', '.join(brings)}" if brings else ""))  # fmt: skip
+    if failure_id in report.way_out.get("stays", []):
+        lines.append("no measured release ends it: a fix of the setup below")
+    return lines
+
+
+def way_out_lines(report: Report) -> list[str]:
+    """The one recommended set of pins, as a requirements diff and the install lines."""
+    found = report.way_out
+    if not found.get("pins"):
+        return [f"way out: {found['none']}"] if found.get("none") else []
+    pins = found["pins"]
+    lines = ["recommended pins (each release measured; judged again over every known failure):"]
+    lines += [f"  - {p}=={found['from'][p]}" if found["from"].get(p) else f"  - {p} (not pinned)" for p in pins]
+    lines += [f"  + {p}=={v}" for p, v in pins.items()]
+    lines.append("  uv add " + " ".join(f"'{p}=={v}'" for p, v in pins.items()))
+    lines.append("  pip install " + " ".join(f"'{p}=={v}'" for p, v in pins.items()))
+    if found.get("still"):
+        lines.append(f"  it leaves applying: {', '.join(found['still'])} ({found['none']})")
+    if found.get("leaves"):
+        lines.append(f"  it leaves undecided (not measured there): {len(found['leaves'])} failure(s)")
+    return lines
+
+
+def markdown(report: Report) -> str:
+    lines = ["| advisory | state | what | setups | how sure | way out |", "|---|---|---|---|---|---|"]
+    for answer in report.answers:
+        link = (
+            f"[{answer['id']}](results/advisories/{answer['id']}.json)"
+            if answer["state"] != "pitfall"
+            else answer["id"]
         )
-        if f.sure and f.state != "undecided":
-            lines.append(f"           how sure: {f.sure}")
-        for way in f.way_out:
-            lines.append(f"           way out: {way}")
-        if f.state in ("undecided", "range"):
-            lines.append("           measure it: compat-matrix lookup PACKAGE==VERSION ... --scenario "
-                         f"{facts['scenario']} --measure")  # fmt: skip
-    if loose:
-        lines.append(f"not pinned exactly (not judged): {', '.join(loose)}")
-    lines.append(
-        f"{len(applies)} advisor{'y applies' if len(applies) == 1 else 'ies apply'}, {len(undecided)} undecided, "
-        f"{len(admitted)} admitted by a range you allow (pin exact releases to decide them)"
-        + (f", {len(settled)} cleared by your setup" if settled else "")
-    )
+        way = (
+            "; ".join(note_lines(report, answer["id"]))
+            if answer["state"] != "pitfall"
+            else ", ".join(answer.get("way_out") or [])
+        )
+        lines.append(f"| {link} | {LABELS[answer['state']]} | {_title(report, answer)} | {answer.get('when') or ''} | "
+                     f"{answer['sure'] or '-'} | {way or answer['why']} |")  # fmt: skip
+    lines += ["", *[line.lstrip() for line in way_out_lines(report)], "", f"**{totals_line(report)}**"]
     return "\n".join(lines)
+
+
+def measure_command(failure: dict[str, Any], query: Query) -> str:
+    """The command that measures the user's own releases for this failure: `lookup --measure` on CPU; on a GPU node,
+    `check` inside the user's environment."""
+    asked = " ".join(f"{p}=={query.versions[p]}" for p in failure["depends"] if p in query.versions)
+    setup = ",".join(v for k, v in query.setup.items() if k in ("engine", "adapter", "loop", "state_dict"))
+    if failure["device"] == "cuda":
+        return (f"in that environment on {query.gpus or max(failure['world_sizes'] or [1])} GPU(s): "
+                f"`compat-matrix check --scenario {failure['scenario']}`")  # fmt: skip
+    return (f"`compat-matrix lookup {asked + ' ' if asked else ''}--scenario {failure['scenario']}"
+            f"{' --setup ' + setup if setup else ''} --measure`")  # fmt: skip
 
 
 def command(args: Any) -> int:
@@ -496,8 +427,9 @@ def command(args: Any) -> int:
         raise UsageError(f"--gpus {args.gpus}: give 0 (a CPU run) or how many GPUs you train on")
     setup = read_setup(args.accelerate_config, args.deepspeed_config, args.setup or [])
     partial = any(Path(p).suffix not in (".lock", ".toml") for p in args.files or [])
-    found = audit(
-        args.results_dir, pins, setup, args.ignore_id or [], args.device, loose_ranges(loose), partial, args.gpus
-    )
-    print(render(found, args.format, loose))
-    return 1 if any(f.state == "applies" for f in found) else 0
+    tables = load_tables(args.results_dir)
+    query = query_of(tables, pins, setup, loose, partial, args.gpus, args.device, args.ignore_id or [])
+    report = audit(tables, query)
+    report.loose = loose
+    print(render(report, args.format))
+    return report.gate(args.strict)

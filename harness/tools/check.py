@@ -18,16 +18,20 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.define import setup as vocabulary
-from harness.define.packages import AXIS_PACKAGES
+from harness.define.packages import AXIS_PACKAGES, public_version
 from harness.define.registry import Scenario, discover, select
 from harness.errors import UsageError
 from harness.execution import hardware
 from harness.execution.launcher import LaunchSpec, WorkerSession, stack_env
 from harness.execution.scenario_run import observed
 from harness.knowledge import pitfalls as knowledge
+from harness.knowledge.atlas import Atlas
 from harness.knowledge.evidence import device_class
+from harness.knowledge.judge import Query
+from harness.knowledge.ways_out import way_out
 from harness.recording.record import judge, make_record
 from harness.recording.verdicts import headline, verdict
+from scenarios.fix_words import fix_words
 
 JOB_TIMEOUT_S = 600.0
 
@@ -61,9 +65,8 @@ def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sy
     device = "cuda" if gpus else "cpu"
     scenarios = select(patterns, where="--scenario") if patterns else discover()
     print("this environment: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f"; {device}", file=stream)
-    reproduced: list[str] = []
-    outcomes: dict[str, list[dict[str, Any]]] = {}
-    known_pitfalls = published_pitfalls(results_dir)
+    atlas = published_atlas(results_dir)
+    live: dict[str, list[dict[str, Any]]] = {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="compat-check-") as workdir:
         runnable: list[Scenario] = []
@@ -82,25 +85,18 @@ def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sy
                 scenario_started = time.monotonic()
                 records = _run_seed(scenario, sessions[position], versions, gpus)
                 sessions[position].close()
-                took = time.monotonic() - scenario_started
-                outcomes[scenario.id] = records
-                counted, left_out = knowledge.without_pitfalls(records, known_pitfalls)
-                found = verdict(counted, scenario.spec)
+                live[scenario.id] = records
                 print(f"\n{scenario.id}: {scenario.spec.get('title', '')}", file=stream)
-                for line in headline(found, scenario.spec) if counted else []:
+                for line in live_lines(records, scenario.spec, atlas):
                     print(f"  {line}", file=stream)
-                for line in pitfall_lines(records, left_out, known_pitfalls, scenario.spec):
-                    print(f"  {line}", file=stream)
-                print(f"  took: {took:.0f} s ({len(records)} runs)", file=stream)
-                if found.state == "target":
-                    reproduced.append(
-                        f"{scenario.id} ({', '.join(sorted({r['signature'] for r in found.target_records}))})"
-                    )
+                print(f"  took: {time.monotonic() - scenario_started:.0f} s ({len(records)} runs)", file=stream)
         finally:
             for session in sessions:
                 session.close()
-    nearest_rows(versions, results_dir, {s.id: s.spec for s in scenarios if s.id in outcomes}, stream)
-    print(f"\nchecked {len(outcomes)} scenario(s) in {time.monotonic() - started:.0f} s", file=stream)
+    reproduced = reproduced_here(live, atlas, {s.id: s.spec for s in scenarios})
+    for line in judged_lines(atlas, live, versions, device, gpus):
+        print(line, file=stream)
+    print(f"\nchecked {len(live)} scenario(s) in {time.monotonic() - started:.0f} s", file=stream)
     if reproduced:
         print(f"target failures in this environment: {'; '.join(reproduced)}", file=stream)
         return 1
@@ -108,39 +104,72 @@ def run_check(patterns: list[str] | None, results_dir: Path, stream: TextIO = sy
     return 0
 
 
-def published_pitfalls(results_dir: Path) -> dict[tuple[str, str], knowledge.Pitfall]:
-    """The configs the published table lists as pitfalls (fail on every release measured); none where there is no
-    table to read."""
-    from harness.knowledge.selection import select_runs
-
+def published_atlas(results_dir: Path) -> Atlas | None:
+    """The published atlas (its pitfalls, its known failures), or None where there is no table to read."""
     try:
-        selection = select_runs(results_dir)
+        atlas = Atlas(results_dir, {s.id: s.spec for s in discover()})
+        return atlas if atlas.selection.run_ids else None
     except UsageError:
-        return {}
-    return selection.pitfalls({s.id: s.spec for s in discover()}) if selection.run_ids else {}
+        return None
 
 
-def pitfall_lines(
-    records: list[dict[str, Any]],
-    left_out: set[str],
-    pitfalls: dict[tuple[str, str], knowledge.Pitfall],
-    spec: dict[str, Any],
-) -> list[str]:
-    """The pitfall configs this check ran, each once: what it showed here and why it is no failure of these versions
-    (it fails on every release measured), never counted in the k/n above nor in the exit code."""
-    lines = []
+def live_lines(records: list[dict[str, Any]], spec: dict[str, Any], atlas: Atlas | None) -> list[str]:
+    """What this check's own runs of a scenario showed (the table's lines), its pitfall configs apart: they fail on
+    every release measured, so they are never counted, nor in the exit code."""
+    counted, left_out = atlas.counted(records) if atlas else (records, set())
+    lines = list(headline(verdict(counted, spec), spec)) if counted else []
     for config_id in sorted(left_out):
         mine = [r for r in records if r["config_id"] == config_id and r["variant"] == "baseline"]
-        if not mine:
+        if not mine or atlas is None:
             continue
-        pitfall = pitfalls[knowledge.pitfall_key(mine[0]["scenario"], device_class(mine[0]), config_id)]
+        pitfall = atlas.pitfalls[knowledge.pitfall_key(mine[0]["scenario"], device_class(mine[0]), config_id)]
         here = "shows here too" if mine[0]["outcome"] != "pass" else "PASSES here (the first release measured to)"
+        way = ", ".join(fix_words(v) for v in pitfall.fixes) or "no measured change removes it"
         lines.append(
             f"pitfall, not counted ({vocabulary.config_words(pitfall.config, spec)}): {pitfall.words(spec)}; {here}; "
             f"fails on every release measured ({pitfall.stacks} stacks, {pitfall.first_day} to {pitfall.last_day}); "
-            f"way out: {', '.join(pitfall.fixes) or 'no measured change removes it'}"
+            f"way out: {way}"
         )
     return lines
+
+
+def reproduced_here(
+    live: dict[str, list[dict[str, Any]]], atlas: Atlas | None, specs: dict[str, dict[str, Any]]
+) -> list[str]:
+    """The scenarios whose target this check's own runs showed (pitfall configs left out): the exit code's reason."""
+    found = []
+    for scenario, records in live.items():
+        counted = atlas.counted(records)[0] if atlas else records
+        hits = verdict(counted, specs.get(scenario)).target_records
+        if hits:
+            found.append(f"{scenario} ({', '.join(sorted({str(r['signature']) for r in hits}))})")
+    return found
+
+
+def judged_lines(
+    atlas: Atlas | None, live: dict[str, list[dict[str, Any]]], versions: dict[str, str], device: str, gpus: int
+) -> list[str]:
+    """The judge's answer for this environment, this check's runs added to the atlas as records at exactly these
+    releases: per known failure of the scenarios checked, whether it applies here and how sure, and the way out over
+    every known failure (the same answer `lookup` and `audit` give for these releases)."""
+    if atlas is None:
+        return ["", "(no published atlas to judge this environment against)"]
+    from harness.tools.audit import Report
+    from harness.tools.lookup import SHOWN, answer_lines
+
+    here = atlas.with_records([r for records in live.values() for r in records])
+    stack = {p: str(public_version(v)) for p, v in versions.items() if p in AXIS_PACKAGES}
+    query = Query(stack, {}, device, gpus or None)
+    answers = here.judge(query)
+    report = Report(answers, way_out(here.tables, query, answers), here.tables, query)
+    lines = ["", "what the atlas says of these releases (your runs above included):"]
+    for answer in (a for a in answers if a["state"] in SHOWN and a["scenario"] in live):
+        lines += answer_lines(report, answer)
+    if len(lines) == 2:
+        lines.append("  no known failure of the scenarios checked applies to these releases")
+    from harness.tools.audit import way_out_lines
+
+    return lines + [f"  {line}" for line in way_out_lines(report)]
 
 
 def _jit_cache_dir() -> Path:
@@ -214,35 +243,3 @@ def _run_seed(scenario: Scenario, session: WorkerSession, versions: dict[str, st
     failing = [r["config"] for r in records if r["outcome"] != "pass" and matches(r["signature"], target)]
     records += run([(config, variant) for config in failing for variant in scenario.variants[1:]])
     return records
-
-
-def nearest_rows(versions: dict[str, str], results_dir: Path, specs: dict[str, dict[str, Any]], stream: TextIO) -> None:
-    """The published table's cells whose stack is closest to this one (fewest packages at another version),
-    with what the table says there for the scenarios checked here (`specs`: their id -> SPEC)."""
-    from harness.knowledge.selection import select_runs
-
-    try:
-        records = select_runs(results_dir).latest()[0]
-    except UsageError as exc:  # unreadable published runs: say so, the check itself still stands
-        print(f"\n(no published table to compare with under {results_dir}: {exc})", file=stream)
-        return
-    if not records:
-        print(f"\n(no published table to compare with under {results_dir})", file=stream)
-        return
-    by_cell: dict[str, dict[str, str]] = {}
-    for record in records:
-        if record.get("versions"):
-            by_cell.setdefault(record["cell"], record["versions"])
-
-    def distance(cell_versions: dict[str, str]) -> int:
-        return sum(cell_versions.get(p, "-").split("+")[0] != versions.get(p, "-").split("+")[0] for p in AXIS_PACKAGES)
-
-    ranked = sorted(by_cell, key=lambda cell: (distance(by_cell[cell]), cell))[:3]
-    print("\nnearest rows of the published table:", file=stream)
-    for cell in ranked:
-        stack = ", ".join(f"{p} {by_cell[cell][p]}" for p in AXIS_PACKAGES if p in by_cell[cell])
-        print(f"  {cell} ({distance(by_cell[cell])} package(s) differ: {stack})", file=stream)
-        for sid in specs:
-            entry = [r for r in records if r["cell"] == cell and r["scenario"] == sid]
-            if entry:
-                print(f"    {sid}: {headline(verdict(entry, specs.get(sid)), specs.get(sid))[0]}", file=stream)

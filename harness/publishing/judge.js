@@ -1,0 +1,343 @@
+// The judge's fold in the browser: the user's releases looked up in the tables Python compiled
+// (harness/knowledge/tables.py, written as data/judge.js), then the same fold as harness/knowledge/judge.py `evaluate`
+// and the same search as harness/knowledge/ways_out.py `way_out`. Nothing is judged here that Python did not decide:
+// the segments and points carry every decision and its words. tests/test_judge_vectors.py runs one table of test
+// vectors through both (node, and the page in Chromium) and holds them to the same JSON.
+(function (root) {
+  "use strict";
+
+  const AFFECTED = "affected", CLEAR = "clear", UNMEASURED = "unmeasured";
+  const SHOWS = "shows", PASSES = "passes", OTHER = "other";
+  const STATES = ["applies", "applies-if", "range", "undecided", "pitfall", "cleared", "clean", "not-applicable"];
+  const BLOCKING = ["applies", "applies-if"];
+  const MOST_MOVES = 3, MOST_TRIES = 4000;
+  const RELEASE = /^\s*v?(?:\d+!)?(\d+(?:\.\d+)*)/;
+
+  // --- versions: the release numbers, padded (judge.key) -----------------------------------------------------------
+  function key(version) {
+    const found = RELEASE.exec(String(version).split("+", 1)[0]);
+    const parts = found ? found[1].split(".").map(Number) : [];
+    while (parts.length < 6) parts.push(0);
+    return parts.slice(0, 6);
+  }
+  // Python's ordering of nested tuples and lists of numbers and strings.
+  function cmp(a, b) {
+    if (Array.isArray(a)) {
+      for (let i = 0; i < Math.min(a.length, b.length); i++) { const c = cmp(a[i], b[i]); if (c) return c; }
+      return a.length - b.length;
+    }
+    return a < b ? -1 : a > b ? 1 : 0;
+  }
+  function prefixBounds(version) {
+    const parts = key(version);
+    const found = RELEASE.exec(String(version).split("+", 1)[0]);
+    const given = found ? Math.min(6, found[1].split(".").length) : 1;
+    const high = parts.slice(0, given);
+    high[high.length - 1] += 1;
+    while (high.length < 6) high.push(0);
+    return [parts, high];
+  }
+  function matches(have, want, prefix) {
+    if (have === null || have === undefined) return false;
+    if (!prefix) return cmp(key(have), key(want)) === 0;
+    const [low, high] = prefixBounds(want);
+    const at = key(have);
+    return cmp(low, at) <= 0 && cmp(at, high) < 0;
+  }
+  function agrees(have, want, narrowing) {
+    return Object.entries(want).every(([k, v]) => !(k in have) || !narrowing.includes(k) || have[k] === v);
+  }
+
+  // --- segments ----------------------------------------------------------------------------------------------------
+  function segmentOf(segments, version) {
+    const at = key(version);
+    for (const s of segments) {
+      const above = s[0] === null || cmp(key(s[0]), at) < 0 || (s[1] && cmp(key(s[0]), at) === 0);
+      const below = s[2] === null || cmp(at, key(s[2])) < 0 || (s[3] && cmp(key(s[2]), at) === 0);
+      if (above && below) return s;
+    }
+    return [null, false, null, false, UNMEASURED, `${version}: no release measured near it`];
+  }
+  function segmentsOver(segments, version) {
+    const [low, high] = prefixBounds(version);
+    return segments.filter((s) => {
+      const sLow = s[0] === null ? null : key(s[0]);
+      const sHigh = s[2] === null ? null : key(s[2]);
+      const startsBelow = sHigh === null || cmp(low, sHigh) < 0 || (s[3] && cmp(low, sHigh) === 0);
+      const endsAbove = sLow === null || cmp(sLow, high) < 0;
+      return startsBelow && endsAbove;
+    });
+  }
+  function decide(segments, version, prefix) {
+    if (!prefix) { const s = segmentOf(segments, version); return [s[4], s[5]]; }
+    const over = segmentsOver(segments, version);
+    const states = new Set(over.map((s) => s[4]));
+    if (states.size === 1) return [over[0][4], over[0][5]];
+    if ([...states].every((s) => s === AFFECTED || s === "measured")) return [AFFECTED, over.map((s) => s[5]).join("; ")];
+    return [UNMEASURED, `${version} names releases that differ: ` + over.map((s) => s[5]).join("; ")];
+  }
+
+  // --- the fold (judge.evaluate) -----------------------------------------------------------------------------------
+  function query(q) {
+    return Object.assign({ versions: {}, setup: {}, device: null, gpus: null, partial: false, prefix: [], ranges: {}, ignore: [] }, q);
+  }
+  function answer(failure, state, why, sure, more) {
+    return Object.assign({ id: failure.id, scenario: failure.scenario, device: failure.device, state, why, sure: sure || "" }, more || {});
+  }
+  function evaluate(tables, q) {
+    q = query(q);
+    const narrowing = tables.narrowing;
+    const answers = tables.failures.filter((f) => !q.ignore.includes(f.id)).map((f) => judgeOne(f, q, narrowing, tables));
+    for (const p of tables.pitfalls) answers.push(pitfall(p, q, narrowing));
+    return answers.sort((a, b) => (STATES.indexOf(a.state) - STATES.indexOf(b.state)) || cmp(a.id, b.id));
+  }
+  function hasSetting(setup, setting) {
+    return !!setting && Object.keys(setting).length > 0 && Object.entries(setting).every(([k, v]) => setup[k] === v);
+  }
+  function judgeOne(failure, q, narrowing, tables) {
+    const device = deviceAnswer(failure, q, narrowing, tables);
+    if (device) return device;
+    const setups = [];
+    failure.setups.forEach((s, i) => { if (agrees(s.keys, q.setup, narrowing)) setups.push(i); });
+    if (!setups.length) return answer(failure, "not-applicable", "another setup");
+    let found = byPoints(failure, q, setups) || bySegments(failure, q);
+    if (!("setups" in found)) found.setups = setups.map((i) => failure.setups[i].keys);
+    if (!("when" in found)) found.when = setups.map((i) => failure.setups[i].words).join("; ");
+    const when = found.when;
+    if (["applies", "undecided", "range"].includes(found.state)) {
+      const fix = failure.fixes.find((f) => hasSetting(q.setup, f.setup));
+      if (fix) return answer(failure, "cleared", `your setup has ${fix.words}, which the records show passing where it failed`, found.sure, { when });
+    }
+    if (["applies", "clean"].includes(found.state) && failure.distributed && failure.device === "cuda") {
+      const sizes = failure.world_sizes;
+      if (q.gpus && sizes.length && !sizes.includes(q.gpus)) {
+        found = answer(failure, "undecided", `measured on ${sizes.join(" and ")} GPUs, not on ${q.gpus}`, "unmeasured", { when });
+      }
+    }
+    if (found.state === "applies" && failure.detail) found = Object.assign({}, found, { state: "applies-if", condition: failure.detail });
+    return found;
+  }
+  function deviceAnswer(failure, q, narrowing, tables) {
+    if (q.device === null || q.device === failure.device) return null;
+    if (failure.device === "cuda") return answer(failure, "not-applicable", "measured on GPUs; you train on CPU");
+    const covered = tables.coverage[`${failure.scenario}@${q.device}`] || [];
+    if (covered.some((s) => agrees(s, q.setup, narrowing))) return answer(failure, "not-applicable", "measured on CPU; the GPU records of this setup decide");
+    if (!failure.setups.some((s) => agrees(s.keys, q.setup, narrowing))) return answer(failure, "not-applicable", "another setup");
+    return answer(failure, "undecided", "measured on CPU only: no GPU record of this setup", "unmeasured", { when: failure.setups.map((s) => s.words).join("; ") });
+  }
+  const STATE_WORDS = { shows: "fails", passes: "passes", other: "fails another way", mixed: "passes on some configs" };
+  function stackState(states) {
+    const all = new Set(states);
+    if (all.has("mixed")) { all.delete("mixed"); all.add(PASSES); all.add(OTHER); }
+    if (all.has(SHOWS)) return SHOWS;
+    if (all.size === 1 && all.has(PASSES)) return PASSES;
+    return all.has(PASSES) ? "mixed" : OTHER;
+  }
+  function byPoints(failure, q, setups) {
+    const depends = failure.depends;
+    if (depends.some((p) => !(p in q.versions))) return null;
+    const byStack = new Map();  // JSON of the stack -> {stack, setups: Map(index -> Set of states)}
+    const refs = [];
+    for (const [stack, setup, size, state, ref] of failure.points) {
+      if (!setups.includes(setup) || (failure.distributed && failure.device === "cuda" && q.gpus && size !== q.gpus)) continue;
+      if (depends.every((p, i) => matches(stack[i], q.versions[p], q.prefix.includes(p)))) {
+        const at = JSON.stringify(stack);
+        if (!byStack.has(at)) byStack.set(at, { stack, setups: new Map() });
+        const found = byStack.get(at).setups;
+        if (!found.has(setup)) found.set(setup, new Set());
+        found.get(setup).add(state);
+        refs.push(failure.refs[ref]);
+      }
+    }
+    if (!byStack.size) return null;
+    const entries = [...byStack.values()].sort((a, b) => cmp(a.stack.map(key), b.stack.map(key)));
+    const verdicts = entries.map((e) => stackState([...e.setups.values()].flatMap((s) => [...s])));
+    const states = new Set(verdicts);
+    const at = depends.map((p, i) => `${p} ${entries[0].stack[i]}`).join(", ");
+    const showing = [...new Set(entries.flatMap((e) => [...e.setups.entries()].filter(([, s]) => stackState([...s]) === SHOWS).map(([i]) => i)))].sort((x, y) => x - y);
+    const evidence = refs.slice(0, 3);
+    if (states.size === 1 && states.has(SHOWS)) {
+      return answer(failure, "applies", `measured failing at ${at}`, "exact", {
+        evidence, setups: showing.map((i) => failure.setups[i].keys), when: showing.map((i) => failure.setups[i].words).join("; "),
+      });
+    }
+    if (states.size === 1 && states.has(PASSES)) return answer(failure, "clean", `measured passing at ${at}`, "exact", { evidence });
+    if (entries.length > 1) {
+      const words = entries.map((e, i) => `${depends.map((p, j) => `${p} ${e.stack[j]}`).join(", ")}: ${STATE_WORDS[verdicts[i]]}`).join("; ");
+      return answer(failure, "undecided", `the releases asked name stacks that differ: ${words}`, "exact", { evidence });
+    }
+    return answer(failure, "undecided", `at ${at} its configs failed another way or differ: no evidence either way`, "exact", { evidence });
+  }
+  function bySegments(failure, q) {
+    const unmeasured = [], clear = [], affected = [], admitted = [], missing = [];
+    for (const p of failure.depends) {
+      const segments = failure.segments[p];
+      const conditioned = failure.conditions.includes(p);
+      if (!(p in q.versions)) {
+        if (conditioned && p in q.ranges) {
+          const decided = q.ranges[p].map((v) => [v, decide(segments, v, false)]);
+          const bad = decided.filter(([, d]) => d[0] === AFFECTED).map(([v]) => v);
+          if (bad.length) admitted.push(`${p}: a range you allow admits ${bad.join(", ")}, measured failing`);
+          else if (decided.some(([, d]) => d[0] === CLEAR)) clear.push(`${p}: the releases your range allows were measured clear`);
+          else unmeasured.push(`${p}: your range holds no release measured for it`);
+        } else if (conditioned && q.partial) {
+          unmeasured.push(`${p} is not in your files (installed apart? give its release: a lock, --env)`);
+        } else if (conditioned || !q.partial) {  // a lock or an environment without it: it is not installed
+          return answer(failure, "not-applicable", `${p} is not installed`);
+        } else {
+          missing.push(p);
+        }
+        continue;
+      }
+      const [state, why] = decide(segments, q.versions[p], q.prefix.includes(p));
+      if (state === UNMEASURED) unmeasured.push(why);
+      else if (state === CLEAR) clear.push(why);
+      else if (state === AFFECTED) affected.push(why);
+    }
+    const note = missing.length ? ` (${missing.join(", ")} not given)` : "";
+    if (unmeasured.length) return answer(failure, "undecided", unmeasured.join("; "), "unmeasured");
+    if (clear.length) return answer(failure, "clean", clear.join("; ") + note, "bracketed");
+    if (admitted.length) return answer(failure, "range", admitted.join("; "), "bracketed");
+    if (failure.shape === "mixed") {
+      return answer(failure, "undecided", "its configs show it on some stacks and pass on others, and no release is named between: only a record at your releases decides", "unmeasured");
+    }
+    if (failure.shape === "everywhere") affected.push(failure.everywhere);
+    return answer(failure, "applies", affected.join("; ") + note, "bracketed");
+  }
+  function pitfall(p, q, narrowing) {
+    const named = Object.keys(q.setup).filter((k) => narrowing.includes(k) && k in p.setup);
+    const sameDevice = q.device === null || q.device === p.device;
+    if (named.length && sameDevice && agrees(p.setup, q.setup, narrowing)) {
+      return answer(p, "pitfall", p.why, "", { when: p.words, way_out: p.way_out });
+    }
+    return answer(p, "not-applicable", "another setup or device");
+  }
+
+  // --- ways out (ways_out.way_out) ---------------------------------------------------------------------------------
+  function distance(version, have) {
+    const at = key(version);
+    if (have === null) return [0, at];
+    if (cmp(at, have) > 0) return [0, at.map((a, i) => a - have[i])];
+    return [1, at.map((a, i) => have[i] - a)];
+  }
+  function candidates(failures, q) {
+    const found = {};
+    for (const f of failures) {
+      for (const p of f.conditions) {
+        for (const s of f.segments[p]) {
+          if (s[4] !== CLEAR) continue;
+          found[p] = found[p] || new Set();
+          for (const v of [s[0], s[2]]) if (v) found[p].add(v);
+        }
+      }
+    }
+    const out = {};
+    for (const p of Object.keys(found).sort()) {
+      const have = p in q.versions ? key(q.versions[p]) : null;
+      out[p] = [...found[p]].sort().filter((v) => have === null || cmp(key(v), have) !== 0)
+        .map((v) => [distance(v, have), v]).sort((a, b) => cmp(a[0], b[0])).map(([, v]) => v);
+    }
+    return out;
+  }
+  function moved(q, moves) { return Object.assign({}, q, { versions: Object.assign({}, q.versions, moves) }); }
+  function score(moves, q, after) {
+    const undecided = after.filter((a) => a.state === "undecided").length;
+    const d = Object.entries(moves).map(([p, v]) => distance(v, p in q.versions ? key(q.versions[p]) : null));
+    return [undecided, Object.keys(moves).length, d.reduce((n, x) => n + x[0], 0), d.map((x) => x[1]).sort(cmp),
+      Object.entries(moves).sort((a, b) => cmp(a[0], b[0]))];
+  }
+  function combinations(items, size) {
+    if (size === 0) return [[]];
+    const out = [];
+    items.forEach((item, i) => { for (const rest of combinations(items.slice(i + 1), size - 1)) out.push([item, ...rest]); });
+    return out;
+  }
+  function product(lists) {
+    return lists.reduce((acc, list) => acc.flatMap((a) => list.map((x) => [...a, x])), [[]]);
+  }
+  function search(tables, q, cands, stays) {
+    let tried = 0, closest = null;
+    const packages = Object.keys(cands).sort();
+    for (let size = 1; size <= Math.min(MOST_MOVES, packages.length); size++) {
+      let best = null;
+      for (const chosen of combinations(packages, size)) {
+        for (const releases of product(chosen.map((p) => cands[p]))) {
+          if (tried >= MOST_TRIES) break;
+          tried += 1;
+          const moves = Object.fromEntries(chosen.map((p, i) => [p, releases[i]]));
+          const after = evaluate(tables, moved(q, moves));
+          const left = after.filter((a) => BLOCKING.includes(a.state) && !stays.has(a.id)).map((a) => a.state);
+          const s = [left.filter((x) => x === "applies").length, left.filter((x) => x === "applies-if").length, ...score(moves, q, after)];
+          if (!left.length && (best === null || cmp(s, best[0]) < 0)) best = [s, moves, after];
+          if (closest === null || cmp(s, closest[0]) < 0) closest = [s, moves, after];
+        }
+      }
+      if (best !== null) return [[best[1], best[2], true], tried];
+    }
+    return [closest ? [closest[1], closest[2], false] : null, tried];
+  }
+  function noReleaseWords(p, decided) {
+    return decided.some((s) => s[4] === CLEAR) ? `no measured release of ${p} ends it without another failure` : `no measured release of ${p} ends it`;
+  }
+  function singleMoves(tables, q, failure, before) {
+    const blocking = new Set(before.filter((a) => BLOCKING.includes(a.state)).map((a) => a.id));
+    const notes = [];
+    for (const p of failure.conditions) {
+      const have = p in q.versions ? q.versions[p] : null;
+      let done = false;
+      for (const release of candidates([failure], q)[p] || []) {
+        const after = evaluate(tables, moved(q, { [p]: release }));
+        const states = Object.fromEntries(after.map((a) => [a.id, a.state]));
+        if (BLOCKING.includes(states[failure.id])) continue;
+        const now = new Set(Object.entries(states).filter(([, s]) => BLOCKING.includes(s)).map(([i]) => i));
+        notes.push({
+          package: p, release, from: have,
+          direction: have === null || cmp(key(release), key(have)) > 0 ? "upgrade" : "downgrade",
+          ends: [...blocking].filter((i) => !now.has(i)).sort(), brings: [...now].filter((i) => !blocking.has(i)).sort(),
+        });
+        done = true;
+        break;
+      }
+      if (!done) {
+        const decided = failure.segments[p].filter((s) => s[4] === AFFECTED || s[4] === CLEAR);
+        notes.push({ package: p, release: null, from: have, direction: null, ends: [], brings: [], why: noReleaseWords(p, decided) });
+      }
+    }
+    return notes;
+  }
+  function noneWords(cands, tried) {
+    if (!Object.keys(cands).length) return "no measured release ends them: the way out is a change of the setup (their fixes)";
+    if (tried >= MOST_TRIES) return `no set of moves found within ${MOST_TRIES} stacks judged`;
+    return `no set of up to ${MOST_MOVES} release moves leaves every known failure behind`;
+  }
+  function wayOut(tables, q, answers) {
+    q = query(q);
+    answers = answers || evaluate(tables, q);
+    const blocking = answers.filter((a) => BLOCKING.includes(a.state));
+    if (!blocking.length) return { pins: {}, from: {}, leaves: [], ends: [], stays: [], notes: {}, none: "" };
+    const ids = new Set(blocking.map((a) => a.id));
+    const byId = Object.fromEntries(tables.failures.filter((f) => ids.has(f.id)).map((f) => [f.id, f]));
+    const movable = Object.values(byId).filter((f) => Object.keys(candidates([f], q)).length);
+    const stays = Object.keys(byId).filter((i) => !movable.some((f) => f.id === i)).sort();
+    const cands = candidates(movable, q);
+    const notes = Object.fromEntries(Object.entries(byId).map(([i, f]) => [i, singleMoves(tables, q, f, answers)]));
+    const [found, tried] = movable.length ? search(tables, q, cands, new Set(stays)) : [null, 0];
+    if (found === null) return { pins: {}, from: {}, leaves: [], ends: [], stays, notes, none: noneWords(cands, tried) };
+    const [moves, after, whole] = found;
+    const states = Object.fromEntries(after.map((a) => [a.id, a.state]));
+    return {
+      pins: moves,
+      from: Object.fromEntries(Object.keys(moves).map((p) => [p, p in q.versions ? q.versions[p] : null])),
+      leaves: Object.keys(states).filter((i) => states[i] === "undecided").sort(),
+      ends: movable.filter((f) => !BLOCKING.includes(states[f.id])).map((f) => f.id).sort(),
+      stays,
+      still: Object.keys(states).filter((i) => BLOCKING.includes(states[i]) && !stays.includes(i)).sort(),
+      notes,
+      none: whole ? "" : noneWords(cands, tried) + "; the closest set is given, and what it leaves",
+    };
+  }
+
+  const api = { evaluate, wayOut, key, cmp, matches };
+  if (typeof module !== "undefined" && module.exports) module.exports = api;
+  else root.CompatJudge = api;
+})(typeof window !== "undefined" ? window : this);
