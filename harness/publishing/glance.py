@@ -182,7 +182,14 @@ def _entry_of(atlas: Atlas, row: Any, scenario: str, answers: list[dict[str, Any
         "text": text,
         "state": state,
         "judged": "fails" if failing else "holds" if found and state in ("not-reproduced", "passes") else "none",
-        "failing": sorted({json.dumps(k, sort_keys=True) for a in failing for k in a.get("setups", [])}),
+        # Each setup the failure applies to there, and the settings (a fix's) that clear it where a user has them.
+        "failing": sorted(
+            {
+                json.dumps({"setup": k, "unless": _clearing(atlas, a["id"])}, sort_keys=True)
+                for a in failing
+                for k in a.get("setups", [])
+            }
+        ),
         "pitfalls": sorted(left_out),
     }
 
@@ -191,6 +198,12 @@ def _title(device: str, ranks: int) -> str:
     """'CPU, up to 2 ranks'; 'GPU, 2 ranks' for the runs made on 2 GPUs (their single-process scenarios at one)."""
     plural = "s" if ranks > 1 else ""
     return f"CPU, up to {ranks} rank{plural}" if device == "CPU" else f"GPU, {ranks} rank{plural}"
+
+
+def _clearing(atlas: Atlas, failure_id: str) -> list[dict[str, str]]:
+    """The settings a user's setup can hold that the records show passing where this failure showed (its fixes')."""
+    failure = next(f for f in atlas.tables["failures"] if f["id"] == failure_id)
+    return [f["setup"] for f in failure["fixes"] if f.get("setup")]
 
 
 def glance_markdown(atlas: Atlas) -> list[str]:

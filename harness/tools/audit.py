@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import tomllib
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -185,13 +186,19 @@ SHOWN = tuple(LABELS)
 
 @dataclass
 class Report:
-    """The judge's answers that concern the user, the one recommended way out, and the tables they came from."""
+    """The judge's answers that concern the user (`answers`; `every` answer for the way out), the tables they came
+    from, and the one recommended way out, searched when it is first asked for."""
 
     answers: list[dict[str, Any]]
-    way_out: dict[str, Any]
     tables: dict[str, Any]
     query: Query
+    every: list[dict[str, Any]] = field(default_factory=list)
     loose: list[str] = field(default_factory=list)
+
+    @cached_property
+    def way_out(self) -> dict[str, Any]:
+        # A range the user allows is no release to move from: the way out is for pinned releases.
+        return way_out(self.tables, self.query, [] if self.query.ranges else self.every)
 
     def failure(self, failure_id: str) -> dict[str, Any]:
         return next(f for f in self.tables["failures"] if f["id"] == failure_id)
@@ -220,9 +227,7 @@ def load_tables(results_dir: Path) -> dict[str, Any]:
 def audit(tables: dict[str, Any], query: Query) -> Report:
     """The judge's answers for the query (those that concern the user) and the way out over all of them."""
     answers = evaluate(tables, query)
-    # A range the user allows is no release to move from: the way out is for pinned releases.
-    found = way_out(tables, query, [] if query.ranges else answers)
-    return Report([a for a in answers if a["state"] in SHOWN], found, tables, query)
+    return Report([a for a in answers if a["state"] in SHOWN], tables, query, answers)
 
 
 def query_of(

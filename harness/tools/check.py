@@ -28,7 +28,6 @@ from harness.knowledge import pitfalls as knowledge
 from harness.knowledge.atlas import Atlas
 from harness.knowledge.evidence import device_class
 from harness.knowledge.judge import Query
-from harness.knowledge.ways_out import way_out
 from harness.recording.record import judge, make_record
 from harness.recording.verdicts import headline, verdict
 from scenarios.fix_words import fix_words
@@ -161,7 +160,7 @@ def judged_lines(
     stack = {p: str(public_version(v)) for p, v in versions.items() if p in AXIS_PACKAGES}
     query = Query(stack, {}, device, gpus or None)
     answers = here.judge(query)
-    report = Report(answers, way_out(here.tables, query, answers), here.tables, query)
+    report = Report(answers, here.tables, query, answers)
     lines = ["", "what the atlas says of these releases (your runs above included):"]
     for answer in (a for a in answers if a["state"] in SHOWN and a["scenario"] in live):
         lines += answer_lines(report, answer)

@@ -29,7 +29,6 @@ from harness.knowledge.atlas import Atlas
 from harness.knowledge.evidence import depends_of
 from harness.knowledge.failures import Observation
 from harness.knowledge.judge import Query
-from harness.knowledge.ways_out import way_out
 from harness.tools.audit import SURE_WORDS, Report, measure_command, note_lines, way_out_lines
 
 #: The answers a lookup shows (clean and not applicable ones are summed up in one line).
@@ -125,7 +124,7 @@ def render(atlas: Atlas, query: Query, scenarios: list[str], items: list[str] | 
     """The terminal answer: what was asked, per scenario the records at exactly these releases and each known failure's
     answer, then the way out over all of them."""
     answers = atlas.judge(query)
-    report = Report(answers, way_out(atlas.tables, query, answers), atlas.tables, query)
+    report = Report(answers, atlas.tables, query, answers)
     where = query.device or "any device"
     lines = [
         "asked: " + ", ".join(f"{p} {v}" for p, v in query.versions.items())
