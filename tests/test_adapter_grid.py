@@ -64,12 +64,12 @@ def test_the_grid_says_not_measured_and_n_a_and_names_flips_between_measured_nei
     assert seed["flips"] == ["No flip: every row and every column measured holds one outcome."]
     meta, pairs, _ = adapter_grid.read_run(tmp_path / "adapter-grid" / "adapter-grid-history-1")
     flips = adapter_grid.flips(meta, pairs)
-    load = [f for f in flips if f.direction == "load"]
+    load = [f for f in flips if f.side == "load"]
     # a's adapter and c's both load wrong on b and right on c
-    assert [(f.fixed_day, f.before_day, f.after_day, f.before, f.after) for f in load] == [
-        (a, b, c, "check-roundtrip-load", "pass"), (c, b, c, "check-roundtrip-load", "pass")]  # fmt: skip
-    assert load[0].changed == ("peft 0.11.0 -> 0.12.0",)
-    save = [f for f in flips if f.direction == "save"]
+    assert [(f.fixed_days, f.older, f.newer, f.older_state, f.newer_state) for f in load] == [
+        ([a], b, c, "check-roundtrip-load", "pass"), ([c], b, c, "check-roundtrip-load", "pass")]  # fmt: skip
+    assert load[0].changed_words() == ["peft 0.11.0 -> 0.12.0"]
+    save = [f for f in flips if f.side == "save"]
     # column c: a's adapter passes there, c's too, b's never measured there: no flip; column b: a fails, b fails,
     # c fails; column a: only a. No save-side flip at all.
     assert save == []
@@ -133,13 +133,13 @@ def test_the_sweep_names_the_release_by_moving_each_package_alone_and_reuses_its
             package, version = env.cell_id.split("-")
             measured.append((package, version))
             heals = package == "peft" and version not in ("0.11.0", "0.11.1")
-            return {"states": {f.key: "pass" if heals else "check-roundtrip-load" for f in flips}, "loads": []}
+            return {"states": {f.grid_key: "pass" if heals else "check-roundtrip-load" for f in flips}, "loads": []}
 
     sweeper = Fake(run, tmp_path / "store", stream=open(tmp_path / "log", "w"))
     sweeper.releases = lambda package, old, new, python: ["0.11.0", "0.11.1", "0.11.2", "0.12.0"]
     (flip,) = grouped(adapter_grid.flips(sweeper.meta, sweeper.pairs))
-    assert (flip.direction, flip.fixed_days) == ("load", (a, b))
-    assert (flip.before, flip.after) == ("check-roundtrip-load", "pass")
+    assert (flip.side, flip.fixed_days) == ("load", [a, b])
+    assert (flip.older_state, flip.newer_state) == ("check-roundtrip-load", "pass")
     sweeper.name([flip])
     (named,) = json.loads((run / "sweep.json").read_text())["flips"]
     assert named["moves"] == {"torch": "check-roundtrip-load", "peft": "pass"}
@@ -172,7 +172,7 @@ def test_a_flip_no_single_move_gives_is_not_named(tmp_path: Path) -> None:
             return Day(f"{package}-{version}", Path(sys.executable), {}), "older-dependencies", ""
 
         def _measure(self, flips: list, env: Day) -> dict:  # only both together heal: neither move alone does
-            return {"states": {f.key: "error" if env.cell_id.startswith("torch") else "check-roundtrip-load"
+            return {"states": {f.grid_key: "error" if env.cell_id.startswith("torch") else "check-roundtrip-load"
                                for f in flips}, "loads": []}  # fmt: skip
 
     sweeper = Fake(run, tmp_path / "store", stream=open(tmp_path / "log", "w"))
@@ -185,9 +185,10 @@ def test_a_flip_no_single_move_gives_is_not_named(tmp_path: Path) -> None:
 def test_a_save_side_probe_judges_each_flip_by_its_own_adapter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two save-side flips of one interval load their probe-saved adapters on the same day, into one file of lines:
     each flip is judged by its own adapter's line (the other's pass does not stand for its failure)."""
+    from harness.recording.flip import Flip
     from harness.tools import adapter_grid_sweep
     from harness.tools.adapter_grid import Day
-    from harness.tools.adapter_grid_sweep import GridFlip, Sweeper
+    from harness.tools.adapter_grid_sweep import Sweeper
 
     _, b, c = DAYS
     run = _run(tmp_path, [], [])
@@ -213,7 +214,8 @@ def test_a_save_side_probe_judges_each_flip_by_its_own_adapter(tmp_path: Path, m
 
     monkeypatch.setattr(adapter_grid_sweep, "_phase", saved)
     sweeper = Fake(run, tmp_path / "store", stream=open(tmp_path / "log", "w"))
-    flips = [GridFlip(f, "save", b, c, "check-roundtrip-save", "pass", (c,)) for f in ("seed", "head")]
+    flips = [Flip(b, c, "check-roundtrip-save", "pass", config_ids=[f], side="save", fixed_days=[c])
+             for f in ("seed", "head")]  # fmt: skip
     found = sweeper._measure(flips, env)
-    assert found["states"] == {flips[0].key: "pass", flips[1].key: "check-roundtrip-save"}
+    assert found["states"] == {flips[0].grid_key: "pass", flips[1].grid_key: "check-roundtrip-save"}
     assert [line["pair"] for line in found["loads"]] == [f"{env.cell_id}|seed", f"{env.cell_id}|head"]

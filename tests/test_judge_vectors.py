@@ -21,7 +21,7 @@ from harness.publishing.advisories import read_tables
 from tests.conftest import REPO_ROOT, missing_component
 
 TABLES = REPO_ROOT / "results" / "advisories"
-JUDGE_JS = REPO_ROOT / "harness" / "publishing" / "judge.js"
+JUDGE_JS = REPO_ROOT / "harness" / "publishing" / "site_judge.js"
 SETUPS = [
     {}, {"engine": "fsdp2", "adapter": "lora"}, {"engine": "fsdp1", "adapter": "dora", "loop": "hand"},
     {"engine": "zero3"}, {"adapter": "qlora"}, {"engine": "fsdp2", "state_dict": "sharded_state_dict"},

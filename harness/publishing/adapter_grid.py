@@ -12,54 +12,34 @@ from __future__ import annotations
 import itertools
 import json
 import lzma
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES
+from harness.recording.flip import Flip
 
 FOLDER = "adapter-grid"
+SCENARIO = "S10-adapter-roundtrip"
 OUTPUT = "ADAPTER-GRID.md"
 
 
-@dataclass(frozen=True)
-class Flip:
-    feature: str
-    direction: str  # "load": the same adapter loaded on two days; "save": adapters of two days loaded on one
-    fixed_day: str  # the row's saved-on day ("load") or the column's loaded-on day ("save")
-    before_day: str
-    after_day: str
-    before: str  # "pass" or the failure's signature
-    after: str
-    changed: tuple[str, ...]  # "peft 0.13.0 -> 0.14.0", ...
-
-
-@dataclass(frozen=True)
-class GridFlip:
-    """One flip of the grid with every fixed day it holds for: the same feature, direction, days and outcomes (how
-    the page lists it, and what `adapters-grid --sweep` names, under `key`)."""
-
-    feature: str
-    direction: str
-    before_day: str
-    after_day: str
-    before: str
-    after: str
-    fixed_days: tuple[str, ...]
-
-    @property
-    def key(self) -> str:
-        return "|".join((self.feature, self.direction, self.before_day, self.after_day, self.before, self.after))
-
-
-def grouped(found: list[Flip]) -> list[GridFlip]:
+def grouped(found: list[Flip]) -> list[Flip]:
     """The grid's flips with their fixed days together (a load-side flip of one feature for every adapter it holds
-    for; a save-side one for every load day)."""
-    days: dict[tuple[str, ...], list[str]] = {}
+    for; a save-side one for every load day), in the order first met."""
+    merged: dict[str, Flip] = {}
     for flip in found:
-        key = (flip.feature, flip.direction, flip.before_day, flip.after_day, flip.before, flip.after)
-        days.setdefault(key, []).append(flip.fixed_day)
-    return [GridFlip(*key, fixed_days=tuple(sorted(fixed))) for key, fixed in days.items()]
+        if flip.grid_key in merged:
+            merged[flip.grid_key].fixed_days = sorted({*merged[flip.grid_key].fixed_days, *flip.fixed_days})
+        else:
+            merged[flip.grid_key] = replace(flip, fixed_days=sorted(flip.fixed_days))
+    return list(merged.values())
+
+
+def grid_fields(flip: Flip) -> dict[str, Any]:
+    """A grouped grid flip as sweep.json keeps it (feature, direction, the days and outcomes, the fixed days)."""
+    return {"feature": flip.feature, "direction": flip.side, "before_day": flip.older, "after_day": flip.newer,
+            "before": flip.older_state, "after": flip.newer_state, "fixed_days": list(flip.fixed_days)}  # fmt: skip
 
 
 def newest_run(results_dir: Path) -> Path | None:
@@ -105,14 +85,15 @@ def flips(meta: dict[str, Any], pairs: list[dict[str, Any]]) -> list[Flip]:
                 measured = [(d, p) for d, p in line if p is not None and p["outcome"] in ("pass", "fail")]
                 for (a_day, a), (b_day, b) in itertools.pairwise(measured):
                     if state(a) != state(b):
-                        found.append(Flip(feature, direction, fixed, a_day, b_day, state(a), state(b),
-                                          _changed(meta["days"][a_day], meta["days"][b_day])))  # fmt: skip
+                        found.append(Flip(a_day, b_day, state(a), state(b),
+                                          _changed(meta["days"][a_day], meta["days"][b_day]), scenario=SCENARIO,
+                                          config_ids=[feature], side=direction, fixed_days=[fixed]))  # fmt: skip
     return found
 
 
-def _changed(before: dict[str, str], after: dict[str, str]) -> tuple[str, ...]:
+def _changed(before: dict[str, str], after: dict[str, str]) -> dict[str, list[Any]]:
     names = [*AXIS_PACKAGES, "safetensors"]
-    return tuple(f"{p} {before.get(p, '-')} -> {after.get(p, '-')}" for p in names if before.get(p) != after.get(p))
+    return {p: [before.get(p), after.get(p)] for p in names if before.get(p) != after.get(p)}
 
 
 def feature_words(config: dict[str, Any], seed: dict[str, Any]) -> str:
@@ -226,8 +207,8 @@ def _flip_lines(mine: list[Flip], short: dict[str, str], swept: dict[str, dict[s
     if not mine:
         return ["No flip: every row and every column measured holds one outcome."]
     swept = swept or {}
-    together = sorted(grouped(mine), key=lambda g: (g.direction, g.before_day, g.after_day, g.before, g.after))
-    if any(g.key in swept for g in together):
+    together = sorted(grouped(mine), key=lambda g: (g.side or "", g.older, g.newer, g.older_state, g.newer_state))
+    if any(g.grid_key in swept for g in together):
         out = ["Flips (each between two measured neighbours, then named at release resolution: each package that "
                "differs moved alone over the older day's stack, and the releases of the one that reproduces the flip "
                "swept, `adapters-grid --sweep`):"]  # fmt: skip
@@ -235,15 +216,13 @@ def _flip_lines(mine: list[Flip], short: dict[str, str], swept: dict[str, dict[s
         out = ["Flips (each between two measured neighbours; the releases that differ between the two days are "
                "named, not yet which of them):"]  # fmt: skip
     for flip in together:
-        a, b = flip.before_day, flip.after_day
-        change = next(f.changed for f in mine if (f.direction, f.before_day, f.after_day) == (flip.direction, a, b))
-        what = f"{flip.before} → {flip.after}"
+        a, b = flip.older, flip.newer
+        what = f"{flip.older_state} → {flip.newer_state}"
         days = ", ".join(short[d].split(" ")[0] for d in flip.fixed_days)
-        entry = swept.get(flip.key)
-        where = (
-            sweep_words(entry, flip.before, flip.after) if entry else f"({'; '.join(change) or 'no package differs'})"
-        )
-        if flip.direction == "load":
+        entry = swept.get(flip.grid_key)
+        changed = "; ".join(flip.changed_words()) or "no package differs"
+        where = sweep_words(entry, flip.older_state, flip.newer_state) if entry else f"({changed})"
+        if flip.side == "load":
             out.append(f"- loaded on {short[b]} instead of {short[a]}: {what}, for adapters saved on {days}: {where}")
         else:
             out.append(f"- saved on {short[b]} instead of {short[a]}: {what}, when loaded on {days}: {where}")

@@ -29,7 +29,7 @@ from harness.textsafe import code, md, slug
 SCHEMA = "compat-matrix/matrix/v1"
 SITE_TEMPLATE = Path(__file__).with_name("site_template.html")
 SITE_READ = Path(__file__).with_name("site_read.js")  # audit.py's readers, for the page
-SITE_JUDGE = Path(__file__).with_name("judge.js")  # the judge's fold over the compiled tables, for the page
+SITE_JUDGE = Path(__file__).with_name("site_judge.js")  # the judge's fold over the compiled tables, for the page
 MESSAGE_LIMIT = 1500
 VERSION_KEYS = ("python", *AXIS_PACKAGES)
 

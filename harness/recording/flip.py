@@ -65,6 +65,11 @@ class Flip:
     sweep: dict[str, Any] | None = None
     #: The dated run the flip was found in (set when the table reads flips.json; never written).
     run_id: str | None = None
+    #: A flip of the adapters grid (`publishing/adapter_grid.py`): which side of the round trip changed ("load": one
+    #: saved adapter loaded on two days; "save": adapters of two days loaded on one), and the days it holds for (the
+    #: rows' saved-on days, or the columns' loaded-on days).
+    side: str | None = None
+    fixed_days: list[str] = field(default_factory=list)
     #: Why the flip is no evidence of a change (another failure hides the target on one side, its configs could not
     #: run there): decided once when the knowledge model reads it (`knowledge.flips.with_masking`); never written.
     masked_by: list[str] = field(default_factory=list)
@@ -72,6 +77,21 @@ class Flip:
     @property
     def direction(self) -> str:
         return "started" if self.newer_state == "target" else "ended"
+
+    @property
+    def feature(self) -> str:
+        """The one config a per-config flip is of (an adapters-grid flip's feature)."""
+        return self.config_ids[0] if self.config_ids else ""
+
+    @property
+    def grid_key(self) -> str:
+        """An adapters-grid flip's key, as sweep.json keeps it: feature, side, the two days, the two outcomes."""
+        fields = (self.feature, self.side or "", self.older, self.newer, self.older_state, self.newer_state)
+        return "|".join(fields)
+
+    def changed_words(self) -> list[str]:
+        """'peft 0.13.0 -> 0.14.0' for each package that differs between the two sides."""
+        return [f"{p} {a or '-'} -> {b or '-'}" for p, (a, b) in self.changed.items()]
 
     @property
     def is_window(self) -> bool:

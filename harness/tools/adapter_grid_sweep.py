@@ -22,13 +22,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
 from harness.publishing import adapter_grid as grid
-from harness.publishing.adapter_grid import GridFlip, grouped
+from harness.publishing.adapter_grid import grid_fields, grouped
+from harness.recording.flip import Flip
 from harness.tools import flip_search
 from harness.tools.adapter_grid import FOLDER, Day, _lines, _phase
 from harness.tools.adapter_grid import _day as _date
@@ -36,12 +37,12 @@ from harness.tools.adapter_grid import _day as _date
 SWEEP_FILE = "sweep.json"
 
 
-def evidence(raw: str | None, flip: GridFlip) -> str:
+def evidence(raw: str | None, flip: Flip) -> str:
     """A probe's outcome for a flip in the one rule's words: the older day's outcome shows the flip's 'before', the
     newer day's its 'after'; anything else is no evidence."""
-    if raw == flip.before:
+    if raw == flip.older_state:
         return flip_search.SHOWS
-    if raw == flip.after:
+    if raw == flip.newer_state:
         return flip_search.ABSENT
     return flip_search.NO_EVIDENCE
 
@@ -105,19 +106,19 @@ class Sweeper:
 
     # --- one probe ------------------------------------------------------------------------------------------------
 
-    def probe(self, flips: list[GridFlip], package: str, version: str) -> dict[str, Any]:
+    def probe(self, flips: list[Flip], package: str, version: str) -> dict[str, Any]:
         """Every flip of one interval and direction, at one release of `package` (reused where sweep.json holds it)."""
         first = flips[0]
-        wanted = sorted(f.key for f in flips)
+        wanted = sorted(f.grid_key for f in flips)
         for earlier in self.doc["probes"]:
             if (earlier["direction"], earlier["before_day"], earlier["after_day"], earlier["package"],
-                    earlier["version"]) == (first.direction, first.before_day, first.after_day, package, version) \
+                    earlier["version"]) == (first.side, first.older, first.newer, package, version) \
                     and set(wanted) <= set(earlier["states"]):  # fmt: skip
                 return earlier
         began = time.monotonic()
-        env, mode, failure = self._env(first.before_day, first.after_day, package, version)
-        entry: dict[str, Any] = {"direction": first.direction, "before_day": first.before_day,
-                                 "after_day": first.after_day, "package": package, "version": version,
+        env, mode, failure = self._env(first.older, first.newer, package, version)
+        entry: dict[str, Any] = {"direction": first.side, "before_day": first.older,
+                                 "after_day": first.newer, "package": package, "version": version,
                                  "dependencies": mode}  # fmt: skip
         if env is None:
             entry |= {"states": dict.fromkeys(wanted, "install-failed"), "failure": failure}
@@ -132,11 +133,11 @@ class Sweeper:
               file=self.stream, flush=True)  # fmt: skip
         return entry
 
-    def _measure(self, flips: list[GridFlip], env: Day) -> dict[str, Any]:
+    def _measure(self, flips: list[Flip], env: Day) -> dict[str, Any]:
         configs = {f.feature: self.meta["configs"][f.feature] for f in flips}
         sweep_store = self.store / "sweep"
         (sweep_store / "saved").mkdir(parents=True, exist_ok=True)
-        if flips[0].direction == "load":
+        if flips[0].side == "load":
             for flip in flips:  # the adapters the flip's row holds, saved on their own day by the grid run
                 for saved_on in flip.fixed_days:
                     link = sweep_store / "saved" / saved_on
@@ -145,7 +146,7 @@ class Sweeper:
             wanted = sorted({(s, f.feature) for f in flips for s in f.fixed_days})
             lines = self._load(env, env.cell_id, wanted, configs, sweep_store)
             by_pair = {(e["saved_on"], e["config_id"]): e for e in lines}
-            states = {f.key: _common([by_pair.get((s, f.feature)) for s in f.fixed_days]) for f in flips}
+            states = {f.grid_key: _common([by_pair.get((s, f.feature)) for s in f.fixed_days]) for f in flips}
             return {"states": states, "loads": [_short(e) for e in lines if (e["saved_on"], e["config_id"]) in wanted]}
         job = {"day": env.cell_id, "store": str(sweep_store), "configs": configs}
         _phase(env, "save", job, sweep_store)
@@ -154,14 +155,14 @@ class Sweeper:
         for flip in flips:  # loaded on the newest day the flip holds for, in that day's own environment
             loaded_on = flip.fixed_days[-1]
             if saved.get(flip.feature, {}).get("outcome") != "saved":
-                states[flip.key] = f"save-{saved.get(flip.feature, {}).get('outcome', 'missing')}"
+                states[flip.grid_key] = f"save-{saved.get(flip.feature, {}).get('outcome', 'missing')}"
                 continue
             day = self._day_env(loaded_on)
             label = Day(f"{env.cell_id}-loaded-on-{_date(loaded_on)}", day.python, day.versions)
             lines = self._load(label, label.cell_id, [(env.cell_id, flip.feature)], configs, sweep_store)
             # the load day's file holds every feature this probe loaded there: this flip's line only
             mine = [e for e in lines if (e["saved_on"], e["config_id"]) == (env.cell_id, flip.feature)]
-            states[flip.key] = _common(mine)
+            states[flip.grid_key] = _common(mine)
             loads += [_short(e) | {"loaded_on": loaded_on} for e in mine]
         return {"states": states, "loads": loads}
 
@@ -182,46 +183,48 @@ class Sweeper:
 
     # --- one flip interval ----------------------------------------------------------------------------------------
 
-    def name(self, flips: list[GridFlip]) -> None:
+    def name(self, flips: list[Flip]) -> None:
         """Moves, then the sweep of the package whose move alone reproduces each flip."""
         first = flips[0]
-        before, after = self.meta["days"][first.before_day], self.meta["days"][first.after_day]
-        moves: dict[str, dict[str, str]] = {f.key: {} for f in flips}
-        print(f"{first.direction} side, {_date(first.before_day)} -> {_date(first.after_day)}: "
+        before, after = self.meta["days"][first.older], self.meta["days"][first.newer]
+        moves: dict[str, dict[str, str]] = {f.grid_key: {} for f in flips}
+        print(f"{first.side} side, {_date(first.older)} -> {_date(first.newer)}: "
               f"{len(flips)} flip(s); moving each package alone", file=self.stream, flush=True)  # fmt: skip
         for package, _, new in changed_packages(before, after):
             entry = self.probe(flips, package, new)
             for flip in flips:
-                moves[flip.key][package] = entry["states"].get(flip.key, "missing")
+                moves[flip.grid_key][package] = entry["states"].get(flip.grid_key, "missing")
         named: dict[str, dict[str, Any]] = {}
         for flip in flips:
-            reproducing = [p for p, raw in moves[flip.key].items() if evidence(raw, flip) == flip_search.ABSENT]
-            named[flip.key] = {"moves": moves[flip.key], "reproducing": reproducing}
+            reproducing = [p for p, raw in moves[flip.grid_key].items() if evidence(raw, flip) == flip_search.ABSENT]
+            named[flip.grid_key] = {"moves": moves[flip.grid_key], "reproducing": reproducing}
         for package, old, new in changed_packages(before, after):
-            mine = [f for f in flips if named[f.key]["reproducing"] == [package]]
+            mine = [f for f in flips if named[f.grid_key]["reproducing"] == [package]]
             if mine:
                 self._sweep(mine, package, old, new, named)
         results = {entry["key"]: entry for entry in self.doc.get("flips", [])}
         for flip in flips:
-            results[flip.key] = {"key": flip.key, **asdict(flip), **named[flip.key]}
+            results[flip.grid_key] = {"key": flip.grid_key, **grid_fields(flip), **named[flip.grid_key]}
         self.doc["flips"] = sorted(results.values(), key=lambda e: e["key"])
         self._write()
 
-    def _sweep(self, flips: list[GridFlip], package: str, old: str, new: str, named: dict[str, Any]) -> None:
+    def _sweep(self, flips: list[Flip], package: str, old: str, new: str, named: dict[str, Any]) -> None:
         from harness.tools.release_sweep import cost_words
 
         candidates = self.releases(package, old, new, self.history.python)
         if not candidates or candidates[0] != old or candidates[-1] != new:
             for flip in flips:
-                named[flip.key]["note"] = f"no sweep: the index's releases of {package} from {old} to {new} are " \
+                named[flip.grid_key]["note"] = f"no sweep: the index's releases of {package} from {old} to {new} are " \
                     f"{', '.join(candidates) or 'none'}"  # fmt: skip
             return
         print(f"  sweep {package} {old} .. {new}: {cost_words(candidates)}", file=self.stream, flush=True)
-        raw: dict[str, dict[str, str]] = {f.key: {} for f in flips}
+        raw: dict[str, dict[str, str]] = {f.grid_key: {} for f in flips}
         runs: dict[str, dict[str, Any]] = {}
         while True:
-            steps = {f.key: flip_search.next_sweep(candidates, {v: evidence(s, f) for v, s in raw[f.key].items()})
-                     for f in flips}  # fmt: skip
+            steps = {
+                f.grid_key: flip_search.next_sweep(candidates, {v: evidence(s, f) for v, s in raw[f.grid_key].items()})
+                for f in flips
+            }
             wanted = sorted({v for s in steps.values() for v in s.probes}, key=candidates.index)
             if not wanted:
                 break
@@ -229,21 +232,21 @@ class Sweeper:
                 entry = self.probe(flips, package, version)
                 runs[version] = entry
                 for flip in flips:
-                    raw[flip.key][version] = entry["states"].get(flip.key, "missing")
+                    raw[flip.grid_key][version] = entry["states"].get(flip.grid_key, "missing")
         for flip in flips:
-            step = steps[flip.key]
-            changes = [_change(package, c, raw[flip.key]) for c in step.changes]
-            mine = named[flip.key]
+            step = steps[flip.grid_key]
+            changes = [_change(package, c, raw[flip.grid_key]) for c in step.changes]
+            mine = named[flip.grid_key]
             mine |= {"package": package, "changes": changes, "candidates": candidates,
-                     "measured": {v: raw[flip.key][v] for v in candidates if v in raw[flip.key]},
+                     "measured": {v: raw[flip.grid_key][v] for v in candidates if v in raw[flip.grid_key]},
                      "unmeasured": step.unmeasured, "stepped_over": step.stepped_over}  # fmt: skip
             last = changes[-1] if changes else None
-            if last and evidence(last["after"], flip) == flip_search.ABSENT and evidence(raw[flip.key].get(old), flip) \
-                    == flip_search.SHOWS:  # fmt: skip
+            before = evidence(raw[flip.grid_key].get(old), flip)
+            if last and evidence(last["after"], flip) == flip_search.ABSENT and before == flip_search.SHOWS:
                 mine |= {"release": last["release"], "last_release_before": last["last_before"]}
-            elif evidence(raw[flip.key].get(old), flip) != flip_search.SHOWS:
+            elif evidence(raw[flip.grid_key].get(old), flip) != flip_search.SHOWS:
                 mine["note"] = f"{package} {old} did not give the older day's outcome in the sweep " \
-                    f"({raw[flip.key].get(old)})"  # fmt: skip
+                    f"({raw[flip.grid_key].get(old)})"  # fmt: skip
 
 
 def sweep_grid(run_id: str, results_dir: Path, stream: Any = sys.stdout) -> Path:
@@ -259,9 +262,9 @@ def sweep_grid(run_id: str, results_dir: Path, stream: Any = sys.stdout) -> Path
                          "keeps them there): run `adapters-grid --resume` for it first")  # fmt: skip
     sweeper = Sweeper(run, store, stream)
     flips = grouped(grid.flips(sweeper.meta, sweeper.pairs))
-    intervals: dict[tuple[str, str, str], list[GridFlip]] = {}
+    intervals: dict[tuple[str, str, str], list[Flip]] = {}
     for flip in flips:
-        intervals.setdefault((flip.direction, flip.before_day, flip.after_day), []).append(flip)
+        intervals.setdefault((flip.side or "", flip.older, flip.newer), []).append(flip)
     print(f"{len(flips)} flip(s) in {len(intervals)} interval(s) of {run_id}", file=stream, flush=True)
     began = time.monotonic()
     for key in sorted(intervals, key=lambda k: (k[1], k[0])):
