@@ -166,3 +166,37 @@ def test_label_smoothing_ends_with_its_own_release_and_rows_say_what_ran() -> No
     assert [(n["package"], n["release"]) for n in notes] == [("transformers", "5.15.0")]
     labels = {r.versions["transformers"] for r in found.rows if r.day == "2026-11-24" and r.device == "cpu"}
     assert labels == {"5.23.0", "5.24.0"}
+
+
+def test_no_record_of_a_failure_contradicts_its_conditions() -> None:
+    """The releases a failure's conditions decide (affected, clear) agree with every record of its configs: none of them
+    showed it where the segments say clear, or passed where every condition says affected (such a config has another
+    history and is a failure of its own)."""
+    from harness.knowledge.judge import _decide
+
+    checked = 0
+    for failure in atlas().tables["failures"]:
+        for stack, _setup, _size, state, ref in failure["points"]:
+            at = dict(zip(failure["depends"], stack, strict=True))
+            decided = [_decide(failure["segments"][p], at[p], False)[0] for p in failure["conditions"]]
+            if not decided or state not in ("shows", "passes"):
+                continue
+            checked += 1
+            if state == "shows":
+                assert "clear" not in decided, (failure["id"], at, failure["refs"][ref])
+            else:
+                assert not all(d == "affected" for d in decided), (failure["id"], at, failure["refs"][ref])
+    assert checked >= 300
+
+
+def test_conditions_are_words_a_user_can_check_never_a_repr() -> None:
+    """What an advisory says of its setups and its condition on the user's model reads as words: no Python dict or
+    list printed, no summary cut mid-word."""
+    for path in sorted((RESULTS / "advisories").glob("x_*.json")):
+        advisory = json.loads(path.read_text())
+        facts = advisory["database_specific"]
+        said = [*facts["setups"], facts.get("applies_if") or "", facts.get("measured_with") or "", advisory["summary"]]
+        for text in said:
+            assert "{" not in text and "[" not in text.replace("[0]", ""), (advisory["id"], text)
+        summary = advisory["summary"]
+        assert len(summary) <= 200 and (not summary.endswith("…") or summary[-2] != " "), summary

@@ -25,6 +25,7 @@ from harness.define.packages import AXIS_PACKAGES
 from harness.knowledge.evidence import NONE, OTHER, PASSES, SHOWS, depends_of, device_class, stack_of, world_size
 from harness.knowledge.evidence import state as record_state
 from harness.knowledge.flips import Change
+from harness.knowledge.judge import AFFECTED, CLEAR, MEASURED, UNMEASURED, key
 from harness.versions.matching import release_key
 from scenarios.failure_names import family as failure_family
 
@@ -187,9 +188,19 @@ def known_failures(
     made: list[KnownFailure] = []
     claimed: set[tuple[str, str, str, str]] = set()
     for (scenario, device, configs, family), found in _grouped(changes, by_key).items():
-        mine = [o for o in by_key[(scenario, device)] if o.config_id in configs]
-        made.append(_failure(scenario, device, family, sorted(configs), mine, found, specs, fixes_of))
-        claimed |= {(scenario, device, family, c) for c in configs}
+        kept = set(configs)
+        while kept:
+            mine = [o for o in by_key[(scenario, device)] if o.config_id in kept]
+            failure = _failure(scenario, device, family, sorted(kept), mine, found, specs, fixes_of)
+            # A config whose own records contradict the releases the changes name (it passed where they say the
+            # failure shows, or showed it where they say it ended) has another history: it leaves the failure and
+            # is judged on its own records, never bracketed by a history it does not have.
+            against = {o.config_id for o in mine if contradicts(failure, o)}
+            if not against:
+                made.append(failure)
+                claimed |= {(scenario, device, family, c) for c in kept}
+                break
+            kept -= against
     showing: dict[tuple[str, str, str, tuple[tuple[str, str], ...]], set[str]] = defaultdict(set)
     for (scenario, device), mine in by_key.items():
         target = list((specs.get(scenario) or {}).get("target") or [])
@@ -202,6 +213,23 @@ def known_failures(
         mine = [o for o in by_key[(scenario, device)] if o.config_id in configs]
         made.append(_failure(scenario, device, family, sorted(configs), mine, [], specs, fixes_of))
     return sorted(made, key=lambda f: (_mode(f.scenario), f.scenario, f.device, f.family, f.id))
+
+
+def contradicts(failure: KnownFailure, obs: Observation) -> bool:
+    """Whether a record of one of the failure's configs says otherwise than its conditions: it showed the failure at
+    releases they decide clear, or passed at releases they all decide affected (an unmeasured range decides nothing)."""
+    state = failure.state(obs)
+    if not failure.conditions or state not in (SHOWS, PASSES):
+        return False
+    from harness.knowledge.judge import _decide
+
+    decided = []
+    for condition in failure.conditions:
+        release = obs.release(condition.package)
+        if release is None:
+            return False
+        decided.append(_decide(segments(failure, condition.package), release, False)[0])
+    return CLEAR in decided if state == SHOWS else all(d == AFFECTED for d in decided)
 
 
 def _is_target(signature: str | None, target: list[str]) -> bool:
@@ -219,26 +247,17 @@ def _grouped(
 ) -> dict[tuple[str, str, frozenset[str], str], list[Change]]:
     """Changes of one failure whose configs overlap, as one group (S4: torch 2.5.0 brought it on some configs,
     deepspeed 0.19.3 ended it on them: one failure, never two that contradict). A change stored without its configs
-    stands for the configs whose records show its failure on that device."""
-    keyed: list[tuple[str, str, set[str], str, Change]] = []
-    for change in changes:
-        family = failure_family(change.signature)
-        configs = set(change.config_ids) or {
-            o.config_id
-            for o in by_key.get((change.scenario, change.device), [])
-            if o.outcome == "fail" and o.signature and failure_family(o.signature) == family
-        }
-        if configs:
-            keyed.append((change.scenario, change.device, configs, family, change))
+    stands for the configs whose records show its failure on that device, once no change with configs took it in."""
+    keyed = [(c.scenario, c.device, set(c.config_ids), failure_family(c.signature), c) for c in changes]
     groups: list[tuple[str, str, set[str], str, list[Change]]] = []
     for scenario, device, configs, family, change in keyed:
         joined = [g for g in groups if g[:2] == (scenario, device) and g[3] == family and g[2] & configs]
-        merged = (scenario, device, set(configs), family, [change])
+        union = (scenario, device, set(configs), family, [change])
         for group in joined:
             groups.remove(group)
-            merged[2].update(group[2])
-            merged[4].extend(group[4])
-        groups.append(merged)
+            union[2].update(group[2])
+            union[4].extend(group[4])
+        groups.append(union)
     # Groups of one failure whose changes are the same releases are one failure too (several configs' flips, each
     # named alone, that tell one history).
     merged: dict[tuple[Any, ...], tuple[set[str], list[Change]]] = {}
@@ -247,7 +266,17 @@ def _grouped(
         entry = merged.setdefault((scenario, device, family, events), (set(), []))
         entry[0].update(configs)
         entry[1].extend(found)
-    return {(s, d, frozenset(c), f): found for (s, d, f, _), (c, found) in merged.items()}
+    grouped = {}
+    for (scenario, device, family, _), (configs, found) in merged.items():
+        # A change stored without its configs (a finding's reproducer) stands for those whose records show its failure.
+        configs = configs or {
+            o.config_id
+            for o in by_key.get((scenario, device), [])
+            if o.outcome == "fail" and o.signature and failure_family(o.signature) == family
+        }
+        if configs:
+            grouped[(scenario, device, frozenset(configs), family)] = found
+    return grouped
 
 
 def _failure(
@@ -339,3 +368,68 @@ def _at(mine: list[Observation], package: str, release: str | None, family: str,
     found = [o for o in mine if o.release(package) == release]
     found.sort(key=lambda o: (o.state_for(family) != claims, o.run_id, o.config_id))
     return [o.ref() | {"state": o.state_for(family)} for o in found[:3]]
+
+
+def segments(failure: KnownFailure, package: str) -> list[list[Any]]:
+    """[low, low_in, high, high_in, state, why] covering every release of `package`, in order."""
+    condition = next((c for c in failure.conditions if c.package == package), None)
+    events = condition.events if condition else []
+    known = failure.measured(package) + [r for e in events for r in (e.release, e.before) if r]
+    if not known:
+        return [[None, False, None, False, UNMEASURED, f"{package}: no release of it was measured for this failure"]]
+    low, high = min(known, key=key), max(known, key=key)
+    cut: list[list[Any]] = [[None, False, low, False, UNMEASURED,
+                             f"{package} older than {low}, the oldest release measured for this failure"]]  # fmt: skip
+    if not events:
+        cut.append([low, True, high, True, MEASURED, f"{package} {low} to {high} measured"])
+    else:
+        cut += _event_segments(package, events, low, high, failure.measured(package))
+    cut.append([high, False, None, False, UNMEASURED,
+                f"{package} newer than {high}, the newest release measured for this failure"])  # fmt: skip
+    return [s for s in cut if s[0] is None or s[2] is None or key(s[0]) < key(s[2]) or (s[1] and s[3])]
+
+
+def _event_segments(package: str, events: list[Event], low: str, high: str, measured: list[str]) -> list[list[Any]]:
+    """The segments between the oldest and the newest release measured, cut at each event and its release before."""
+    cut: list[list[Any]] = []
+    first = events[0]
+    if first.kind == "fixed":
+        before = first.before or _measured_below(measured, first.release)
+        words = f"{package} {low} to {before or low} measured failing (before {first.release} ended it)"
+        cut.append([low, True, before or low, True, AFFECTED, words])
+    elif first.bound != "earliest measured":
+        before = first.before or _measured_below(measured, first.release)
+        if before and first.masked:
+            cut.append([low, True, before, True, UNMEASURED,
+                        f"{package} {before} and older failed another way: no evidence either way"])  # fmt: skip
+        elif before:
+            cut.append([low, True, before, True, CLEAR,
+                        f"{package} {low} to {before} measured without it ({first.release} brought it)"])  # fmt: skip
+    for index, event in enumerate(events):
+        before = event.before or _measured_below(measured, event.release)
+        if before and key(before) < key(event.release) and (index or first.kind == "fixed" or not first.bound):
+            cut.append(
+                [
+                    before,
+                    False,
+                    event.release,
+                    False,
+                    UNMEASURED,
+                    f"{package} between {before} and {event.release}, where the change was found: not measured",
+                ]
+            )
+        following = events[index + 1] if index + 1 < len(events) else None
+        end = (following.before or _measured_below(measured, following.release)) if following else high
+        end = end or event.release
+        state = AFFECTED if event.kind == "introduced" else CLEAR
+        words = (f"{package} {event.release} to {end} measured failing" if state == AFFECTED
+                 else f"{package} {event.release} to {end} measured clear ({event.release} ended it)")  # fmt: skip
+        if event.bound == "earliest measured":
+            words += " (the oldest release measured already fails)"
+        cut.append([event.release, True, end, True, state, words])
+    return cut
+
+
+def _measured_below(measured: list[str], release: str) -> str | None:
+    below = [v for v in measured if key(v) < key(release)]
+    return below[-1] if below else None

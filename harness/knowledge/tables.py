@@ -17,8 +17,8 @@ from typing import Any
 from harness.define import setup as vocabulary
 from harness.define.packages import AXIS_PACKAGES
 from harness.knowledge.evidence import OTHER, PASSES, SHOWS
-from harness.knowledge.failures import Event, KnownFailure
-from harness.knowledge.judge import AFFECTED, CLEAR, MEASURED, SCHEMA, UNMEASURED, key
+from harness.knowledge.failures import Event, KnownFailure, segments
+from harness.knowledge.judge import SCHEMA, key
 from harness.knowledge.pitfalls import Pitfall
 from scenarios.fix_words import fix_words
 
@@ -108,71 +108,6 @@ def _everywhere_words(failure: KnownFailure) -> str:
     span = f", {days[0]} to {days[-1]}" if days else ""
     stacks = {o.stack for o in shown}
     return f"it shows on every stack its configs were measured on ({len(stacks)} stacks{span}); no release ends it"
-
-
-def segments(failure: KnownFailure, package: str) -> list[list[Any]]:
-    """[low, low_in, high, high_in, state, why] covering every release of `package`, in order."""
-    condition = next((c for c in failure.conditions if c.package == package), None)
-    events = condition.events if condition else []
-    known = failure.measured(package) + [r for e in events for r in (e.release, e.before) if r]
-    if not known:
-        return [[None, False, None, False, UNMEASURED, f"{package}: no release of it was measured for this failure"]]
-    low, high = min(known, key=key), max(known, key=key)
-    cut: list[list[Any]] = [[None, False, low, False, UNMEASURED,
-                             f"{package} older than {low}, the oldest release measured for this failure"]]  # fmt: skip
-    if not events:
-        cut.append([low, True, high, True, MEASURED, f"{package} {low} to {high} measured"])
-    else:
-        cut += _event_segments(package, events, low, high, failure.measured(package))
-    cut.append([high, False, None, False, UNMEASURED,
-                f"{package} newer than {high}, the newest release measured for this failure"])  # fmt: skip
-    return [s for s in cut if s[0] is None or s[2] is None or key(s[0]) < key(s[2]) or (s[1] and s[3])]
-
-
-def _event_segments(package: str, events: list[Event], low: str, high: str, measured: list[str]) -> list[list[Any]]:
-    """The segments between the oldest and the newest release measured, cut at each event and its release before."""
-    cut: list[list[Any]] = []
-    first = events[0]
-    if first.kind == "fixed":
-        before = first.before or _measured_below(measured, first.release)
-        words = f"{package} {low} to {before or low} measured failing (before {first.release} ended it)"
-        cut.append([low, True, before or low, True, AFFECTED, words])
-    elif first.bound != "earliest measured":
-        before = first.before or _measured_below(measured, first.release)
-        if before and first.masked:
-            cut.append([low, True, before, True, UNMEASURED,
-                        f"{package} {before} and older failed another way: no evidence either way"])  # fmt: skip
-        elif before:
-            cut.append([low, True, before, True, CLEAR,
-                        f"{package} {low} to {before} measured without it ({first.release} brought it)"])  # fmt: skip
-    for index, event in enumerate(events):
-        before = event.before or _measured_below(measured, event.release)
-        if before and key(before) < key(event.release) and (index or first.kind == "fixed" or not first.bound):
-            cut.append(
-                [
-                    before,
-                    False,
-                    event.release,
-                    False,
-                    UNMEASURED,
-                    f"{package} between {before} and {event.release}, where the change was found: not measured",
-                ]
-            )
-        following = events[index + 1] if index + 1 < len(events) else None
-        end = (following.before or _measured_below(measured, following.release)) if following else high
-        end = end or event.release
-        state = AFFECTED if event.kind == "introduced" else CLEAR
-        words = (f"{package} {event.release} to {end} measured failing" if state == AFFECTED
-                 else f"{package} {event.release} to {end} measured clear ({event.release} ended it)")  # fmt: skip
-        if event.bound == "earliest measured":
-            words += " (the oldest release measured already fails)"
-        cut.append([event.release, True, end, True, state, words])
-    return cut
-
-
-def _measured_below(measured: list[str], release: str) -> str | None:
-    below = [v for v in measured if key(v) < key(release)]
-    return below[-1] if below else None
 
 
 def _event_json(event: Event) -> dict[str, Any]:
