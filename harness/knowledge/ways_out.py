@@ -24,6 +24,9 @@ MOST_MOVES = 3
 MOST_TRIES = 4000
 #: The states a way out must leave none of.
 BLOCKING = ("applies", "applies-if")
+#: What a failure that applied must be after a move to count as ended: measured clean, or not the user's any more (a
+#: move into releases no record holds leaves it undecided: not ended).
+ENDED = ("clean", "not-applicable", "cleared")
 
 
 def way_out(tables: Mapping[str, Any], query: Query, answers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -42,18 +45,21 @@ def way_out(tables: Mapping[str, Any], query: Query, answers: list[dict[str, Any
     stays = sorted(set(by_id) - {f["id"] for f in movable})
     candidates = _candidates(movable, query)
     notes = {i: _single_moves(tables, query, f, answers) for i, f in by_id.items()}
-    found, tried = _search(tables, query, candidates, set(stays)) if movable else (None, 0)
+    ending = {f["id"] for f in movable}
+    found, tried = _search(tables, query, candidates, set(stays), ending) if movable else (None, 0)
     if found is None:
         return {"pins": {}, "from": {}, "leaves": [], "ends": [], "stays": stays, "notes": notes,
                 "none": _none_words(candidates, tried)}  # fmt: skip
     moved, after, whole = found
     states = {a["id"]: a["state"] for a in after}
-    left = sorted(i for i, s in states.items() if s in BLOCKING and i not in stays)
+    left = sorted(
+        i for i, s in states.items() if (s in BLOCKING and i not in stays) or (i in ending and s not in ENDED)
+    )
     return {
         "pins": moved,
         "from": {p: query.versions.get(p) for p in moved},
         "leaves": sorted(i for i, s in states.items() if s == "undecided"),
-        "ends": sorted(f["id"] for f in movable if states.get(f["id"]) not in BLOCKING),
+        "ends": sorted(i for i in ending if states.get(i) in ENDED),
         "stays": stays,
         "still": left,
         "notes": notes,
@@ -86,8 +92,18 @@ def _distance(version: str, have: tuple[int, ...] | None) -> tuple[int, tuple[in
     return (1, tuple(b - a for a, b in zip(at, have, strict=True)))
 
 
+def unsettled(after: list[dict[str, Any]], ending: set[str], stays: set[str]) -> list[str]:
+    """The states after a move that keep it from being a way out: a failure that applies (one no release ends aside),
+    and one it had to end that is not measured ended (undecided: moved into releases no record holds)."""
+    return [
+        a["state"]
+        for a in after
+        if (a["state"] in BLOCKING and a["id"] not in stays) or (a["id"] in ending and a["state"] not in ENDED)
+    ]
+
+
 def _search(
-    tables: Mapping[str, Any], query: Query, candidates: dict[str, list[str]], stays: set[str]
+    tables: Mapping[str, Any], query: Query, candidates: dict[str, list[str]], stays: set[str], ending: set[str]
 ) -> tuple[tuple[dict[str, str], list[dict[str, Any]], bool] | None, int]:
     """(moves, the answers after them, whether they leave nothing blocking but what `stays`) of the best set, and
     how many stacks were judged. The smallest size that leaves nothing blocking wins; where no size does, the set
@@ -104,8 +120,8 @@ def _search(
                 tried += 1
                 moved = dict(zip(chosen, releases, strict=True))
                 after = evaluate(tables, replace(query, versions=query.versions | moved))
-                left = [a["state"] for a in after if a["state"] in BLOCKING and a["id"] not in stays]
-                score = (left.count("applies"), left.count("applies-if"), *_score(moved, query, after))
+                left = unsettled(after, ending, stays)
+                score = (left.count("applies"), left.count("applies-if"), len(left), *_score(moved, query, after))
                 if not left and (best is None or score < best[0]):
                     best = (score, moved, after)
                 if closest is None or score < closest[0]:
@@ -134,8 +150,8 @@ def _single_moves(
         for release in releases:
             after = evaluate(tables, replace(query, versions=query.versions | {package: release}))
             states = {a["id"]: a["state"] for a in after}
-            if states.get(failure["id"]) in BLOCKING:
-                continue
+            if states.get(failure["id"]) not in ENDED:
+                continue  # still there, or not measured there: not ended
             now = {i for i, s in states.items() if s in BLOCKING}
             notes.append({
                 "package": package, "release": release, "from": have,

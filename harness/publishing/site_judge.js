@@ -10,6 +10,7 @@
   const SHOWS = "shows", PASSES = "passes", OTHER = "other";
   const STATES = ["applies", "applies-if", "range", "undecided", "pitfall", "cleared", "clean", "not-applicable"];
   const BLOCKING = ["applies", "applies-if"];
+  const ENDED = ["clean", "not-applicable", "cleared"];
   const MOST_MOVES = 3, MOST_TRIES = 4000;
   const RELEASE = /^\s*v?(?:\d+!)?(\d+(?:\.\d+)*)/;
 
@@ -255,7 +256,10 @@
   function product(lists) {
     return lists.reduce((acc, list) => acc.flatMap((a) => list.map((x) => [...a, x])), [[]]);
   }
-  function search(tables, q, cands, stays) {
+  function unsettled(after, ending, stays) {
+    return after.filter((a) => (BLOCKING.includes(a.state) && !stays.has(a.id)) || (ending.has(a.id) && !ENDED.includes(a.state))).map((a) => a.state);
+  }
+  function search(tables, q, cands, stays, ending) {
     let tried = 0, closest = null;
     const packages = Object.keys(cands).sort();
     for (let size = 1; size <= Math.min(MOST_MOVES, packages.length); size++) {
@@ -266,8 +270,8 @@
           tried += 1;
           const moves = Object.fromEntries(chosen.map((p, i) => [p, releases[i]]));
           const after = evaluate(tables, moved(q, moves));
-          const left = after.filter((a) => BLOCKING.includes(a.state) && !stays.has(a.id)).map((a) => a.state);
-          const s = [left.filter((x) => x === "applies").length, left.filter((x) => x === "applies-if").length, ...score(moves, q, after)];
+          const left = unsettled(after, ending, stays);
+          const s = [left.filter((x) => x === "applies").length, left.filter((x) => x === "applies-if").length, left.length, ...score(moves, q, after)];
           if (!left.length && (best === null || cmp(s, best[0]) < 0)) best = [s, moves, after];
           if (closest === null || cmp(s, closest[0]) < 0) closest = [s, moves, after];
         }
@@ -288,7 +292,7 @@
       for (const release of candidates([failure], q)[p] || []) {
         const after = evaluate(tables, moved(q, { [p]: release }));
         const states = Object.fromEntries(after.map((a) => [a.id, a.state]));
-        if (BLOCKING.includes(states[failure.id])) continue;
+        if (!ENDED.includes(states[failure.id])) continue;  // still there, or not measured there: not ended
         const now = new Set(Object.entries(states).filter(([, s]) => BLOCKING.includes(s)).map(([i]) => i));
         notes.push({
           package: p, release, from: have,
@@ -321,7 +325,8 @@
     const stays = Object.keys(byId).filter((i) => !movable.some((f) => f.id === i)).sort();
     const cands = candidates(movable, q);
     const notes = Object.fromEntries(Object.entries(byId).map(([i, f]) => [i, singleMoves(tables, q, f, answers)]));
-    const [found, tried] = movable.length ? search(tables, q, cands, new Set(stays)) : [null, 0];
+    const ending = new Set(movable.map((f) => f.id));
+    const [found, tried] = movable.length ? search(tables, q, cands, new Set(stays), ending) : [null, 0];
     if (found === null) return { pins: {}, from: {}, leaves: [], ends: [], stays, notes, none: noneWords(cands, tried) };
     const [moves, after, whole] = found;
     const states = Object.fromEntries(after.map((a) => [a.id, a.state]));
@@ -329,9 +334,9 @@
       pins: moves,
       from: Object.fromEntries(Object.keys(moves).map((p) => [p, p in q.versions ? q.versions[p] : null])),
       leaves: Object.keys(states).filter((i) => states[i] === "undecided").sort(),
-      ends: movable.filter((f) => !BLOCKING.includes(states[f.id])).map((f) => f.id).sort(),
+      ends: [...ending].filter((i) => ENDED.includes(states[i])).sort(),
       stays,
-      still: Object.keys(states).filter((i) => BLOCKING.includes(states[i]) && !stays.includes(i)).sort(),
+      still: Object.keys(states).filter((i) => (BLOCKING.includes(states[i]) && !stays.includes(i)) || (ending.has(i) && !ENDED.includes(states[i]))).sort(),
       notes,
       none: whole ? "" : noneWords(cands, tried) + "; the closest set is given, and what it leaves",
     };

@@ -355,15 +355,16 @@ SURE_WORDS = {
 def note_lines(report: Report, failure_id: str) -> list[str]:
     """What one move of each of the failure's packages does: 'upgrade peft to 0.21.0: ends it; brings S7 ...'."""
     lines = []
+    stays = failure_id in report.way_out.get("stays", [])
     for note in report.way_out.get("notes", {}).get(failure_id, []):
         if not note.get("release"):
-            lines.append(note.get("why", ""))
+            lines.append(note.get("why", "") + (": a fix of the setup below" if stays else ""))
             continue
         verb = "upgrade" if note["direction"] == "upgrade" else "pin"
         brings = [f"{i} ({report.failure(i)['scenario']})" for i in note["brings"] if i != failure_id]
         lines.append(f"{verb} {note['package']} to {note['release']} (measured): ends it"
                      + (f"; brings {', '.join(brings)}" if brings else ""))  # fmt: skip
-    if failure_id in report.way_out.get("stays", []):
+    if stays and not lines:
         lines.append("no measured release ends it: a fix of the setup below")
     return lines
 
