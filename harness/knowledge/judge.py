@@ -286,6 +286,9 @@ def _by_segments(failure: Mapping[str, Any], query: Query) -> dict[str, Any]:
         return _answer(failure, "undecided", "its configs show it on some stacks and pass on others, and no release "
                        "is named between: only a record at your releases decides", "unmeasured")  # fmt: skip
     if failure["shape"] == "everywhere":
+        if missing:  # no release bounds it: only the releases it was measured with decide, and these are not known
+            return _answer(failure, "undecided", f"{', '.join(missing)} not given: a failure no release bounds is "
+                           "decided only where every release it depends on is known", "unmeasured")  # fmt: skip
         affected.append(failure["everywhere"])
     return _answer(failure, "applies", "; ".join(affected) + note, "bracketed")
 

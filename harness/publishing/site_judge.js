@@ -202,7 +202,12 @@
     if (failure.shape === "mixed") {
       return answer(failure, "undecided", "its configs show it on some stacks and pass on others, and no release is named between: only a record at your releases decides", "unmeasured");
     }
-    if (failure.shape === "everywhere") affected.push(failure.everywhere);
+    if (failure.shape === "everywhere") {
+      if (missing.length) {  // no release bounds it: only the releases it was measured with decide, and these are not known
+        return answer(failure, "undecided", `${missing.join(", ")} not given: a failure no release bounds is decided only where every release it depends on is known`, "unmeasured");
+      }
+      affected.push(failure.everywhere);
+    }
     return answer(failure, "applies", affected.join("; ") + note, "bracketed");
   }
   function pitfall(p, q, narrowing) {

@@ -197,8 +197,7 @@ class Report:
 
     @cached_property
     def way_out(self) -> dict[str, Any]:
-        # A range the user allows is no release to move from: the way out is for pinned releases.
-        return way_out(self.tables, self.query, [] if self.query.ranges else self.every)
+        return way_out(self.tables, self.query, self.every)
 
     def failure(self, failure_id: str) -> dict[str, Any]:
         return next(f for f in self.tables["failures"] if f["id"] == failure_id)
@@ -306,8 +305,13 @@ def totals_line(report: Report) -> str:
 
 def columns(report: Report) -> list[str]:
     lines = []
-    for answer in report.answers:
-        lines.append(f"{LABELS[answer['state']]:10} {answer['id']}  {_title(report, answer)}")
+    for group in _grouped(report.answers):
+        answer = group[0]
+        if len(group) == 1:
+            lines.append(f"{LABELS[answer['state']]:10} {answer['id']}  {_title(report, answer)}")
+        else:  # several failures of one scenario undecided for one reason: said once
+            lines.append(f"{LABELS[answer['state']]:10} {len(group)} failures of {_title(report, answer)}: "
+                         + ", ".join(a["id"] for a in group))  # fmt: skip
         lines += [f"           {line}" for line in _answer_lines(report, answer)]
     if report.loose:
         lines.append(f"not pinned exactly (judged by the releases the atlas measured in their range): "
@@ -315,6 +319,19 @@ def columns(report: Report) -> list[str]:
     lines += way_out_lines(report)
     lines.append(totals_line(report))
     return lines
+
+
+def _grouped(answers: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The answers in order, undecided ones of one scenario, device and reason together."""
+    groups: list[list[dict[str, Any]]] = []
+    for answer in answers:
+        last = groups[-1][0] if groups else None
+        same = ("scenario", "device", "state", "why", "sure")
+        if last is not None and answer["state"] == "undecided" and all(last[k] == answer[k] for k in same):
+            groups[-1].append(answer)
+        else:
+            groups.append([answer])
+    return groups
 
 
 def _title(report: Report, answer: dict[str, Any]) -> str:
@@ -411,7 +428,7 @@ def measure_command(failure: dict[str, Any], query: Query) -> str:
     `check` inside the user's environment."""
     asked = " ".join(f"{p}=={query.versions[p]}" for p in failure["depends"] if p in query.versions)
     setup = ",".join(v for k, v in query.setup.items() if k in ("engine", "adapter", "loop", "state_dict"))
-    if failure["device"] == "cuda":
+    if failure["device"] == "cuda" or query.device == "cuda":
         return (f"in that environment on {query.gpus or max(failure['world_sizes'] or [1])} GPU(s): "
                 f"`compat-matrix check --scenario {failure['scenario']}`")  # fmt: skip
     return (f"`compat-matrix lookup {asked + ' ' if asked else ''}--scenario {failure['scenario']}"
