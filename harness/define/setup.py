@@ -221,5 +221,5 @@ def config_problems(config: Mapping[str, Any], spec: Mapping[str, Any] | None = 
             if said is not None and value is not None and said not in BY_KEY[key].values:
                 problems.append(f"config {name}={value!r} is no {key} value ({', '.join(BY_KEY[key].values)})")
         elif name not in QUANT_KEYS and isinstance(value, str) and value in distinctive:
-            problems.append(f"config {name}={value!r} names a {distinctive[value]} under a key the vocabulary lacks")
+            problems.append(f"config {name}={value!r} names the {distinctive[value]} under a key the vocabulary lacks")
     return problems
