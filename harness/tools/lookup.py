@@ -129,7 +129,7 @@ def render(atlas: Atlas, query: Query, scenarios: list[str], items: list[str] | 
     lines = [
         "asked: " + ", ".join(f"{p} {v}" for p, v in query.versions.items())
         + f" ({where}; {vocabulary.words(query.setup) if query.setup else 'any setup'})"
-        + " (a version like 2.4 names every 2.4.x release)"
+        + (f"; {', '.join(query.prefix)} given as a prefix: 2.4 names every 2.4.x release" if query.prefix else "")
     ]  # fmt: skip
     unmeasured = False
     for scenario in scenarios:
@@ -158,7 +158,8 @@ def scenario_lines(
     spec = atlas.specs.get(scenario) or {}
     title = str(spec.get("title") or "").split(": ", 1)[0]
     lines = [f"{scenario}: {title}"]
-    lines.append("  " + records_line(observed, spec))
+    pitfalls = {(p.scenario, p.device, p.config_id) for p in atlas.pitfalls.values()}
+    lines.append("  " + records_line(observed, spec, pitfalls))
     for answer in (a for a in answers if a["state"] in SHOWN):
         lines += answer_lines(report, answer)
     cleared = [a for a in answers if a["state"] == "clean"]
@@ -168,12 +169,14 @@ def scenario_lines(
     return lines
 
 
-def records_line(observed: list[Observation], spec: dict[str, Any]) -> str:
-    """'at these releases: the target shows on 3 of 4 configs (the Trainer · LoRA: 2/2; ...) in era_date-...'."""
+def records_line(observed: list[Observation], spec: dict[str, Any], pitfalls: set[tuple[str, str, str]]) -> str:
+    """'at these releases: the target shows on 3 of 4 configs (the Trainer · LoRA: 2; ...) in era_date-...'; a pitfall
+    config (it fails on every release) is counted apart."""
     if not observed:
         return "at these releases: no record (the answers below are bracketed by the releases measured around them)"
+    apart = {o.config_id for o in observed if (o.scenario, o.device, o.config_id) in pitfalls}
     per_config: dict[str, Observation] = {}
-    for obs in observed:
+    for obs in (o for o in observed if o.config_id not in apart):
         if obs.config_id not in per_config or obs.outcome == "fail":
             per_config[obs.config_id] = obs
     target = list(spec.get("target") or [])
@@ -186,6 +189,8 @@ def records_line(observed: list[Observation], spec: dict[str, Any]) -> str:
         text += " (" + "; ".join(f"{w}: {n}" for w, n in sorted(setups.items())) + ")"
     if others:
         text += f"; {len(others)} failed another way ({', '.join(sorted({str(o.signature) for o in others}))})"
+    if apart:
+        text += f"; {len(apart)} pitfall config{'s' if len(apart) > 1 else ''} apart (fail on every release)"
     return text + f"; records in {', '.join(cells[:2])}" + (f" and {len(cells) - 2} more" if len(cells) > 2 else "")
 
 
@@ -206,7 +211,7 @@ def answer_lines(report: Report, answer: dict[str, Any]) -> list[str]:
     condition = f" {failure['detail']}" if state == "applies-if" else ""
     lines = [f"{head}{condition} ({answer['sure'] or 'measured'}): {answer.get('when') or 'any setup'} "
              f"[{failure['failure']}] ({answer['id']})"]  # fmt: skip
-    lines.append(f"    {'because' if state in ('undecided', 'cleared') else 'measured'}: {answer['why']}")
+    lines.append(f"    {'because' if state in ('undecided', 'cleared') else 'why'}: {answer['why']}")
     if answer["sure"] and state != "cleared":
         lines.append(f"    how sure: {SURE_WORDS.get(answer['sure'], answer['sure'])}")
     if state in ("undecided", "range"):
