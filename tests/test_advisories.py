@@ -243,3 +243,17 @@ def test_a_failure_one_package_brings_and_another_ends_is_one_advisory() -> None
         state[(torch, deepspeed)] = judged({"torch": torch, "deepspeed": deepspeed})[advisory["id"]]["state"]
     assert state == {("2.13.0", "0.19.3"): "clean", ("2.13.0", "0.19.2"): "applies", ("2.4.1", "0.16.1"): "clean"}
     assert {e["package"]["name"] for e in advisory["affected"]} == {"torch", "deepspeed"}
+
+
+def test_a_condition_on_the_model_fails_the_gate_only_under_strict(tmp_path: Path) -> None:
+    """LoRA at torch 2.9.1 and peft 0.18.0 (a lock: nothing else installed): the round trips measured failing there need
+    adapter names or a head a lockfile cannot show, so they APPLY IF those hold: exit 0, and 1 under --strict."""
+    lock = '[[package]]\nname = "torch"\nversion = "2.9.1"\n\n[[package]]\nname = "peft"\nversion = "0.18.0"\n'
+    args = ("--setup", "lora", "--gpus", "0")
+    relaxed = _audit(tmp_path, lock, *args, "--format", "json", name="uv.lock")
+    found = answers(relaxed)
+    assert relaxed.returncode == 0 and not [a for a in found if a["state"] == "applies"], relaxed.stdout
+    conditional = [a for a in found if a["state"] == "applies-if"]
+    assert conditional and all(a["applies_if"] and "{" not in a["applies_if"] for a in conditional)
+    assert any("'lora_'" in a["applies_if"] for a in conditional)
+    assert _audit(tmp_path, lock, *args, "--strict", name="uv.lock").returncode == 1

@@ -200,3 +200,46 @@ def test_conditions_are_words_a_user_can_check_never_a_repr() -> None:
             assert "{" not in text and "[" not in text.replace("[0]", ""), (advisory["id"], text)
         summary = advisory["summary"]
         assert len(summary) <= 200 and (not summary.endswith("…") or summary[-2] != " "), summary
+
+
+def test_lookup_and_audit_agree_on_stacks_no_record_holds() -> None:
+    """The judge vectors (measured stacks, their neighbours no record holds, packages left out) asked as `lookup` and
+    as `audit` of a requirements file ask them: the same failures in the same states."""
+    from tests.test_judge_vectors import vectors
+
+    found = atlas()
+    tables = found.tables
+    compared = 0
+    for given in vectors(tables):
+        if given["prefix"] or given["ranges"] or given["ignore"]:
+            continue
+        versions = {p: v for p, v in given["versions"].items() if len(v.split(".")) >= 3}
+        setup, gpus = given["setup"], given["gpus"]
+        by_audit = audit.audit(tables, audit.query_of(tables, versions, setup, [], True, gpus, given["device"], []))
+        by_lookup = found.judge(lookup.query_of(versions, setup, given["device"], gpus))
+        shown = {(a["id"], a["state"], a["sure"]) for a in by_lookup if a["state"] in audit.SHOWN}
+        assert {(a["id"], a["state"], a["sure"]) for a in by_audit.answers} == shown, given
+        compared += 1
+    assert compared >= 50
+
+
+def test_an_exact_answer_rests_on_a_record_at_exactly_those_releases() -> None:
+    """Every `exact` answer of the property questions is backed by an observation of that failure's configs at exactly
+    the asked releases of every package it depends on, of an agreeing setup, on the asked device."""
+    found = atlas()
+    failures = {f.id: f for f in found.failures}
+    checked = 0
+    for row, setup in questions()[::3]:
+        gpus = row.ranks if row.device == "cuda" else 0
+        for answer in found.judge(lookup.query_of(row.versions, setup, row.device, gpus)):
+            if answer["sure"] != "exact" or answer["id"] not in failures:
+                continue
+            failure = failures[answer["id"]]
+            backing = [
+                o for o in failure.observed
+                if all(o.release(p) == row.versions.get(p) for p in failure.depends)
+                and vocabulary.agrees(dict(o.setup), setup) and o.device == row.device
+            ]  # fmt: skip
+            assert backing, (answer["id"], row.cell, setup)
+            checked += 1
+    assert checked >= 100

@@ -16,6 +16,7 @@ import pytest
 from harness.publishing.publish import build_matrix, write_site
 from harness.tools.audit import audit, load_tables, query_of, read_pins, read_setup
 from tests.conftest import REPO_ROOT, screenshot_path
+from tests.test_judge_vectors import python_answers, vectors
 from tests.test_publish import headless_chromium, open_page
 
 RESULTS = REPO_ROOT / "results"
@@ -86,6 +87,13 @@ def audit_json(tmp_path: Path, name: str, text: str, words: list[str], gpus: int
     return json.loads(json.dumps({"answers": report.answers, "way_out": report.way_out}))
 
 
+VECTORS = """
+const out = arguments[0].map((q) => { const a = CompatJudge.evaluate(window.COMPAT_JUDGE, q);
+  return { answers: a, way_out: CompatJudge.wayOut(window.COMPAT_JUDGE, q, a) }; });
+return JSON.stringify(out);
+"""
+
+
 #: The page's own answer for a pasted text and a setup: its state set as the controls set it, then its renderAnswer.
 PAGE_ANSWER = """
 const [text, setup, gpus] = arguments;
@@ -137,6 +145,11 @@ def test_the_page_and_audit_agree_on_the_same_input(tmp_path: Path) -> None:
             "try { CompatRead.readPins('torch=>2 what'); return null } catch (e) { return e.message }"
         )
         assert bad and "not a requirement" in bad
+        # The judge's test vectors, judged by the page's own site_judge.js in the browser: Python's answers.
+        tables = load_tables(RESULTS)
+        queries = vectors(tables, count=60)
+        got = json.loads(browser.execute_script(VECTORS, queries))
+        assert got == python_answers(tables, queries)
     finally:
         browser.quit()
 

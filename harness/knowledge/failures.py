@@ -208,7 +208,10 @@ def known_failures(
             family = failure_family(obs.signature) if obs.signature else ""
             if obs.outcome == "fail" and target and _is_target(obs.signature, target):
                 if (scenario, device, family, obs.config_id) not in claimed:
-                    showing[(scenario, device, family, obs.setup)].add(obs.config_id)
+                    # A scenario whose configs are features of their own (S9, S10: flips named per config) has a
+                    # failure per config; the others, one per setup.
+                    apart = (("config", obs.config_id),) if (specs.get(scenario) or {}).get("flips_per_config") else ()
+                    showing[(scenario, device, family, obs.setup + apart)].add(obs.config_id)
     for (scenario, device, family, _), configs in sorted(showing.items()):
         mine = [o for o in by_key[(scenario, device)] if o.config_id in configs]
         made.append(_failure(scenario, device, family, sorted(configs), mine, [], specs, fixes_of))
