@@ -135,8 +135,9 @@ def render(atlas: Atlas, query: Query, scenarios: list[str], items: list[str] | 
     for scenario in scenarios:
         mine = [a for a in answers if a["scenario"] == scenario]
         observed = observed_at(atlas, scenario, query)
-        if not observed and not any(a["state"] in SHOWN for a in mine):
-            continue
+        measured_here = any(o.scenario == scenario and query.device in (None, o.device) for o in atlas.observations)
+        if not observed and not measured_here and not any(a["state"] in SHOWN for a in mine):
+            continue  # a scenario this device never ran: nothing to say of it
         lines.append("")
         lines += scenario_lines(atlas, report, scenario, observed, mine)
         unmeasured |= not observed or any(a["sure"] == "unmeasured" for a in mine if a["state"] in SHOWN)
