@@ -536,7 +536,22 @@ COMMANDS: tuple[Command, ...] = (
             Option(("--env",), action="store_true", help="read this interpreter's installed packages"),
             Option(("--python",), metavar="PATH", help="read another environment's packages (its interpreter)"),
             Option(("--accelerate-config",), type=Path, metavar="YAML", help="the file `accelerate config` wrote"),
-            Option(("--deepspeed-config",), type=Path, metavar="JSON", help="a DeepSpeed config (its ZeRO stage)"),
+            Option(
+                ("--deepspeed-config",),
+                type=Path,
+                metavar="JSON",
+                help="a DeepSpeed config (its ZeRO stage, stage3_gather_16bit_weights_on_model_save)",
+            ),
+            Option(
+                ("--trainer-config",),
+                type=Path,
+                metavar="YAML",
+                help=(
+                    "the Trainer's arguments as your YAML or JSON config holds them (axolotl, LLaMA-Factory, TRL): "
+                    "fsdp and fsdp_config, deepspeed (followed), gradient_checkpointing_kwargs, "
+                    "gradient_accumulation_steps, average_tokens_across_devices, the adapter"
+                ),
+            ),
             Option(
                 ("--setup",),
                 action="append",

@@ -76,6 +76,8 @@ SPEC = {
     "controls": [],
     # A config's difference that is a condition on the user's own model (the judge's "applies if").
     "details": {"modules_to_save": "a modules_to_save module ({value})"},
+    # The fix a user's config can already hold, in the setup vocabulary (the judge clears the failure for it).
+    "variant_setup": {"gather_16bit_on_save": {"zero3_gather_16bit": "true"}},
     "variants": {
         "baseline": ("baseline", "the config's engine and saving path, as its users write it"),
         "summon_full_params": ("fix", "FSDP1: save_pretrained inside FSDP.summon_full_params on every rank"),

@@ -46,6 +46,8 @@ SPEC = {
     "controls": [],
     # A config's difference that is a condition on the user's own Trainer arguments (the judge's "applies if").
     "details": {"smoothing": "label_smoothing_factor={value}", "accumulation": "gradient_accumulation_steps={value}"},
+    # The fix a user's config can already hold, in the setup vocabulary (the judge clears the failure for it).
+    "variant_setup": {"no_accumulation": {"accumulation": "none"}},
     "variants": {
         "baseline": ("baseline", "gradient accumulation as the path's users write it"),
         "window_token_mean": (

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from harness.publishing.publish import build_matrix, write_site
-from harness.tools.audit import audit, load_tables, query_of, read_pins, read_setup
+from harness.tools.audit import audit, load_tables, query_of
+from harness.tools.user_files import read_pins, read_setup
 from tests.conftest import REPO_ROOT, screenshot_path
 from tests.test_judge_vectors import python_answers, vectors
 from tests.test_publish import headless_chromium, open_page
@@ -79,11 +80,10 @@ def audit_json(tmp_path: Path, name: str, text: str, words: list[str], gpus: int
     """What `compat-matrix audit FILE --setup WORDS [--gpus N]` judges, as data: the answers shown, the way out."""
     path = tmp_path / name
     path.write_text(text)
-    pins, loose = read_pins(path)
-    setup = read_setup(None, None, words)
-    partial = path.suffix not in (".lock", ".toml")
+    found = read_pins(path)
+    setup = read_setup(None, None, words).setup
     tables = load_tables(RESULTS)
-    report = audit(tables, query_of(tables, pins, setup, loose, partial, gpus, None, []))
+    report = audit(tables, query_of(tables, found.pins, setup, found.loose, found.partial, gpus, None, []))
     return json.loads(json.dumps({"answers": report.answers, "way_out": report.way_out}))
 
 
@@ -134,7 +134,7 @@ def test_the_page_and_audit_agree_on_the_same_input(tmp_path: Path) -> None:
         for name, text, engine, adapter, gpus in cases:
             words = [w for w in (engine, adapter) if w]
             expected = audit_json(tmp_path, name, text, words, gpus)
-            setup = read_setup(None, None, words)
+            setup = read_setup(None, None, words).setup
             got = json.loads(browser.execute_script(PAGE_ANSWER, text, setup, gpus))
             assert got == expected, f"{name} {engine} {adapter} gpus={gpus}\n{text}"
             for answer in expected["answers"]:

@@ -38,6 +38,10 @@ def _words(**values: str) -> Mapping[str, str]:
     return MappingProxyType(values)
 
 
+#: The words a yes or a no is said in, in a config or on the command line.
+_BOOLEAN = MappingProxyType({"1": "true", "yes": "true", "on": "true", "0": "false", "no": "false", "off": "false"})
+
+
 #: The keys in the order a user says them ('the Trainer · FSDP2 · SHARDED_STATE_DICT · LoRA').
 KEYS: tuple[SetupKey, ...] = (
     SetupKey(
@@ -87,6 +91,26 @@ KEYS: tuple[SetupKey, ...] = (
     # Said, never filtered on: a failure's configs are drawn over dtypes, so a config's dtype is one draw, not the
     # precision a failure needs (S1 fails loaded in float32 as in bfloat16).
     SetupKey("precision", _words(bf16="bfloat16", fp16="float16", fp32="float32"), narrows=False),
+    # Settings a user's config can already hold that a scenario measured as a fix (SPEC `variant_setup`): they never
+    # narrow which failures are the user's; a failure whose fix the user has, measured passing wherever it failed, is
+    # cleared.
+    SetupKey("use_reentrant", _words(true="use_reentrant=True", false="use_reentrant=False"), _BOOLEAN, narrows=False),
+    SetupKey(
+        "zero3_gather_16bit",
+        _words(
+            true="stage3_gather_16bit_weights_on_model_save=true",
+            false="stage3_gather_16bit_weights_on_model_save=false",
+        ),
+        _BOOLEAN,
+        narrows=False,
+    ),
+    SetupKey(
+        "average_tokens",
+        _words(true="average_tokens_across_devices=True", false="average_tokens_across_devices=False"),
+        _BOOLEAN,
+        narrows=False,
+    ),
+    SetupKey("accumulation", _words(none="no gradient accumulation", several="gradient accumulation"), narrows=False),
 )
 BY_KEY: Mapping[str, SetupKey] = MappingProxyType({k.name: k for k in KEYS})
 KEY_ORDER: tuple[str, ...] = tuple(k.name for k in KEYS)
@@ -173,6 +197,17 @@ def value_of(word: str) -> tuple[str, str] | None:
     return None
 
 
+def setting_of(word: str) -> tuple[str, str] | None:
+    """'use_reentrant=true' -> ('use_reentrant', 'true'); None where the key or the value is not the vocabulary's."""
+    name, _, value = word.partition("=")
+    key = BY_KEY.get(name.strip().lower())
+    said = value.strip().lower()
+    if key is None:
+        return None
+    said = key.synonyms.get(said, said)
+    return (key.name, said) if said in key.values else None
+
+
 #: Words a user may give beside the setup that say where it runs: not setup values (the GPU count is `--gpus`).
 _WHERE = re.compile(r"ws\d+|cpu|gpu|cuda")
 
@@ -183,7 +218,7 @@ def parse_words(items: Iterable[str], where: str = "--setup") -> dict[str, str]:
     found: dict[str, str] = {}
     for item in items:
         for word in (w for w in re.split(r"[,\s]+", item) if w):
-            named = value_of(word)
+            named = setting_of(word) if "=" in word else value_of(word)
             if named is None:
                 if _WHERE.fullmatch(word.lower()):
                     continue
@@ -213,6 +248,10 @@ def config_problems(config: Mapping[str, Any], spec: Mapping[str, Any] | None = 
     for key, value in ((spec or {}).get("setup") or {}).items():
         if key not in BY_KEY or str(value) not in BY_KEY[key].values:
             problems.append(f"SPEC setup {key}={value!r} is not in the vocabulary")
+    for variant, setting in ((spec or {}).get("variant_setup") or {}).items():
+        for key, value in setting.items():
+            if key not in BY_KEY or str(value) not in BY_KEY[key].values:
+                problems.append(f"SPEC variant_setup {variant}: {key}={value!r} is not in the vocabulary")
     distinctive = {v: k.name for k in KEYS if k.narrows for v in k.values if v not in ("none", "single", "trainer")}
     for name, value in config.items():
         if name in CONFIG_KEYS:

@@ -16,7 +16,7 @@ from typing import Any
 from harness.define import setup as vocabulary
 from harness.define.profile import DATE_AXIS
 from harness.knowledge import flips as flip_model
-from harness.knowledge.evidence import OTHER, SHOWS, depends_of, device_class, stack_of, state, world_size
+from harness.knowledge.evidence import NONE, OTHER, SHOWS, depends_of, device_class, stack_of, state, world_size
 from harness.knowledge.failures import KnownFailure, Observation, known_failures, observations
 from harness.knowledge.flips import fullest_versions
 from harness.knowledge.judge import Query, evaluate
@@ -119,7 +119,8 @@ class Atlas:
     @cached_property
     def fixes_of(self) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
         """(scenario, device, config id) -> each change measured passing on a cell where its baseline showed the
-        target there: kind and the setting a user's config can already hold (SPEC `variant_setup`)."""
+        target there: kind, the setting a user's config can already hold (SPEC `variant_setup`), and whether it
+        passed on every such cell it ran on (`always`: only then does a user's setting clear the failure)."""
         failing = set()
         for record in self.table:
             spec = self.specs.get(record["scenario"]) or {}
@@ -127,18 +128,26 @@ class Atlas:
                 if matches(record.get("signature"), list(spec.get("target") or [])):
                     failing.add((record["cell"], record["scenario"], record["config_id"]))
         found: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+        missed: set[tuple[str, str, str, str]] = set()
         for record in self.table:
-            if record["variant"] == "baseline" or record["outcome"] != "pass":
+            if record["variant"] == "baseline":
                 continue
             if (record["cell"], record["scenario"], record["config_id"]) not in failing:
                 continue
-            spec = self.specs.get(record["scenario"]) or {}
+            key = (record["scenario"], device_class(record), record["config_id"])
             name = record["variant"]
+            if record["outcome"] != "pass":
+                if state(record, self.specs.get(record["scenario"])) != NONE:
+                    missed.add((*key, name))  # it ran there and did not pass: no fix everywhere
+                continue
+            spec = self.specs.get(record["scenario"]) or {}
             setting = (spec.get("variant_setup") or {}).get(name)
-            found[(record["scenario"], device_class(record), record["config_id"])][name] = {
-                "variant": name,
-                "kind": variant_kinds(spec).get(name, "fix"),
-            } | ({"setup": dict(setting)} if setting else {})
+            found[key][name] = {"variant": name, "kind": variant_kinds(spec).get(name, "fix")} | (
+                {"setup": dict(setting)} if setting else {}
+            )
+        for key, fixes in found.items():
+            for name, fix in fixes.items():
+                fix["always"] = (*key, name) not in missed
         return {k: list(v.values()) for k, v in found.items()}
 
     @cached_property

@@ -304,7 +304,8 @@ def _failure(
     fixes: dict[str, dict[str, Any]] = {}
     for config in configs:
         for fix in fixes_of.get((scenario, device, config), []):
-            fixes.setdefault(fix["variant"], fix)
+            known = fixes.setdefault(fix["variant"], dict(fix))
+            known["always"] = known["always"] and fix["always"]
     return KnownFailure(
         failure_id(scenario, device, family, configs), scenario, device, family, str(signature), configs,
         [dict(s) for s in setups], conditions, mine, depends, int(spec.get("world_size") or 1) > 1,

@@ -158,7 +158,7 @@ def _judge(failure: Mapping[str, Any], query: Query, narrowing: list[str], table
     answer.setdefault("when", "; ".join(failure["setups"][i]["words"] for i in setups))
     when = answer["when"]
     if answer["state"] in ("applies", "undecided", "range"):
-        fix = next((f for f in failure["fixes"] if _has_setting(query.setup, f.get("setup"))), None)
+        fix = next((f for f in failure["fixes"] if _has_setting(query.setup, f)), None)
         if fix is not None:
             return _answer(failure, "cleared", f"your setup has {fix['words']}, which the records show passing "
                            "where it failed", answer["sure"], when=when)  # fmt: skip
@@ -173,9 +173,11 @@ def _judge(failure: Mapping[str, Any], query: Query, narrowing: list[str], table
     return answer
 
 
-def _has_setting(setup: Mapping[str, str], setting: Mapping[str, str] | None) -> bool:
-    """Whether the user's setup already holds a fix's setting (SPEC `variant_setup`: a state-dict type ...)."""
-    return bool(setting) and all(setup.get(k) == v for k, v in (setting or {}).items())
+def _has_setting(setup: Mapping[str, str], fix: Mapping[str, Any]) -> bool:
+    """Whether the user's setup already holds a fix's setting (SPEC `variant_setup`: a state-dict type, use_reentrant,
+    ...) that passed on every config and stack where the failure showed and the fix ran."""
+    setting = fix.get("setup") or {}
+    return bool(setting) and bool(fix.get("always")) and all(setup.get(k) == v for k, v in setting.items())
 
 
 def _device_answer(

@@ -69,7 +69,7 @@ def _failure(failure: KnownFailure, spec: dict[str, Any], detail: tuple[str, str
         "refs": refs,
         "events": {c.package: [_event_json(e) for e in c.events] for c in failure.conditions},
         "fixes": [
-            {"variant": f["variant"], "kind": f["kind"], "words": fix_words(f["variant"])}
+            {"variant": f["variant"], "kind": f["kind"], "words": fix_words(f["variant"]), "always": f["always"]}
             | ({"setup": f["setup"]} if f.get("setup") else {})
             for f in failure.fixes
         ],

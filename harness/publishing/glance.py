@@ -203,7 +203,7 @@ def _title(device: str, ranks: int) -> str:
 def _clearing(atlas: Atlas, failure_id: str) -> list[dict[str, str]]:
     """The settings a user's setup can hold that the records show passing where this failure showed (its fixes')."""
     failure = next(f for f in atlas.tables["failures"] if f["id"] == failure_id)
-    return [f["setup"] for f in failure["fixes"] if f.get("setup")]
+    return [f["setup"] for f in failure["fixes"] if f.get("setup") and f.get("always")]
 
 
 def glance_markdown(atlas: Atlas) -> list[str]:

@@ -92,8 +92,9 @@
     for (const p of tables.pitfalls) answers.push(pitfall(p, q, narrowing));
     return answers.sort((a, b) => (STATES.indexOf(a.state) - STATES.indexOf(b.state)) || cmp(a.id, b.id));
   }
-  function hasSetting(setup, setting) {
-    return !!setting && Object.keys(setting).length > 0 && Object.entries(setting).every(([k, v]) => setup[k] === v);
+  function hasSetting(setup, fix) {
+    const setting = fix.setup || {};
+    return Object.keys(setting).length > 0 && !!fix.always && Object.entries(setting).every(([k, v]) => setup[k] === v);
   }
   function judgeOne(failure, q, narrowing, tables) {
     const device = deviceAnswer(failure, q, narrowing, tables);
@@ -106,7 +107,7 @@
     if (!("when" in found)) found.when = setups.map((i) => failure.setups[i].words).join("; ");
     const when = found.when;
     if (["applies", "undecided", "range"].includes(found.state)) {
-      const fix = failure.fixes.find((f) => hasSetting(q.setup, f.setup));
+      const fix = failure.fixes.find((f) => hasSetting(q.setup, f));
       if (fix) return answer(failure, "cleared", `your setup has ${fix.words}, which the records show passing where it failed`, found.sure, { when });
     }
     if (["applies", "clean"].includes(found.state) && failure.distributed && failure.device === "cuda") {

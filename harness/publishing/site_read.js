@@ -111,10 +111,16 @@
   // --- what the user has (audit.read_pins) -------------------------------------------------------------------
   function looksLikeLock(text) { return /^\s*\[\[(package|packages)\]\]\s*$/m.test(text); }
 
-  // -> {pins: {package: version}, loose: [requirement text], kind: "lock" | "requirements"}; throws on bad input.
+  // -> {pins: {package: version}, loose: [requirement text], kind: "lock" | "requirements"}; throws on bad input
+  // (user_files.read_pins: a byte-order mark is no character of the text; a text with NUL is no text; read as nothing
+  // is no input).
   function readPins(text, kind) {
+    text = String(text).replace(/^\ufeff/, "");
+    if (text.includes("\u0000")) throw new Error("not a text (it holds NUL characters)");
     kind = kind || (looksLikeLock(text) ? "lock" : "requirements");
-    return kind === "lock" ? { pins: lockPins(text), loose: [], kind } : Object.assign(requirementPins(text), { kind });
+    const read = kind === "lock" ? { pins: lockPins(text), loose: [], kind } : Object.assign(requirementPins(text), { kind });
+    if (!Object.keys(read.pins).length && !read.loose.length) throw new Error("read as nothing: no requirement and no locked package in it");
+    return read;
   }
 
   // uv.lock, poetry.lock ([[package]]) and pylock.toml ([[packages]]): each entry's own name and version keys.
@@ -137,12 +143,19 @@
     return pins;
   }
 
+  // user_files._DIRECT: a requirement that names no release to look up (a URL or a path).
+  const DIRECT = /^(git\+|hg\+|svn\+|bzr\+|https?:\/\/|file:|\.{1,2}\/|\/|[A-Za-z]:[\\/])/;
+
   function requirementPins(text) {
     const pins = {}, loose = [];
     text.split(/\r\n|\n|\r/).forEach((raw, index) => {
-      const line = raw.split(" #", 1)[0].trim();
-      if (!line || line.startsWith("#") || line.startsWith("-")) return;
-      if (line.includes(" @ ") || /^(git\+|http|file:|\.|\/)/.test(line)) { loose.push(line); return; }
+      const line = raw.split(/\s+#/, 1)[0].trim();
+      if (!line || line.startsWith("#")) return;
+      if (/^(-r|--requirement|-c|--constraint)\b/.test(line)) {
+        throw new Error(`line ${index + 1}: ${JSON.stringify(line)} includes another file: paste that file too`);
+      }
+      if (line.startsWith("-")) return;  // options: -e, --index-url, --hash continuations
+      if (line.includes(" @ ") || DIRECT.test(line)) { loose.push(line); return; }
       const requirement = parseRequirement(line.replace(/\\+$/, "").trim());
       if (!requirement) throw new Error(`line ${index + 1}: ${JSON.stringify(raw.trim())} is not a requirement`);
       const exact = requirement.specs.filter((s) => (s.operator === "==" || s.operator === "===") && !s.version.includes("*"));

@@ -16,164 +16,19 @@ over every failure, and per failure what one move of each of its packages ends a
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
-
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
 
 from harness.errors import UsageError
 from harness.knowledge.judge import Query, evaluate
 from harness.knowledge.ways_out import way_out
 from harness.paths import RESULTS_DIR
 from harness.publishing.advisories import JUDGE_FILE, read_tables
+from harness.tools.user_files import Pins, environment_pins, loose_ranges, read_pins, read_setup
 
 FORMATS = ("columns", "json", "markdown")
-
-
-# --- what the user has ---------------------------------------------------------------------------------------------
-
-
-def read_pins(path: Path) -> tuple[dict[str, str], list[str]]:
-    """(package -> exact version, requirements that pin no exact version) from a lockfile or requirements file; a
-    file that cannot be read is bad input naming its line."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from None
-    if path.suffix == ".lock" or path.suffix == ".toml":
-        return _toml_pins(path, text), []
-    return _requirement_pins(path, text)
-
-
-def _toml_pins(path: Path, text: str) -> dict[str, str]:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not a lockfile: {exc}") from None
-    entries = data.get("package") or data.get("packages")  # uv.lock, poetry.lock: [[package]]; PEP 751: [[packages]]
-    if not isinstance(entries, list):
-        raise UsageError(f"{path}: no [[package]] or [[packages]] table: not a uv, poetry or PEP 751 lock")
-    pins = {}
-    for number, entry in enumerate(entries, 1):
-        if not isinstance(entry, dict) or "name" not in entry:
-            raise UsageError(f"{path}: package entry {number} has no name")
-        if entry.get("version"):
-            pins[str(canonicalize_name(entry["name"]))] = str(entry["version"])
-    return pins
-
-
-def loose_ranges(loose: list[str]) -> dict[str, Any]:
-    """package -> the SpecifierSet a requirement that pins no release allows ('transformers>=4.41,<=4.45.2')."""
-    found = {}
-    for line in loose:
-        try:
-            requirement = Requirement(line)
-        except InvalidRequirement:
-            continue
-        found[str(canonicalize_name(requirement.name))] = requirement.specifier
-    return found
-
-
-def _requirement_pins(path: Path, text: str) -> tuple[dict[str, str], list[str]]:
-    pins, loose = {}, []
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.split(" #", 1)[0].strip()
-        if not line or line.startswith(("#", "-", "--")):
-            continue  # comments, options (-r, -e, --index-url, --hash continuations)
-        if " @ " in line or line.startswith(("git+", "http", "file:", ".", "/")):
-            loose.append(line)  # a direct reference: no release to look up
-            continue
-        try:
-            requirement = Requirement(line.rstrip("\\").strip())
-        except InvalidRequirement as exc:
-            why = str(exc).splitlines()[0]
-            raise UsageError(f"{path}:{number}: {raw.strip()!r} is not a requirement ({why})") from None
-        exact = [s for s in requirement.specifier if s.operator in ("==", "===") and "*" not in s.version]
-        if exact:
-            pins[str(canonicalize_name(requirement.name))] = exact[0].version
-        else:
-            loose.append(str(requirement))
-    return pins, loose
-
-
-def environment_pins(python: str | None = None) -> dict[str, str]:
-    """What an environment has installed: this interpreter's (`--env`), or another's (`--python`)."""
-    if python:
-        from harness.environments.envs import installed_versions
-
-        found = installed_versions(Path(python))
-        return {str(canonicalize_name(k)): str(v) for k, v in found.items() if k != "python"}
-    from importlib import metadata
-
-    return {
-        str(canonicalize_name(d.metadata["Name"])): d.version for d in metadata.distributions() if d.metadata["Name"]
-    }
-
-
-# --- their setup ---------------------------------------------------------------------------------------------------
-
-
-def read_setup(accelerate: Path | None, deepspeed: Path | None, words: list[str]) -> dict[str, str]:
-    """The setup as the advisories' keys name it (engine, adapter, path), from an `accelerate config` YAML, a DeepSpeed
-    JSON and `--setup` words (the words win)."""
-    setup: dict[str, str] = {}
-    if accelerate is not None:
-        setup |= _accelerate_setup(accelerate)
-    if deepspeed is not None:
-        try:
-            stage = json.loads(deepspeed.read_text()).get("zero_optimization", {}).get("stage")
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"{deepspeed}: not a DeepSpeed JSON config: {exc}") from None
-        if stage is not None:
-            setup["engine"] = f"zero{stage}"
-    from harness.define.setup import parse_words
-
-    return setup | parse_words(words)
-
-
-def _accelerate_setup(path: Path) -> dict[str, str]:
-    """distributed_type and fsdp_config.fsdp_version of an `accelerate config` YAML (a flat 'key: value' file, one
-    level of nesting), read without a YAML library."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from None
-    flat: dict[str, str] = {}
-    parent = ""
-    for number, raw in enumerate(text.splitlines(), 1):
-        if not raw.strip() or raw.lstrip().startswith("#"):
-            continue
-        if ":" not in raw:
-            raise UsageError(f"{path}:{number}: {raw.strip()!r} is not 'key: value' (an accelerate config YAML?)")
-        key, _, value = raw.partition(":")
-        indented = raw.startswith((" ", "\t"))
-        name = key.strip()
-        if not indented:
-            parent = name if not value.strip() else ""
-            flat[name] = value.strip().strip("'\"")
-        else:
-            flat[f"{parent}.{name}"] = value.strip().strip("'\"")
-    kind = flat.get("distributed_type", "").upper()
-    if not kind:
-        raise UsageError(f"{path}: no distributed_type: not an accelerate config YAML")
-    precision = {"mixed_precision": flat["mixed_precision"]} if flat.get("mixed_precision") else {}
-    if kind == "FSDP":
-        version = flat.get("fsdp_config.fsdp_version", "1") or "1"
-        found = {"engine": "fsdp2" if version.strip() == "2" else "fsdp1"} | precision
-        state_dict = flat.get("fsdp_config.fsdp_state_dict_type", "").upper()
-        if state_dict in ("FULL_STATE_DICT", "SHARDED_STATE_DICT"):
-            found["state_dict"] = state_dict.lower()  # the setup of S7's saves and S9's fixes
-        return found
-    if kind == "DEEPSPEED":
-        stage = flat.get("deepspeed_config.zero_stage", "")
-        return {"engine": f"zero{stage}"} if stage else {}
-    if kind in ("MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU"):
-        return {"engine": "ddp"}
-    return {}
 
 
 # --- judging -------------------------------------------------------------------------------------------------------
@@ -438,21 +293,24 @@ def measure_command(failure: dict[str, Any], query: Query) -> str:
 def command(args: Any) -> int:
     if sum(bool(x) for x in (args.files, args.env, args.python)) != 1:
         raise UsageError("give one of: lockfiles or requirements files, --env, or --python PATH")
-    if args.files:
-        pins, loose = {}, []
-        for path in args.files:
-            found, unpinned = read_pins(path)
-            pins |= found
-            loose += unpinned
-    else:
-        pins, loose = environment_pins(args.python), []
     if args.gpus is not None and args.gpus < 0:
         raise UsageError(f"--gpus {args.gpus}: give 0 (a CPU run) or how many GPUs you train on")
-    setup = read_setup(args.accelerate_config, args.deepspeed_config, args.setup or [])
-    partial = any(Path(p).suffix not in (".lock", ".toml") for p in args.files or [])
+    found = Pins()
+    if args.files:
+        for path in args.files:
+            more = read_pins(Path(path))
+            found.pins |= more.pins
+            found.loose += more.loose
+            found.partial = found.partial or more.partial
+    else:
+        found.pins = environment_pins(args.python)
+    user = read_setup(args.accelerate_config, args.deepspeed_config, args.setup or [], args.trainer_config, found.pins)
+    gpus = args.gpus if args.gpus is not None else user.gpus
     tables = load_tables(args.results_dir)
-    query = query_of(tables, pins, setup, loose, partial, args.gpus, args.device, args.ignore_id or [])
+    query = query_of(
+        tables, found.pins, user.setup, found.loose, found.partial, gpus, args.device, args.ignore_id or []
+    )
     report = audit(tables, query)
-    report.loose = loose
+    report.loose = found.loose
     print(render(report, args.format))
     return report.gate(args.strict)
