@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -349,6 +350,18 @@ def default_profile() -> str:
     return "default" if (MATRIX_DIR / "default.toml").is_file() else "cpu"
 
 
+def doc_outputs(args: argparse.Namespace) -> int:
+    from harness.tools import doc_outputs as outputs
+
+    if args.write:
+        print(f"{outputs.write()} document(s) written")
+        return 0
+    stale = [e for e in outputs.examples() if outputs.run(e.command) != (e.code, e.shown)]
+    for example in stale:
+        print(f"{example.path.relative_to(outputs.REPO_ROOT)}: `{example.command}` prints something else")
+    return 1 if stale else 0
+
+
 def report(args: argparse.Namespace) -> int:
     print(f"wrote {write_report(args.results_dir, args.runs, args.output)}")
     return 0
@@ -366,7 +379,14 @@ def lookup(args: argparse.Namespace) -> int:
 def audit(args: argparse.Namespace) -> int:
     from harness.tools.audit import command
 
-    return command(args)
+    report = command(args)
+    if not args.measure:
+        return report.gate(args.strict)
+    from harness.tools.audit_prove import prove  # --fix --measure: the way out built here and judged again
+
+    lines, code = prove(report, args.results_dir, say=lambda line: print(line, file=sys.stderr, flush=True))
+    print("\n".join(lines))
+    return code
 
 
 def adapters_grid(args: argparse.Namespace) -> int:

@@ -581,9 +581,39 @@ COMMANDS: tuple[Command, ...] = (
                     "named like peft's keys, label smoothing): a lockfile cannot show it"
                 ),
             ),
+            Option(
+                ("--fix",),
+                action="store_true",
+                help=(
+                    "print the one recommended set of pins as a requirements diff (of the requirements file read) "
+                    "and as `uv add` / `pip install` lines"
+                ),
+            ),
+            Option(
+                ("--measure",),
+                action="store_true",
+                help=(
+                    "with --fix: build the recommended stack here on CPU, run the seed configs (with their fixes) of "
+                    "every scenario whose failure applied, record the run under results/measured/, and judge each "
+                    "failure again: measured clean at these exact releases, or what still fails (minutes; a failure "
+                    "that shows only on GPUs gets the command that measures it on a GPU node). Exit 0 only when "
+                    "every failure that applied is measured clean or ended by the setup"
+                ),
+            ),
             Option(("--format",), choices=["columns", "json", "markdown"], default="columns"),
             RESULTS_OPTION,
         ),
+    ),
+    Command(
+        "doc-outputs",
+        "doc_outputs",
+        help="the example outputs README and docs show, made by their commands (--write) or checked against them",
+        description=(
+            "Each fenced block under an `<!-- output: compat-matrix ... -->` comment in README.md and docs/ is what "
+            "that command prints. Without --write: run each and say which block differs from what it prints (exit 1 "
+            "where one does). With --write: write each command's output into its block."
+        ),
+        options=(Option(("--write",), action="store_true", help="write the outputs into the documents"),),
     ),
     Command(
         "adapters-grid",

@@ -63,12 +63,28 @@ def describe(exc: BaseException) -> dict[str, Any]:
     code from a failure inside the stack."""
     kind = type(exc)
     frames = traceback.extract_tb(exc.__traceback__)
-    return {
+    found = {
         "exc_type": f"{kind.__module__}.{kind.__qualname__}",
         "message": str(exc)[:MAX_MESSAGE],
         "traceback": "".join(traceback.format_exception(exc))[-MAX_MESSAGE:],
         "origin": frames[-1].filename if frames else None,
     }
+    root = root_cause(exc)
+    if root is not exc:  # the traceback's tail is the last exception; what started it is kept apart
+        found["cause"] = "".join(traceback.format_exception(root, chain=False))[-MAX_MESSAGE:]
+    return found
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The first exception of a chain ('During handling of the above exception...'): transformers' lazy import says
+    "Could not import module 'BloomPreTrainedModel'" where torch lacking an attribute was the reason."""
+    seen = {id(exc)}
+    while True:
+        nxt = exc.__cause__ or exc.__context__
+        if nxt is None or id(nxt) in seen:
+            return exc
+        seen.add(id(nxt))
+        exc = nxt
 
 
 def unique_warnings(caught: list[warnings.WarningMessage], limit: int = 8) -> list[str]:

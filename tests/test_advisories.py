@@ -116,7 +116,17 @@ def test_fsdp2_gets_the_accelerate_upgrade_and_fsdp1_its_own_advisory(tmp_path: 
     assert (
         "the Trainer · FSDP2 · LoRA" in two.stdout and "upgrade accelerate to 1.15.0 (measured): ends it" in two.stdout
     )
-    assert "+ accelerate==1.15.0" in two.stdout and "uv add 'accelerate==1.15.0'" in two.stdout
+    assert "recommended pins" in two.stdout and "accelerate==1.15.0 (--fix:" in two.stdout  # one line, no diff
+    assert "uv add" not in two.stdout
+    fixed = _audit(tmp_path, STACK, "--accelerate-config", str(tmp_path / "fsdp2.yaml"), "--gpus", "2", "--fix")
+    assert fixed.returncode == 1 and fixed.stdout.startswith(two.stdout.split("recommended pins")[0])
+    # a unified diff of the requirements file read, then the install lines
+    assert "  -accelerate==1.14.0\n  +accelerate==1.15.0" in fixed.stdout, fixed.stdout
+    assert "uv add 'accelerate==1.15.0'" in fixed.stdout and "pip install 'accelerate==1.15.0'" in fixed.stdout
+    as_json = json.loads(_audit(tmp_path, STACK, "--accelerate-config", str(tmp_path / "fsdp2.yaml"), "--gpus", "2",
+                                "--format", "json").stdout)  # fmt: skip
+    assert as_json["way_out"]["install"]["uv"] == "uv add 'accelerate==1.15.0'"
+    assert "+accelerate==1.15.0" in as_json["way_out"]["install"]["diff"]
     assert "the Trainer · FSDP1 · LoRA" not in two.stdout  # the FSDP1 failures are another setup's
     one = _audit(
         tmp_path, STACK, "--accelerate-config", str(tmp_path / "fsdp1.yaml"), "--gpus", "2", "--format", "json"

@@ -190,7 +190,6 @@ def test_the_node_scripts_stop_at_their_first_error_with_one_line(tmp_path: Path
 #: Documented commands that need no GPU and take seconds: run for real, as written (`python -m harness` for
 #: `compat-matrix`), each with what its output must say.
 QUICK = {
-    "compat-matrix lookup torch==2.4.0 transformers==4.43.2 peft==0.12.0 --scenario S1": "APPLIES (exact)",
     "compat-matrix findings": "peft-0.21.0-fsdp1-full-state-dict-empty-adapter",
     "compat-matrix findings peft-0.21.0-fsdp1-full-state-dict-empty-adapter": "### The code that changed",
     "compat-matrix upstream-report results/script-bisect/peft-1583-prepare-int8": "since peft 0.10.0",

@@ -92,3 +92,21 @@ def test_a_failure_on_one_rank_stops_every_rank_before_the_next_job(tmp_path: Pa
     results = list(run_jobs(spec, [Job(0, {}, "rank0_check"), Job(1, {}, "pass"), Job(2, {}, "pass")]))
     assert [r.status for r in results] == ["exception", "pass", "pass"], [r.detail.get("message") for r in results]
     assert "a check rank 0 makes alone" in results[0].detail["message"]
+
+
+def test_the_peers_of_a_failed_rank_get_a_grace_not_the_whole_job_timeout() -> None:
+    """The rule alone, on a folded state: once a rank raised, the silent peers are given PEER_GRACE_S (a 300 s job
+    timeout is not waited out job after job: `audit --fix --measure` once spent 5 minutes per S9 world-size config
+    on a stack whose every first rank raised)."""
+    from harness.execution.launcher import PEER_GRACE_S, _peer_hung, _WatchState
+
+    spec = type("Spec", (), {"job_timeout_s": 300.0})()
+    state = _WatchState("t", [0, 1], launched=0.0, last_event=0.0, pending=[0])
+    state.started[0] = 0.0
+    assert not _peer_hung(state, spec, PEER_GRACE_S + 1)  # nobody failed: the job may run its timeout
+    state.ends[0] = {0: {"status": "exception"}}
+    state.last_event = 10.0  # rank 0's failure came in at 10 s
+    assert not _peer_hung(state, spec, 10.0 + PEER_GRACE_S - 1)
+    assert _peer_hung(state, spec, 10.0 + PEER_GRACE_S + 1)
+    short = type("Spec", (), {"job_timeout_s": 5.0})()
+    assert _peer_hung(state, short, 16.0)  # never longer than the job timeout

@@ -154,6 +154,51 @@ def test_the_page_and_audit_agree_on_the_same_input(tmp_path: Path) -> None:
         browser.quit()
 
 
+#: The page's answer for pasted pins and a pasted config: both read as a user reads them, with the buttons.
+PAGE_CONFIG_ANSWER = """
+const [text, config] = arguments;
+for (const key of Object.keys(state)) delete state[key];
+document.getElementById("answer-paste").value = text;
+readPasted();
+document.getElementById("answer-config").value = config;
+readConfigPasted();
+return JSON.stringify([window.__answer, document.getElementById("answer-config-error").textContent]);
+"""
+
+
+def test_the_page_reads_a_pasted_config_as_audit_reads_the_file(tmp_path: Path) -> None:
+    """The five projects' real configs, pasted under a real project's pins: the page's answer is audit's for the same
+    files (`--accelerate-config`, `--deepspeed-config`, `--trainer-config`), settings that are fixes and the GPU count
+    included; a config the page cannot read leaves no answer on screen."""
+    configs = REPO_ROOT / "examples" / "audit" / "configs"
+    pins_file = REPO_ROOT / "examples" / "audit" / "axolotl.requirements.txt"
+    pins_text = pins_file.read_text()
+    found = read_pins(pins_file)
+    tables = load_tables(RESULTS)
+    page = site(tmp_path)
+    browser = headless_chromium()
+    try:
+        browser.get(page.as_uri())
+        for source in json.loads((configs / "SOURCES.json").read_text()):
+            path = configs / source["file"]
+            kind = source["kind"]
+            user = read_setup(path if kind == "accelerate" else None, path if kind == "deepspeed" else None, [],
+                              path if kind == "trainer" else None, found.pins)  # fmt: skip
+            query = query_of(tables, found.pins, user.setup, found.loose, found.partial, user.gpus, None, [])
+            report = audit(tables, query)
+            expected = json.loads(json.dumps({"answers": report.answers, "way_out": report.way_out}))
+            got, error = json.loads(browser.execute_script(PAGE_CONFIG_ANSWER, pins_text, path.read_text()))
+            assert error == "" and got == expected, source["file"]
+        got, error = json.loads(
+            browser.execute_script(
+                PAGE_CONFIG_ANSWER, pins_text, "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 3\n"
+            )
+        )
+        assert got is None and "fsdp_config.fsdp_version" in error
+    finally:
+        browser.quit()
+
+
 def test_a_pasted_requirements_file_gives_the_failure_and_the_way_out_and_the_link_keeps_it(tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait

@@ -448,6 +448,7 @@ def _watch(spec: LaunchSpec, launch: Launch) -> Iterator[JobResult]:
                     pause_points.reached("workers-ready")
                 elif seen == "import-failed":
                     detail = {k: event.get(k) for k in ("exc_type", "message", "traceback")}
+                    detail |= {"cause": event["cause"]} if event.get("cause") else {}
                     yield JobResult(state.current, "env-broken", detail)
                     return
         yield from _finished_jobs(state, launch.feed)
@@ -486,10 +487,16 @@ def _rank_died(state: _WatchState, spec: LaunchSpec, now: float) -> bool:
     return _some_rank_failed(state) and state.exited and bool(state.without_result())
 
 
+#: How long the other ranks get to report once one rank raised (they usually wait in a collective the failed rank
+#: never joins): at most the job timeout. The exception is the observation; waiting longer only delays it.
+PEER_GRACE_S = 30.0
+
+
 def _peer_hung(state: _WatchState, spec: LaunchSpec, now: float) -> bool:
-    """Some ranks raised, and the others are past the job timeout without a result (or exited)."""
+    """Some ranks raised, and the others have said nothing for the grace (or are past the job timeout, or exited)."""
     overran = now - state.started.get(state.current, now) > spec.job_timeout_s
-    return _some_rank_failed(state) and (state.exited or overran)
+    silent = now - state.last_event > min(PEER_GRACE_S, spec.job_timeout_s)
+    return _some_rank_failed(state) and (state.exited or overran or silent)
 
 
 def _job_timed_out(state: _WatchState, spec: LaunchSpec, now: float) -> bool:

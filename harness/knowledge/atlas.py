@@ -7,6 +7,7 @@ walks the records again.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.define import setup as vocabulary
+from harness.define.packages import AXIS_PACKAGES
 from harness.define.profile import DATE_AXIS
 from harness.knowledge import flips as flip_model
 from harness.knowledge.evidence import NONE, OTHER, SHOWS, depends_of, device_class, stack_of, state, world_size
@@ -23,8 +25,10 @@ from harness.knowledge.judge import Query, evaluate
 from harness.knowledge.pitfalls import Pitfall, pitfalls, without_pitfalls
 from harness.knowledge.selection import Selection, select_runs, selected_flip_runs
 from harness.knowledge.tables import compile_tables
+from harness.paths import DECLARED_FILE
 from harness.recording.flip import Flip
 from harness.recording.verdicts import matches, variant_kinds
+from harness.versions.declared import read_declared
 
 
 @dataclass(frozen=True)
@@ -160,10 +164,30 @@ class Atlas:
         return {k: [dict(s) for s in sorted(v)] for k, v in found.items()}
 
     @cached_property
+    def broken(self) -> list[dict[str, Any]]:
+        """The stacks that installed on CPU and did not run at all (every record of the cell env-broken: transformers
+        5.15.0 does not import with torch 2.4.1): a way out never names one of them again. GPU cells are left out
+        (an old torch there fails on the node's driver, not with its neighbours)."""
+        cells: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        for record in [*self.table, *self.probes]:
+            if device_class(record) == "cpu":
+                cells[(record["run_id"], record["cell"])].append(record)
+        found = {}
+        for records in cells.values():
+            if all(r["outcome"] == "env-broken" for r in records):
+                stack = stack_of(records[0])
+                why = str(records[0].get("message") or records[0].get("signature") or "").splitlines()[:1]
+                found[tuple(sorted(stack.items()))] = {
+                    "versions": stack, "why": (why or ["env-broken"])[0], "packages": _failed_through(records[0]),
+                }  # fmt: skip
+        return [found[k] for k in sorted(found)]
+
+    @cached_property
     def tables(self) -> dict[str, Any]:
         """The judge's tables (`tables.py`), compiled once."""
         return compile_tables(
-            self.failures, list(self.pitfalls.values()), self.specs, self.coverage, self.details
+            self.failures, list(self.pitfalls.values()), self.specs, self.coverage, self.details, self.broken,
+            read_declared(DECLARED_FILE),
         )  # fmt: skip
 
     @cached_property
@@ -269,6 +293,21 @@ class Row:
     def query(self) -> Query:
         """The judge's question at this row: exactly its releases, on its device (a GPU row at its GPU count)."""
         return Query(dict(self.versions), {}, self.device, self.ranks if self.device == "cuda" else None)
+
+
+def _failed_through(record: dict[str, Any]) -> list[str]:
+    """The axis packages an import failure is between: the last two its first exception went through (the cause
+    a worker records apart, else the traceback) and any its message names ("module 'torch' has no attribute
+    'float8_e8m0fnu'", raised in torch, called from transformers). A way out never names those releases together
+    again, and may move the user's release of either."""
+    text = str(record.get("cause") or record.get("traceback") or "")
+    words = [*text.strip().splitlines()[-1:], str(record.get("message") or "")]
+    found = {p for p in AXIS_PACKAGES if p in set(re.findall(r"'([A-Za-z0-9_]+)'", " ".join(words)))}
+    deepest_first = [n for n in reversed(re.findall(r"site-packages/([A-Za-z0-9_]+)/", text)) if n in AXIS_PACKAGES]
+    for depth, name in enumerate(deepest_first):
+        if depth == 0 or len(found) < 2:  # where it was raised, then its callers until two packages are named
+            found.add(name)
+    return sorted(found)
 
 
 def _split_by_versions(records: list[dict[str, Any]]) -> list[tuple[dict[str, str], list[dict[str, Any]]]]:

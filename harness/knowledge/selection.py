@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.paths import MEASURED_FOLDER
 from harness.recording import runs
 from harness.recording.packing import run_dirs
 from harness.recording.records import read_records, record_key
@@ -213,7 +214,7 @@ def latest_by_key(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
 
 
 #: Folders of the results that hold probe runs of scenarios (a `bisect-script` verdict's runs are a user's script's).
-PROBE_FOLDERS = ("flips", "bisect", "watch", "measured")
+PROBE_FOLDERS = ("flips", "bisect", "watch", MEASURED_FOLDER)
 
 
 def probe_records(results_dir: Path, metas: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:

@@ -29,9 +29,13 @@ def compile_tables(
     specs: dict[str, dict[str, Any]],
     coverage: dict[str, list[dict[str, str]]],
     details: dict[str, tuple[str, str]] | None = None,
+    broken: list[dict[str, Any]] | None = None,
+    declared: dict[str, dict[str, dict[str, str]]] | None = None,
 ) -> dict[str, Any]:
     """The tables every answer judges by (`details`: failure id -> (the condition on the user's model, what else
-    its configs ran with), in words)."""
+    its configs ran with), in words; `broken`: the stacks measured not to run, which no way out names; `declared`:
+    what each measured release declares it needs of the others, so a way out installs)."""
+    releases = _releases(failures)
     return {
         "schema": SCHEMA,
         "packages": list(AXIS_PACKAGES),
@@ -39,7 +43,16 @@ def compile_tables(
         "failures": [_failure(f, specs.get(f.scenario) or {}, (details or {}).get(f.id)) for f in failures],
         "pitfalls": [_pitfall(p, specs.get(p.scenario) or {}) for p in pitfalls],
         "coverage": {k: sorted(v, key=lambda s: sorted(s.items())) for k, v in sorted(coverage.items())},
-        "releases": _releases(failures),
+        "releases": releases,
+        "broken": list(broken or []),
+        "declared": {
+            p: {
+                v: dict(sorted(needs.items()))
+                for v, needs in sorted((declared or {}).get(p, {}).items())
+                if v in releases.get(p, [])
+            }
+            for p in sorted(declared or {})
+        },
     }
 
 
@@ -130,6 +143,11 @@ def _pitfall(pitfall: Pitfall, spec: dict[str, Any]) -> dict[str, Any]:
         "measured": f"{pitfall.stacks} stacks, {pitfall.first_day} to {pitfall.last_day}",
         "way_out": [fix_words(v) for v in pitfall.fixes] or ["no measured change removes it"],
     }
+
+
+def _declared(needs: dict[str, dict[str, str]], measured: list[str]) -> dict[str, dict[str, str]]:
+    """What the measured releases of one package declare they need (the rest is not asked by any way out)."""
+    return {v: dict(sorted(n.items())) for v, n in sorted(needs.items()) if v in measured}
 
 
 def _releases(failures: list[KnownFailure]) -> dict[str, list[str]]:

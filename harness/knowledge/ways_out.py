@@ -16,6 +16,7 @@ from dataclasses import replace
 from itertools import combinations, product
 from typing import Any
 
+from harness.knowledge.installable import complete, distance
 from harness.knowledge.judge import AFFECTED, CLEAR, Query, evaluate, key
 
 #: How many packages one way out may move.
@@ -44,6 +45,7 @@ def way_out(tables: Mapping[str, Any], query: Query, answers: list[dict[str, Any
     movable = [f for f in by_id.values() if _candidates([f], query)]
     stays = sorted(set(by_id) - {f["id"] for f in movable})
     candidates = _candidates(movable, query)
+    candidates |= _unblocking(tables, query, candidates)
     notes = {i: _single_moves(tables, query, f, answers) for i, f in by_id.items()}
     ending = {f["id"] for f in movable}
     found, tried = _search(tables, query, candidates, set(stays), ending) if movable else (None, 0)
@@ -77,19 +79,39 @@ def _candidates(failures: list[Mapping[str, Any]], query: Query) -> dict[str, li
                     found.setdefault(package, set()).update(v for v in (segment[0], segment[2]) if v)
     have = {p: key(query.versions[p]) for p in found if p in query.versions}
     return {
-        p: sorted((v for v in sorted(releases) if key(v) != have.get(p)), key=lambda v: _distance(v, have.get(p)))
+        p: sorted((v for v in sorted(releases) if key(v) != have.get(p)), key=lambda v: distance(v, have.get(p)))
         for p, releases in sorted(found.items())
     }
 
 
-def _distance(version: str, have: tuple[int, ...] | None) -> tuple[int, tuple[int, ...]]:
-    """Upgrades first (the nearest first), then downgrades (the nearest first)."""
-    if have is None:
-        return (0, key(version))
-    at = key(version)
-    if at > have:
-        return (0, tuple(a - b for a, b in zip(at, have, strict=True)))
-    return (1, tuple(b - a for a, b in zip(at, have, strict=True)))
+#: How many releases of a package a broken stack lets a way out move (the nearest ones).
+MOST_UNBLOCKING = 6
+
+
+def _unblocking(tables: Mapping[str, Any], query: Query, candidates: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Packages a way out may move besides the failures' own: the user's release of a package that a stack measured
+    not to run failed through (transformers 5.10.1 imports torch.float8_e8m0fnu, which torch 2.4.1 lacks), each with
+    its nearest measured releases."""
+    found: dict[str, list[str]] = {}
+    for broken in tables.get("broken", []):
+        for package in broken.get("packages", []):
+            have = query.versions.get(package)
+            if package in candidates or package in found or have is None or broken["versions"].get(package) != have:
+                continue
+            releases = [v for v in tables["releases"].get(package, []) if key(v) != key(have)]
+            found[package] = sorted(releases, key=lambda v: distance(v, key(have)))[:MOST_UNBLOCKING]
+    return found
+
+
+def measured_broken(tables: Mapping[str, Any], versions: Mapping[str, str], moved: Mapping[str, str]) -> bool:
+    """Whether the records show the stack after these moves not running: a broken stack whose failing packages
+    (every package where the record names none) hold the same releases here, one of them moved."""
+    stack = dict(versions) | dict(moved)
+    for broken in tables.get("broken", []):
+        between = broken.get("packages") or sorted(broken["versions"])
+        if any(p in moved for p in between) and all(stack.get(p) == broken["versions"].get(p) for p in between):
+            return True
+    return False
 
 
 def unsettled(after: list[dict[str, Any]], ending: set[str], stays: set[str]) -> list[str]:
@@ -118,7 +140,9 @@ def _search(
                 if tried >= MOST_TRIES:
                     break
                 tried += 1
-                moved = dict(zip(chosen, releases, strict=True))
+                moved = complete(tables, query.versions, dict(zip(chosen, releases, strict=True)))
+                if moved is None or measured_broken(tables, query.versions, moved):
+                    continue
                 after = evaluate(tables, replace(query, versions=query.versions | moved))
                 left = unsettled(after, ending, stays)
                 score = (left.count("applies"), left.count("applies-if"), len(left), *_score(moved, query, after))
@@ -133,8 +157,8 @@ def _search(
 
 def _score(moved: dict[str, str], query: Query, after: list[dict[str, Any]]) -> tuple[Any, ...]:
     undecided = sum(1 for a in after if a["state"] == "undecided")
-    distance = [_distance(v, key(query.versions[p]) if p in query.versions else None) for p, v in moved.items()]
-    return (undecided, len(moved), sum(d[0] for d in distance), sorted(d[1] for d in distance), sorted(moved.items()))
+    far = [distance(v, key(query.versions[p]) if p in query.versions else None) for p, v in moved.items()]
+    return (undecided, len(moved), sum(d[0] for d in far), sorted(d[1] for d in far), sorted(moved.items()))
 
 
 def _single_moves(
@@ -148,7 +172,10 @@ def _single_moves(
         have = query.versions.get(package)
         releases = _candidates([failure], query).get(package, [])
         for release in releases:
-            after = evaluate(tables, replace(query, versions=query.versions | {package: release}))
+            moved = complete(tables, query.versions, {package: release})
+            if moved is None or measured_broken(tables, query.versions, moved):
+                continue
+            after = evaluate(tables, replace(query, versions=query.versions | moved))
             states = {a["id"]: a["state"] for a in after}
             if states.get(failure["id"]) not in ENDED:
                 continue  # still there, or not measured there: not ended
@@ -157,6 +184,7 @@ def _single_moves(
                 "package": package, "release": release, "from": have,
                 "direction": "upgrade" if have is None or key(release) > key(have) else "downgrade",
                 "ends": sorted(blocking - now), "brings": sorted(now - blocking),
+                "along": {p: v for p, v in sorted(moved.items()) if p != package},
             })  # fmt: skip
             break
         else:

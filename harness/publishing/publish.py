@@ -29,6 +29,7 @@ from harness.textsafe import code, md, slug
 SCHEMA = "compat-matrix/matrix/v1"
 SITE_TEMPLATE = Path(__file__).with_name("site_template.html")
 SITE_READ = Path(__file__).with_name("site_read.js")  # audit.py's readers, for the page
+SITE_CONFIG = Path(__file__).with_name("site_config.js")  # user_files.py's config readers, for the page
 SITE_JUDGE = Path(__file__).with_name("site_judge.js")  # the judge's fold over the compiled tables, for the page
 MESSAGE_LIMIT = 1500
 VERSION_KEYS = ("python", *AXIS_PACKAGES)
@@ -269,6 +270,7 @@ def write_site(document: dict[str, Any], out_dir: Path, advisories_dir: Path | N
     (data_dir / "matrix.js").write_text(f"window.COMPAT_DATA = {_script_json(document)};\n")
     write_site_tables(advisories_dir, out_dir)
     (out_dir / "read.js").write_text(SITE_READ.read_text())
+    (out_dir / "config.js").write_text(SITE_CONFIG.read_text())
     (out_dir / "judge.js").write_text(SITE_JUDGE.read_text())
     path = out_dir / "index.html"
     path.write_text(SITE_TEMPLATE.read_text())

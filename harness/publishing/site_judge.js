@@ -11,7 +11,7 @@
   const STATES = ["applies", "applies-if", "range", "undecided", "pitfall", "cleared", "clean", "not-applicable"];
   const BLOCKING = ["applies", "applies-if"];
   const ENDED = ["clean", "not-applicable", "cleared"];
-  const MOST_MOVES = 3, MOST_TRIES = 4000;
+  const MOST_MOVES = 3, MOST_TRIES = 4000, MOST_BROUGHT = 4, MOST_UNBLOCKING = 6;
   const RELEASE = /^\s*v?(?:\d+!)?(\d+(?:\.\d+)*)/;
 
   // --- versions: the release numbers, padded (judge.key) -----------------------------------------------------------
@@ -262,6 +262,79 @@
   function product(lists) {
     return lists.reduce((acc, list) => acc.flatMap((a) => list.map((x) => [...a, x])), [[]]);
   }
+  // installable.py: a moved release's Requires-Dist met by the stack, bringing the nearest measured release along.
+  function clause(op, want, version, have) {
+    if (op === "===") return version === want;
+    if ((op === "==" || op === "!=") && want.endsWith(".*")) {
+      const [low, high] = prefixBounds(want.slice(0, -2));
+      const inside = cmp(low, have) <= 0 && cmp(have, high) < 0;
+      return op === "==" ? inside : !inside;
+    }
+    const at = key(want), c = cmp(have, at);
+    if (op === "~=") {
+      const [low, high] = prefixBounds(want.slice(0, want.lastIndexOf(".")));
+      return c >= 0 && cmp(low, have) <= 0 && cmp(have, high) < 0;
+    }
+    return { "==": c === 0, "!=": c !== 0, "<=": c <= 0, ">=": c >= 0, "<": c < 0, ">": c > 0 }[op];
+  }
+  function admits(specifier, version) {
+    const have = key(version);
+    return specifier.split(",").map((c) => c.trim()).filter(Boolean).every((c) => {
+      const op = ["===", "~=", "==", "!=", "<=", ">=", "<", ">"].find((o) => c.startsWith(o));
+      return clause(op, c.slice(op.length).trim(), version, have);
+    });
+  }
+  function refusal(declared, stack, moves) {
+    for (const needer of Object.keys(stack).sort()) {
+      const needs = (declared[needer] || {})[stack[needer]] || {};
+      for (const dep of Object.keys(needs).sort()) {
+        if (dep in stack && (needer in moves || dep in moves) && !admits(needs[dep], stack[dep])) return [needer, dep, needs[dep]];
+      }
+    }
+    return null;
+  }
+  function complete(tables, versions, start) {
+    const declared = tables.declared || {};
+    const moves = Object.assign({}, start);
+    for (let i = 0; i <= MOST_BROUGHT; i++) {
+      const stack = Object.assign({}, versions, moves);
+      const found = refusal(declared, stack, moves);
+      if (found === null) return moves;
+      const [needer, dep, specifier] = found;
+      let choices, target;
+      if (!(dep in moves)) {
+        choices = (tables.releases[dep] || []).filter((v) => admits(specifier, v));
+        target = dep;
+      } else if (!(needer in moves)) {
+        const mine = declared[needer] || {};
+        choices = (tables.releases[needer] || []).filter((v) => v in mine && admits(mine[v][dep] || "", stack[dep]));
+        target = needer;
+      } else return null;
+      if (!choices.length) return null;
+      const have = target in versions ? key(versions[target]) : null;
+      moves[target] = choices.map((v) => [[distance(v, have), key(v)], v]).sort((a, b) => cmp(a[0], b[0]))[0][1];
+    }
+    return null;
+  }
+  function unblocking(tables, q, cands) {
+    const found = {};
+    for (const b of tables.broken || []) {
+      for (const p of b.packages || []) {
+        const have = p in q.versions ? q.versions[p] : null;
+        if (p in cands || p in found || have === null || b.versions[p] !== have) continue;
+        const releases = (tables.releases[p] || []).filter((v) => cmp(key(v), key(have)) !== 0);
+        found[p] = releases.map((v) => [distance(v, key(have)), v]).sort((a, b2) => cmp(a[0], b2[0])).map(([, v]) => v).slice(0, MOST_UNBLOCKING);
+      }
+    }
+    return found;
+  }
+  function measuredBroken(tables, versions, moves) {
+    const stack = Object.assign({}, versions, moves);
+    return (tables.broken || []).some((b) => {
+      const between = (b.packages && b.packages.length) ? b.packages : Object.keys(b.versions).sort();
+      return between.some((p) => p in moves) && between.every((p) => stack[p] === b.versions[p]);
+    });
+  }
   function unsettled(after, ending, stays) {
     return after.filter((a) => (BLOCKING.includes(a.state) && !stays.has(a.id)) || (ending.has(a.id) && !ENDED.includes(a.state))).map((a) => a.state);
   }
@@ -274,7 +347,8 @@
         for (const releases of product(chosen.map((p) => cands[p]))) {
           if (tried >= MOST_TRIES) break;
           tried += 1;
-          const moves = Object.fromEntries(chosen.map((p, i) => [p, releases[i]]));
+          const moves = complete(tables, q.versions, Object.fromEntries(chosen.map((p, i) => [p, releases[i]])));
+          if (moves === null || measuredBroken(tables, q.versions, moves)) continue;
           const after = evaluate(tables, moved(q, moves));
           const left = unsettled(after, ending, stays);
           const s = [left.filter((x) => x === "applies").length, left.filter((x) => x === "applies-if").length, left.length, ...score(moves, q, after)];
@@ -296,7 +370,9 @@
       const have = p in q.versions ? q.versions[p] : null;
       let done = false;
       for (const release of candidates([failure], q)[p] || []) {
-        const after = evaluate(tables, moved(q, { [p]: release }));
+        const moves = complete(tables, q.versions, { [p]: release });
+        if (moves === null || measuredBroken(tables, q.versions, moves)) continue;
+        const after = evaluate(tables, moved(q, moves));
         const states = Object.fromEntries(after.map((a) => [a.id, a.state]));
         if (!ENDED.includes(states[failure.id])) continue;  // still there, or not measured there: not ended
         const now = new Set(Object.entries(states).filter(([, s]) => BLOCKING.includes(s)).map(([i]) => i));
@@ -304,6 +380,7 @@
           package: p, release, from: have,
           direction: have === null || cmp(key(release), key(have)) > 0 ? "upgrade" : "downgrade",
           ends: [...blocking].filter((i) => !now.has(i)).sort(), brings: [...now].filter((i) => !blocking.has(i)).sort(),
+          along: Object.fromEntries(Object.entries(moves).filter(([k]) => k !== p).sort((a, b) => cmp(a[0], b[0]))),
         });
         done = true;
         break;
@@ -330,6 +407,7 @@
     const movable = Object.values(byId).filter((f) => Object.keys(candidates([f], q)).length);
     const stays = Object.keys(byId).filter((i) => !movable.some((f) => f.id === i)).sort();
     const cands = candidates(movable, q);
+    Object.assign(cands, unblocking(tables, q, cands));
     const notes = Object.fromEntries(Object.entries(byId).map(([i, f]) => [i, singleMoves(tables, q, f, answers)]));
     const ending = new Set(movable.map((f) => f.id));
     const [found, tried] = movable.length ? search(tables, q, cands, new Set(stays), ending) : [null, 0];
@@ -348,7 +426,7 @@
     };
   }
 
-  const api = { evaluate, wayOut, key, cmp, matches };
+  const api = { evaluate, wayOut, key, cmp, matches, admits, complete };
   if (typeof module !== "undefined" && module.exports) module.exports = api;
   else root.CompatJudge = api;
 })(typeof window !== "undefined" ? window : this);

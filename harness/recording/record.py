@@ -19,6 +19,7 @@ OPTIONAL_DETAIL = (
     "warnings",
     "stderr_tail",
     "traceback",
+    "cause",
     "ranks_failed",
     "check",
     "rank_stacks",
@@ -46,6 +47,8 @@ class Outcome(TypedDict, total=False):
     warnings: list[str]
     stderr_tail: str
     traceback: str
+    #: The first exception of a chained one (what the last one was raised while handling), where it differs.
+    cause: str
     ranks_failed: list[int]
     check: str
     rank_stacks: dict[str, str]

@@ -205,9 +205,11 @@ def headline(v: Verdict, spec: dict[str, Any] | None, code: Format = str, text: 
         if v.partly:
             lines.append("partly: " + " · ".join(named(n, f"{k}/{len(hits)}") for n, k in v.partly))
         if v.not_fixed:
-            lines.append("not fixed by: " + ", ".join(f"{text(n)} [{text(', '.join(s))}]" for n, s in v.not_fixed))
+            lines.append(
+                "not fixed by: " + ", ".join(f"{text(fix_words(n))} [{text(', '.join(s))}]" for n, s in v.not_fixed)
+            )
         if v.not_applicable:
-            lines.append("not applicable here: " + ", ".join(text(n) for n in v.not_applicable))
+            lines.append("not applicable here: " + ", ".join(text(fix_words(n)) for n in v.not_applicable))
     elif v.state == "not-reproduced":
         lines = [f"target not reproduced (0/{v.candidates})"]
     else:

@@ -15,6 +15,7 @@ over every failure, and per failure what one move of each of its packages ends a
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -24,9 +25,17 @@ from typing import Any
 from harness.errors import UsageError
 from harness.knowledge.judge import Query, evaluate
 from harness.knowledge.ways_out import way_out
-from harness.paths import RESULTS_DIR
+from harness.paths import MEASURED_FOLDER, RESULTS_DIR
 from harness.publishing.advisories import JUDGE_FILE, read_tables
-from harness.tools.user_files import Pins, environment_pins, loose_ranges, read_pins, read_setup
+from harness.tools.user_files import (
+    Pins,
+    environment_pins,
+    loose_ranges,
+    read_pins,
+    read_setup,
+    read_text,
+    requirement_name,
+)
 
 FORMATS = ("columns", "json", "markdown")
 
@@ -49,6 +58,10 @@ class Report:
     query: Query
     every: list[dict[str, Any]] = field(default_factory=list)
     loose: list[str] = field(default_factory=list)
+    #: The requirements files read (a way out is printed as a diff of one; none for lockfiles and environments).
+    requirements: list[Path] = field(default_factory=list)
+    #: Print the way out in full (a requirements diff and the install lines), as `--fix` asks.
+    fix: bool = False
 
     @cached_property
     def way_out(self) -> dict[str, Any]:
@@ -75,7 +88,22 @@ def load_tables(results_dir: Path) -> dict[str, Any]:
         folder = PACKAGED
     if not (folder / JUDGE_FILE).is_file():
         raise UsageError(f"no {folder / JUDGE_FILE}: run `nox -s report` first")
+    if measured_since(results_dir, (folder / JUDGE_FILE).stat().st_mtime):
+        return tables_from_records(results_dir)
     return read_tables(folder)
+
+
+def measured_since(results_dir: Path, when: float) -> bool:
+    """Whether a run was measured here (`lookup --measure`, `audit --fix --measure`) after the tables were written:
+    then the judge reads the records themselves, so the next audit of those pins answers from that run."""
+    return any(p.stat().st_mtime > when for p in (results_dir / MEASURED_FOLDER).glob("*/runs/*/records.jsonl"))
+
+
+def tables_from_records(results_dir: Path) -> dict[str, Any]:
+    from harness.define.registry import discover
+    from harness.knowledge.atlas import Atlas
+
+    return Atlas(results_dir, {s.id: s.spec for s in discover()}).tables
 
 
 def audit(tables: dict[str, Any], query: Query) -> Report:
@@ -140,7 +168,12 @@ def as_json(report: Report) -> dict[str, Any]:
         else:
             entry |= {"way_out": answer.get("way_out")}
         found.append(entry)
-    return {"answers": found, "way_out": report.way_out, "totals": _totals(report), "not_judged": report.loose}
+    pins = report.way_out.get("pins") or {}
+    install = dict(zip(("uv", "pip"), install_lines(pins), strict=True)) if pins else {}
+    if pins:
+        install["diff"] = [line[2:] for line in _diff(report, pins)]
+    return {"answers": found, "way_out": report.way_out | {"install": install}, "totals": _totals(report),
+            "not_judged": report.loose}  # fmt: skip
 
 
 def _summary(failure: dict[str, Any]) -> str:
@@ -234,7 +267,9 @@ def note_lines(report: Report, failure_id: str) -> list[str]:
             continue
         verb = "upgrade" if note["direction"] == "upgrade" else "pin"
         brings = [f"{i} ({report.failure(i)['scenario']})" for i in note["brings"] if i != failure_id]
-        lines.append(f"{verb} {note['package']} to {note['release']} (measured): ends it"
+        along = note.get("along") or {}
+        needs = f" with {', '.join(f'{p} {v}' for p, v in along.items())} (what it declares it needs)" if along else ""
+        lines.append(f"{verb} {note['package']} to {note['release']}{needs} (measured): ends it"
                      + (f"; brings {', '.join(brings)}" if brings else ""))  # fmt: skip
     if stays and not lines:
         lines.append("no measured release ends it: a fix of the setup below")
@@ -242,21 +277,55 @@ def note_lines(report: Report, failure_id: str) -> list[str]:
 
 
 def way_out_lines(report: Report) -> list[str]:
-    """The one recommended set of pins, as a requirements diff and the install lines."""
+    """The one recommended set of pins: one line, or under `--fix` as a requirements diff (a unified diff of the user's
+    requirements file where one was read) and the install lines."""
     found = report.way_out
     if not found.get("pins"):
         return [f"way out: {found['none']}"] if found.get("none") else []
     pins = found["pins"]
-    lines = ["recommended pins (each release measured; judged again over every known failure):"]
-    lines += [f"  - {p}=={found['from'][p]}" if found["from"].get(p) else f"  - {p} (not pinned)" for p in pins]
-    lines += [f"  + {p}=={v}" for p, v in pins.items()]
-    lines.append("  uv add " + " ".join(f"'{p}=={v}'" for p, v in pins.items()))
-    lines.append("  pip install " + " ".join(f"'{p}=={v}'" for p, v in pins.items()))
+    if not report.fix:
+        lines = ["recommended pins (each release measured; judged again over every known failure): "
+                 + " ".join(f"{p}=={v}" for p, v in pins.items())
+                 + " (--fix: as a diff and install lines; --fix --measure: proven by a run here)"]  # fmt: skip
+    else:
+        lines = ["recommended pins (each release measured; judged again over every known failure):"]
+        lines += _diff(report, pins) or [
+            *(f"  - {p}=={found['from'][p]}" if found["from"].get(p) else f"  - {p} (not pinned)" for p in pins),
+            *(f"  + {p}=={v}" for p, v in pins.items()),
+        ]
+        lines += [f"  {line}" for line in install_lines(pins)]
     if found.get("still"):
         lines.append(f"  it leaves applying: {', '.join(found['still'])} ({found['none']})")
     if found.get("leaves"):
         lines.append(f"  it leaves undecided (not measured there): {len(found['leaves'])} failure(s)")
     return lines
+
+
+def install_lines(pins: dict[str, str]) -> tuple[str, str]:
+    """The `uv add` and `pip install` lines that move to the pins."""
+    quoted = " ".join(f"'{p}=={v}'" for p, v in pins.items())
+    return f"uv add {quoted}", f"pip install {quoted}"
+
+
+def _diff(report: Report, pins: dict[str, str]) -> list[str]:
+    """A unified diff of the requirements file that pins the moved packages (empty where none was read: a lockfile
+    is changed by `uv add`, not by hand)."""
+    if not report.requirements:
+        return []
+    naming = [p for p in report.requirements if set(pins) & set(map(requirement_name, read_text(p).splitlines()))]
+    source = (naming or report.requirements)[0]
+    before = read_text(source).splitlines()
+    after, done = [], set()
+    for line in before:
+        name = requirement_name(line)
+        if name in pins:
+            after.append(f"{name}=={pins[name]}")
+            done.add(name)
+        else:
+            after.append(line)
+    after += [f"{p}=={v}" for p, v in pins.items() if p not in done]
+    diff = difflib.unified_diff(before, after, str(source), str(source), lineterm="", n=1)
+    return [f"  {line}" for line in diff]
 
 
 def markdown(report: Report) -> str:
@@ -290,11 +359,14 @@ def measure_command(failure: dict[str, Any], query: Query) -> str:
             f"{' --setup ' + setup if setup else ''} --measure`")  # fmt: skip
 
 
-def command(args: Any) -> int:
+def command(args: Any) -> Report:
+    """Read the user's files, judge, print the answer; the report (its `gate` is the exit code)."""
     if sum(bool(x) for x in (args.files, args.env, args.python)) != 1:
         raise UsageError("give one of: lockfiles or requirements files, --env, or --python PATH")
     if args.gpus is not None and args.gpus < 0:
         raise UsageError(f"--gpus {args.gpus}: give 0 (a CPU run) or how many GPUs you train on")
+    if args.measure and not args.fix:
+        raise UsageError("--measure proves the way out --fix prints: give --fix --measure")
     found = Pins()
     if args.files:
         for path in args.files:
@@ -302,6 +374,7 @@ def command(args: Any) -> int:
             found.pins |= more.pins
             found.loose += more.loose
             found.partial = found.partial or more.partial
+            found.requirements += more.requirements
     else:
         found.pins = environment_pins(args.python)
     user = read_setup(args.accelerate_config, args.deepspeed_config, args.setup or [], args.trainer_config, found.pins)
@@ -311,6 +384,6 @@ def command(args: Any) -> int:
         tables, found.pins, user.setup, found.loose, found.partial, gpus, args.device, args.ignore_id or []
     )
     report = audit(tables, query)
-    report.loose = found.loose
+    report.loose, report.requirements, report.fix = found.loose, found.requirements, args.fix
     print(render(report, args.format))
-    return report.gate(args.strict)
+    return report

@@ -160,7 +160,7 @@ def judged_lines(
     stack = {p: str(public_version(v)) for p, v in versions.items() if p in AXIS_PACKAGES}
     query = Query(stack, {}, device, gpus or None)
     answers = here.judge(query)
-    report = Report(answers, here.tables, query, answers)
+    report = Report(answers, here.tables, query, answers, fix=True)
     lines = ["", "what the atlas says of these releases (your runs above included):"]
     for answer in (a for a in answers if a["state"] in SHOWN and a["scenario"] in live):
         lines += answer_lines(report, answer)

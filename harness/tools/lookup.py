@@ -124,7 +124,7 @@ def render(atlas: Atlas, query: Query, scenarios: list[str], items: list[str] | 
     """The terminal answer: what was asked, per scenario the records at exactly these releases and each known failure's
     answer, then the way out over all of them."""
     answers = atlas.judge(query)
-    report = Report(answers, atlas.tables, query, answers)
+    report = Report(answers, atlas.tables, query, answers, fix=True)
     where = query.device or "any device"
     lines = [
         "asked: " + ", ".join(f"{p} {v}" for p, v in query.versions.items())

@@ -1,10 +1,12 @@
 """`compat-matrix lookup PINS --measure`: the asked releases measured here when no record holds them.
 
 The stack is the nearest older install day's (the history profile's date rule), every asked package moved to its
-release (a prefix like `4.46` takes its newest patch), the rest as of that day; where the asked release cannot install
-as of it, the dependencies resolve as of the newer bracketing day, the other axis packages still held. The scenarios
-asked about run their seed configs with every fix, as a one-cell matrix run under `results/measured/<stack>/`; the
-answer is then read from that row like any other record (`lookup` reads `results/measured/` with the probes).
+release (a prefix like `4.46` takes its newest patch), the rest as of that day, or as of the day the newest asked
+release came out where that is later (its dependencies need releases of that day); where the asked release cannot
+install as of it, the dependencies resolve as of the newer bracketing day, the other axis packages still held. The
+scenarios asked about run their seed configs with every fix, as a one-cell matrix run under
+`results/measured/<stack>/`; the answer is then read from that row like any other record (`lookup` reads
+`results/measured/` with the probes).
 """
 
 from __future__ import annotations
@@ -21,12 +23,10 @@ from harness.define.profile import DATE_AXIS, Profile, load_profile
 from harness.errors import UsageError, stopped_by
 from harness.execution.matrix import run_matrix
 from harness.execution.options import MatrixOptions
-from harness.paths import MATRIX_DIR
+from harness.paths import MATRIX_DIR, MEASURED_FOLDER
 from harness.tools.flips import held_stack
 from harness.versions import releases
 from harness.versions.matching import at_most, matches
-
-MEASURED = "measured"
 
 
 def exact_release(package: str, wanted: str, python: str | None) -> str:
@@ -64,22 +64,30 @@ def measure(
     versions = {p: v for p, v in base.versions.items() if p in AXIS_PACKAGES} | pins
     today = os.environ.get("COMPAT_MATRIX_TODAY") or dt.date.today().isoformat()
     label = "+".join([str(base.date), *(f"{p}-{v}" for p, v in sorted(pins.items()))])
-    out_dir = results_dir / MEASURED / label
+    out_dir = results_dir / MEASURED_FOLDER / label
     say(f"measuring {', '.join(f'{p} {v}' for p, v in pins.items())} on the {base.date} stack "
         f"({', '.join(f'{p} {v}' for p, v in versions.items() if p not in pins)}): {', '.join(scenarios)}")  # fmt: skip
-    days = [str(base.date)] + ([str(newer.date)] if newer is not None else [])
+    days = resolution_days(str(base.date), str(newer.date) if newer is not None else None, pins)
     for day in days:
         stack = _stack(history, versions, day, tuple(pins), today, label)
         summary = run_matrix(stack, _options(results_dir, out_dir, scenarios))
         if summary.interrupted:
             raise stopped_by(summary.signal)
-        if not _could_not_install(summary.run_dir):
+        if not could_not_install(summary.run_dir):
             return summary.run_dir
         say(
             f"  the stack does not install with dependencies as of {day}"
             + ("; trying the next day's" if day != days[-1] else "")
         )
     return summary.run_dir
+
+
+def resolution_days(base: str, newer: str | None, pins: dict[str, str]) -> list[str]:
+    """The days whose dependencies are tried, in order: the base day, or the day the newest asked release came out
+    where that is later (transformers 5.15.0 needs a huggingface-hub no 2024 day has); then the next atlas day."""
+    released = [d for d in (releases.release_day(p, v) for p, v in pins.items()) if d]
+    first = max([base, *released])
+    return [first] + ([newer] if newer and newer > first else [])
 
 
 def _stack(history: Profile, versions: dict[str, str], day: str, moved: tuple[str, ...], today: str,
@@ -98,11 +106,26 @@ def _options(results_dir: Path, out_dir: Path, scenarios: list[str]) -> MatrixOp
     )  # fmt: skip
 
 
-def _could_not_install(run_dir: Path) -> bool:
+def did_not_run(run_dir: Path) -> str | None:
+    """Why the run's stack installed and ran nothing (every record env-broken: it does not import), or None."""
     from harness.recording.records import read_records
 
     records = read_records(run_dir / "records.jsonl", warn=False)
-    return bool(records) and all(r["outcome"] == "install-failed" for r in records)
+    if not records or any(r["outcome"] != "env-broken" for r in records):
+        return None
+    return str(records[0].get("message") or records[0].get("signature") or "env-broken").splitlines()[0]
+
+
+def could_not_install(run_dir: Path) -> str | None:
+    """Why the run's stack did not install (the resolver's cause), or None where it did."""
+    from harness.recording.records import read_records
+
+    records = read_records(run_dir / "records.jsonl", warn=False)
+    if not records or any(r["outcome"] != "install-failed" for r in records):
+        return None
+    message = records[0].get("message") or "the install failed"
+    cause = [line.strip() for line in message.splitlines() if line.strip().startswith(("cause:", "Because"))]
+    return (cause[0].removeprefix("cause:").strip() if cause else message.splitlines()[0]).strip()
 
 
 def date_of(record: dict[str, Any]) -> str | None:

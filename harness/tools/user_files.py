@@ -44,6 +44,8 @@ class Pins:
     pins: dict[str, str] = field(default_factory=dict)
     loose: list[str] = field(default_factory=list)
     partial: bool = False
+    #: The requirements files read (a way out is printed as a diff of them).
+    requirements: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -98,6 +100,7 @@ def read_pins(path: Path) -> Pins:
     else:
         found = _requirement_pins(path, text, depth=0)
         found.partial = True
+        found.requirements = [path]
     if not found.pins and not found.loose:
         raise UsageError(f"{path}: read as nothing: no requirement and no locked package in it")
     return found
@@ -131,7 +134,7 @@ _DIRECT = re.compile(r"^(git\+|hg\+|svn\+|bzr\+|https?://|file:|\.{1,2}/|/|[A-Za
 def _requirement_pins(path: Path, text: str, depth: int) -> Pins:
     found = Pins(partial=True)
     for number, raw in enumerate(text.splitlines(), 1):
-        line = re.split(r"\s+#", raw, maxsplit=1)[0].strip()
+        line = _without_comment(raw)
         if not line or line.startswith("#"):
             continue
         include = re.match(r"^(-r|--requirement|-c|--constraint)\s*=?\s*(\S+)$", line)
@@ -154,6 +157,22 @@ def _requirement_pins(path: Path, text: str, depth: int) -> Pins:
         else:
             found.loose.append(str(requirement))
     return found
+
+
+def _without_comment(raw: str) -> str:
+    return re.split(r"\s+#", raw, maxsplit=1)[0].strip()
+
+
+def requirement_name(raw: str) -> str | None:
+    """The package a requirements line names (canonical), or None for a comment, an option, an include or a direct
+    reference: the lines a way out's diff rewrites."""
+    line = _without_comment(raw).rstrip("\\").strip()
+    if not line or line.startswith(("#", "-")) or " @ " in line or _DIRECT.match(line):
+        return None
+    try:
+        return str(canonicalize_name(Requirement(line).name))
+    except InvalidRequirement:
+        return None
 
 
 def _include(path: Path, name: str, depth: int, found: Pins) -> None:
@@ -254,7 +273,7 @@ def _boolean(path: Path, key: str, value: Any) -> str | None:
 
 
 def _choice(path: Path, key: str, value: Any, allowed: Any) -> Any:
-    if value not in allowed:
+    if isinstance(value, bool) or value not in allowed:  # `fsdp_version: true` is not 1
         raise UsageError(f"{path}: {key} is {value!r}: expected one of {', '.join(map(str, allowed))}")
     return value
 

@@ -123,6 +123,17 @@ def apply_rule(versions: list[Version], rule: ReleaseRule) -> list[Version]:
     return chosen
 
 
+def release_day(package: str, version: str) -> str | None:
+    """The day after the release's first file appeared on the index (a stack resolved as of it can install the
+    release with the dependencies it needs), or None where the index gives no upload time."""
+    uploaded = [
+        dt.datetime.fromisoformat(item["upload-time"].replace("Z", "+00:00"))
+        for item in index_files(package)
+        if item.get("upload-time") and version_of(item.get("filename", "")) == Version(version)
+    ]
+    return (min(uploaded) + dt.timedelta(days=1)).date().isoformat() if uploaded else None
+
+
 def minor_release_days(rule: DateRule, today: dt.date | None = None) -> list[str]:
     """The day after each minor release of the rule's package first appeared on the index (so that minor is the
     newest one can install that day), plus today: one era-consistent stack per minor."""

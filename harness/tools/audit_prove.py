@@ -1,0 +1,163 @@
+"""`compat-matrix audit --fix --measure`: the recommended way out proven by a run, not only advised.
+
+pip-audit's `--fix` and Dependabot upgrade without running anything. Here the stack the way out names (the user's
+pins with the recommended moves) is built on CPU over the nearest atlas day (`tools/measure.py`, as `lookup
+--measure` does), the seed configs of every scenario whose failure applied run with their fixes, and the run is
+recorded under `results/measured/`. The judge then answers again from the tables with that run in them: each failure
+that applied is "measured clean at these exact releases", still failing, or undecided, and says so. A failure that
+shows only on GPUs cannot run here: it gets the command that measures it on a GPU node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from harness.define.packages import AXIS_PACKAGES
+from harness.knowledge.judge import evaluate
+from harness.knowledge.ways_out import BLOCKING, ENDED
+from harness.tools.audit import Report
+
+#: What each answer after the run is called.
+AFTER_WORDS = {
+    "clean": "measured clean",
+    "not-applicable": "no longer concerns this setup",
+    "cleared": "cleared by the setup's fix",
+    "undecided": "UNDECIDED",
+    "applies": "STILL APPLIES",
+    "applies-if": "STILL APPLIES IF its condition holds",
+    "range": "RANGE",
+}
+
+
+def target_pins(report: Report) -> dict[str, str]:
+    """The releases after the fix: every axis package the user pinned, with the recommended moves."""
+    pinned = {p: v for p, v in report.query.versions.items() if p in AXIS_PACKAGES}
+    return pinned | dict(report.way_out.get("pins") or {})
+
+
+def applying(report: Report) -> list[dict[str, Any]]:
+    return [a for a in report.answers if a["state"] in BLOCKING]
+
+
+#: How many ways out one `--measure` builds: a stack measured not to run is left out by the judge from then on, and
+#: the next way out is built in its place.
+MOST_ATTEMPTS = 2
+
+
+def prove(report: Report, results_dir: Path, say: Any = print) -> tuple[list[str], int]:
+    """Measure the way out here (unless a record already holds it) and judge every failure that applied again.
+    Returns the lines to print and the exit code: 0 when every failure that applied is measured clean at exactly
+    these releases (or ended by the setup), 1 otherwise."""
+    from harness.define.registry import discover
+    from harness.tools.audit import audit
+
+    before = applying(report)
+    if not before:
+        return ["nothing applies: no way out to measure"], 0
+    specs = {s.id: s.spec for s in discover()}
+    here = sorted({a["scenario"] for a in before if a["device"] == "cpu"})
+    lines: list[str] = []
+    for attempt in range(1, MOST_ATTEMPTS + 1):
+        if not report.way_out.get("pins"):
+            return [*lines, f"not proven: no way out to build ({report.way_out.get('none') or 'none found'})"], 1
+        pins = target_pins(report)
+        lines.append(f"the way out measured ({attempt} of at most {MOST_ATTEMPTS}): "
+                     + ", ".join(f"{p}=={v}" for p, v in sorted(pins.items())))  # fmt: skip
+        atlas, why = _measured(results_dir, specs, report, pins, here, lines, say)
+        if why is None:
+            break
+        lines.append(f"  it does not run here ({why}): the judge leaves it out from now on")
+        if why.startswith("does not install"):
+            return [*lines, "not proven: the recommended releases do not install together"], 1
+        report = audit(atlas.tables, report.query)
+        report.fix = True
+    else:
+        return [*lines, f"not proven: none of {MOST_ATTEMPTS} ways out ran here"], 1
+    after = {a["id"]: a for a in evaluate(atlas.tables, replace(report.query, versions=pins, ranges={}))}
+    other = _other_failures(atlas, pins)
+    proven = True
+    for answer in before:
+        now = after.get(answer["id"]) or _same_failure(after, answer)
+        lines.append(_after_line(answer, now, report))
+        if now is not None and now["state"] == "undecided" and answer["scenario"] in other:
+            lines.append(f"           its records there fail with: {other[answer['scenario']]}")
+        proven &= now is not None and now["state"] in ENDED and (now["state"] != "clean" or now["sure"] == "exact")
+    brought = [a for i, a in after.items() if a["state"] in BLOCKING and i not in {b["id"] for b in before}]
+    for answer in brought:
+        lines.append(f"BROUGHT    {answer['id']} ({answer['scenario']}): {answer['why']}")
+    proven &= not brought
+    lines.append(
+        "every failure that applied is measured clean at these exact releases or ended by the setup"
+        if proven
+        else "not proven: the lines above say which failure is not measured clean at these exact releases"
+    )
+    return lines, 0 if proven else 1
+
+
+def _measured(
+    results_dir: Path, specs: dict[str, Any], report: Report, pins: dict[str, str], here: list[str],
+    lines: list[str], say: Any,
+) -> tuple[Any, str | None]:  # fmt: skip
+    """(the atlas with the run of these pins in it, why the stack did not run or None): the scenarios no record at
+    exactly these releases holds are run here."""
+    from harness.knowledge.atlas import Atlas
+    from harness.tools.lookup import observed_at
+    from harness.tools.measure import could_not_install, did_not_run, measure
+
+    atlas = Atlas(results_dir, specs)
+    asked = replace(report.query, versions=pins, ranges={}, device="cpu", gpus=0)
+    missing = [s for s in here if not observed_at(atlas, s, asked)]
+    if not missing:
+        if here:
+            lines.append("  already recorded at these releases: " + ", ".join(here))
+        return atlas, None
+    run_dir = measure(results_dir, atlas.days("cpu"), pins, missing, say)
+    lines.append(f"  recorded: {run_dir}")
+    failed = could_not_install(run_dir)
+    why = f"does not install: {failed}" if failed else did_not_run(run_dir)
+    return Atlas(results_dir, specs), (f"does not import: {why}" if why and not failed else why)
+
+
+def _other_failures(atlas: Any, pins: dict[str, str]) -> dict[str, str]:
+    """scenario -> the error its records at exactly these releases fail with most, where it is not a failure the
+    scenario knows (unclassified): what kept the run from deciding a failure either way."""
+    from collections import Counter
+
+    found: dict[str, Counter[str]] = {}
+    for record in atlas.probes:
+        versions = record.get("versions") or {}
+        if all(versions.get(p) == v for p, v in pins.items()) and str(record.get("signature")).startswith(
+            "unclassified"
+        ):
+            message = str(record.get("message") or "").strip().splitlines()
+            found.setdefault(record["scenario"], Counter())[message[-1] if message else record["signature"]] += 1
+    return {s: c.most_common(1)[0][0] for s, c in found.items()}
+
+
+def _same_failure(after: dict[str, dict[str, Any]], answer: dict[str, Any]) -> dict[str, Any] | None:
+    """A failure whose id changed with the new records (its configs regrouped): its scenario's and device's answer
+    that is worst, else None."""
+    mine = [a for a in after.values() if a["scenario"] == answer["scenario"] and a["device"] == answer["device"]]
+    order = ("applies", "applies-if", "range", "undecided", "cleared", "clean", "not-applicable")
+    mine = [a for a in mine if a["state"] in order]
+    return min(mine, key=lambda a: order.index(a["state"])) if mine else None
+
+
+def _after_line(before: dict[str, Any], now: dict[str, Any] | None, report: Report) -> str:
+    failure = report.failure(before["id"])
+    head = f"{before['id']} ({failure['scenario']}, {'GPUs' if failure['device'] == 'cuda' else 'CPU'})"
+    if failure["device"] == "cuda" and (now is None or now["sure"] != "exact"):
+        from harness.tools.audit import install_lines
+
+        gpus = report.query.gpus or max(failure.get("world_sizes") or [1])
+        return (f"ON A GPU NODE {head}: not measurable here; on {gpus} GPU(s), in your environment: "
+                f"`{install_lines(report.way_out.get('pins') or {})[1]} && compat-matrix check --scenario "
+                f"{failure['scenario']}`")  # fmt: skip
+    if now is None:
+        return f"UNDECIDED  {head}: the judge holds no answer for it after the run"
+    words = AFTER_WORDS.get(now["state"], now["state"])
+    if now["state"] == "clean":
+        words += " at these exact releases" if now["sure"] == "exact" else f" ({now['sure']}, not at these releases)"
+    return f"{words:10} {head}: {now['why']}"
