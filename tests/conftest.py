@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 from hypothesis import HealthCheck, is_hypothesis_test, seed, settings
@@ -65,6 +67,17 @@ def missing_component(component: str, why: str) -> NoReturn:
     log = logs / f"install-{component}.log"
     shown = log.read_text(errors="replace")[-4000:] if log.is_file() else f"(no install log at {log})"
     pytest.fail(f"{component} is required under CI=true and is missing: {why}\n--- {log} ---\n{shown}")
+
+
+def run_node(script: str, *args: str, timeout: int = 600) -> Any:
+    """The JSON a node script writes (`node -e script args...`): how the page's own JavaScript (judge.js, read.js,
+    config.js) is held to Python's here, without a browser."""
+    node = shutil.which("node") or shutil.which("nodejs")
+    if node is None:
+        missing_component("nodejs", "node is not installed (Debian: apt-get install nodejs; .ci/run does)")
+    done = subprocess.run([node, "-e", script, *args], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 @pytest.fixture

@@ -79,8 +79,8 @@ def test_every_flip_of_the_table_without_an_upstream_record_is_accounted_for() -
     records = selection.latest()[0]
     verdicts = dated_verdicts([r for r in records if (r.get("pins") or {}).get("date")], specs)[2]
     unaccounted = []
+    from harness.knowledge.flips import watched_flips
     from harness.publishing.atlas import change_upstream
-    from harness.publishing.growth import watched_flips
 
     for flip in [*newest_flips(RESULTS, selection.run_ids), *watched_flips(RESULTS)]:
         if flip.changes:

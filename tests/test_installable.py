@@ -4,8 +4,6 @@ the stack after the moves, and the page's port reads specifiers as Python does."
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from harness.knowledge.ways_out import way_out
 from harness.paths import DECLARED_FILE
 from harness.publishing.advisories import read_tables
 from harness.versions.declared import axis_requirements, read_declared, wheel_metadata
-from tests.conftest import REPO_ROOT, missing_component
+from tests.conftest import REPO_ROOT, run_node
 
 JUDGE_JS = REPO_ROOT / "harness" / "publishing" / "site_judge.js"
 OLD_STACK = {"torch": "2.4.1", "transformers": "4.46.3", "peft": "0.13.2", "accelerate": "1.0.1", "deepspeed": "0.15.4"}
@@ -41,9 +39,6 @@ def test_admits_reads_a_specifier_as_packaging_does(specifier: str, release: str
 
 
 def test_the_page_reads_specifiers_as_python_does(tmp_path: Path) -> None:
-    node = shutil.which("node") or shutil.which("nodejs")
-    if node is None:
-        missing_component("nodejs", "node is not installed (Debian: apt-get install nodejs; .ci/run does)")
     cases = [(s, r) for s in ("<3,>=2.3", "~=1.1", "~=2.4.1", "==2.4.*", "!=2.5.*", ">2.4", "===2.4.1", ">=2.5")
              for r in ("2.3.0", "2.4", "2.4.1", "2.5.0", "1.1.5", "1.2.0", "3.0.0", "2.4.1+cpu")]  # fmt: skip
     (tmp_path / "cases.json").write_text(json.dumps(cases))
@@ -51,10 +46,9 @@ def test_the_page_reads_specifiers_as_python_does(tmp_path: Path) -> None:
         "const judge = require(process.argv[1]); const cases = require(process.argv[2]);"
         "process.stdout.write(JSON.stringify(cases.map(([s, r]) => judge.admits(s, r))));"
     )
-    done = subprocess.run([node, "-e", script, str(JUDGE_JS), str(tmp_path / "cases.json")], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == [admits(s, r) for s, r in cases]
+    assert run_node(script, str(JUDGE_JS), str(tmp_path / "cases.json"), timeout=120) == [
+        admits(s, r) for s, r in cases
+    ]
     assert [admits(s, r) for s, r in cases if r == "2.4.1+cpu"] == [True, False, True, True, True, True, False, False]
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ import pytest
 from harness.knowledge.judge import Query, evaluate
 from harness.knowledge.ways_out import way_out
 from harness.publishing.advisories import read_tables
-from tests.conftest import REPO_ROOT, missing_component
+from tests.conftest import REPO_ROOT, run_node
 
 TABLES = REPO_ROOT / "results" / "advisories"
 JUDGE_JS = REPO_ROOT / "harness" / "publishing" / "site_judge.js"
@@ -72,9 +70,6 @@ def python_answers(tables: dict[str, Any], queries: list[dict[str, Any]]) -> lis
 
 
 def node_answers(tmp_path: Path, tables_file: Path, queries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    node = shutil.which("node") or shutil.which("nodejs")
-    if node is None:
-        missing_component("nodejs", "node is not installed (Debian: apt-get install nodejs; .ci/run does)")
     (tmp_path / "queries.json").write_text(json.dumps(queries))
     script = (
         "const fs = require('fs'); const judge = require(process.argv[1]);"
@@ -84,10 +79,7 @@ def node_answers(tmp_path: Path, tables_file: Path, queries: list[dict[str, Any]
         " return { answers: a, way_out: judge.wayOut(tables, q, a) }; });"
         "process.stdout.write(JSON.stringify(out));"
     )
-    done = subprocess.run([node, "-e", script, str(JUDGE_JS), str(tables_file), str(tmp_path / "queries.json")],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return run_node(script, str(JUDGE_JS), str(tables_file), str(tmp_path / "queries.json"))
 
 
 def test_python_and_the_page_judge_every_vector_alike(tmp_path: Path) -> None:

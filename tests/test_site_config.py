@@ -5,8 +5,6 @@ users put there: yes/no, auto, numbers as text, nulls, lists), site_config.js un
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,7 @@ from hypothesis import strategies as st
 
 from harness.errors import UsageError
 from harness.tools.user_files import read_accelerate, read_deepspeed, read_text, read_trainer
-from tests.conftest import REPO_ROOT, missing_component
+from tests.conftest import REPO_ROOT, run_node
 
 SITE_CONFIG = REPO_ROOT / "harness" / "publishing" / "site_config.js"
 CORPUS = REPO_ROOT / "tests" / "audit_inputs"
@@ -34,9 +32,6 @@ def python_read(path: Path, kind: str) -> dict[str, Any]:
 
 
 def node_read(tmp_path: Path, cases: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    node = shutil.which("node") or shutil.which("nodejs")
-    if node is None:
-        missing_component("nodejs", "node is not installed (Debian: apt-get install nodejs; .ci/run does)")
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     script = (
         "const c = require(process.argv[1]); const cases = require(process.argv[2]);"
@@ -45,23 +40,16 @@ def node_read(tmp_path: Path, cases: list[tuple[str, str]]) -> list[dict[str, An
         " try { const r = c.readConfig(text, kind, pins); return { setup: r.setup, gpus: r.gpus }; }"
         " catch (e) { if (e instanceof c.NotRead) return { refused: true }; throw e; } })));"
     )
-    done = subprocess.run([node, "-e", script, str(SITE_CONFIG), str(tmp_path / "cases.json")], capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return run_node(script, str(SITE_CONFIG), str(tmp_path / "cases.json"), timeout=300)
 
 
 def node_parse(tmp_path: Path, text: str) -> Any:
-    node = shutil.which("node") or shutil.which("nodejs")
     (tmp_path / "doc.json").write_text(json.dumps(text))
     script = (
         "const c = require(process.argv[1]);"
         "process.stdout.write(JSON.stringify(c.parseYaml(require(process.argv[2]))));"
     )
-    done = subprocess.run([str(node), "-e", script, str(SITE_CONFIG), str(tmp_path / "doc.json")], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return run_node(script, str(SITE_CONFIG), str(tmp_path / "doc.json"), timeout=120)
 
 
 def _files() -> list[tuple[Path, str]]:

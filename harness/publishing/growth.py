@@ -103,18 +103,6 @@ def lately(results_dir: Path, profile_name: str = "history") -> dict[str, Any]:
     return {"newest_day": newest, "changed": changed, "watch": watch}
 
 
-def watched_flips(results_dir: Path) -> list[Any]:
-    """The release watch's named flips (results/watch/<day>/flips.json, and a GPU profile's watch in
-    results/watch/<day>/<profile>/flips.json): each release that changed a target alone."""
-    from harness.recording.flip import Flip
-
-    found = []
-    watch = results_dir / "watch"
-    for path in sorted([*watch.glob("*/flips.json"), *watch.glob("*/*/flips.json")]):
-        found += [Flip.from_json(entry) for entry in json.loads(path.read_text())]
-    return found
-
-
 def lately_markdown(found: dict[str, Any]) -> list[str]:
     """The section's lines (empty where there is no dated atlas)."""
     if not found.get("newest_day"):
