@@ -955,6 +955,14 @@ COMMANDS: tuple[Command, ...] = (
             Option(("finding",), nargs="?", default=None, metavar="ID", help="a finding's folder name"),
             Option(("--verify",), action="store_true", help="run and trace the reproducer at both releases"),
             Option(
+                ("--blame",),
+                action="store_true",
+                help=(
+                    "with --verify: put the changed functions back to the good release's source at the bad release "
+                    "and shrink them (ddmin) to the smallest set that gives the good outcome; blame.json"
+                ),
+            ),
+            Option(
                 ("--node-wheels",),
                 type=Path,
                 metavar="DIR",

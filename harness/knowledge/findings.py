@@ -36,6 +36,8 @@ class Finding:
     link: str = ""
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)
     changed: dict[str, Any] | None = None
+    #: What putting the changed code back showed (`blame.json`, `findings ID --verify --blame`), where it ran.
+    blame: dict[str, Any] | None = None
     #: GPUs the reproducer needs (0: it runs on CPU with `uv run`).
     gpus: int = 0
     #: Where no atlas flip names the release (its onset day is masked): the probe run that showed it, the day it moved
@@ -73,11 +75,12 @@ def load_finding(folder: Path) -> Finding:
             run = json.loads(line)
             runs[run["side"]] = run  # the newest of each side
     changed = json.loads((folder / "changed.json").read_text()) if (folder / "changed.json").is_file() else None
+    blame = json.loads((folder / "blame.json").read_text()) if (folder / "blame.json").is_file() else None
     upstream = data.get("upstream") or {}
     return Finding(
         id=folder.name, folder=folder, **{k: str(data[k]) for k in _REQUIRED}, flip=data.get("flip") or {},
         searched=list(upstream.get("searched") or []), status=str(upstream.get("status") or "new"),
-        link=str(upstream.get("link") or ""), runs=runs, changed=changed, gpus=int(data.get("gpus") or 0),
+        link=str(upstream.get("link") or ""), runs=runs, changed=changed, blame=blame, gpus=int(data.get("gpus") or 0),
         probe=dict(data.get("probe") or {}),
     )  # fmt: skip
 

@@ -137,6 +137,7 @@ def issue_body(finding: Finding, results_dir: Path | None = None, spec: dict[str
         "",
         "### The code that changed\n",
         *_changed_lines(finding),
+        *_blame_lines(finding),
     ]
     fixes = fixes_that_pass(finding, results_dir, spec) if results_dir else []
     if fixes:
@@ -179,6 +180,26 @@ def _which_release(finding: Finding) -> str:
     else:
         where += f"last bad {finding.bad}, first good **{finding.good}**."
     return where + " The reproducer above, run at both releases with every other pin held, shows the same."
+
+
+def _blame_lines(finding: Finding) -> list[str]:
+    """What putting the changed code back showed: the blamed function(s) with their diffs and the runs that prove
+    it (`findings ID --verify --blame`)."""
+    blame = finding.blame
+    if not blame:
+        return []
+    lines = ["", "### What causes it\n", f"{blame['verdict'][0].upper()}{blame['verdict'][1:]} "
+             f"({len(blame['runs'])} runs of the reproducer, {blame.get('seconds', 0)} s)."]  # fmt: skip
+    diffs = {f"{c['file']}::{c['qualname']}": c["diff"] for c in (finding.changed or {}).get("changed", [])}
+    for name in blame["blamed"]:
+        if name in diffs:
+            lines += ["", f"`{name}`:", "", "```diff", diffs[name], "```"]
+    proof = [r for r in blame["runs"] if sorted(r["reverted"]) == sorted(n.removesuffix(" (whole module)")
+                                                                       for n in blame["blamed"])]  # fmt: skip
+    for run in proof[:1]:
+        lines += ["", f"With only that put back at {finding.package} {finding.bad}: `{run['line']}` "
+                  f"({run['outcome']} release's outcome, {run['seconds']} s)."]  # fmt: skip
+    return lines
 
 
 def _changed_lines(finding: Finding) -> list[str]:

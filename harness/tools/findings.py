@@ -63,11 +63,7 @@ def run_traced(text: str, package: str, trace_dir: Path, timeout_s: float = RUN_
     from harness.define.packages import import_name
 
     trace_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    if env.get("PIP_FIND_LINKS") and not env.get("UV_FIND_LINKS"):
-        env["UV_FIND_LINKS"] = env["PIP_FIND_LINKS"]  # the CPU torch wheel on disk (uv ignores pip.conf)
-    env.pop("PYTHONPATH", None)
-    env |= {
+    env = _uv_env() | {
         "PYTHONPATH": str(TRACER_DIR),
         "COMPAT_MATRIX_TRACE_PACKAGE": import_name(package),
         "COMPAT_MATRIX_TRACE_DIR": str(trace_dir),
@@ -94,6 +90,15 @@ def run_traced(text: str, package: str, trace_dir: Path, timeout_s: float = RUN_
         "stdout_tail": out[-_TAIL:],
         "stderr_tail": err[-_TAIL:],
     }
+
+
+def _uv_env() -> dict[str, str]:
+    """The environment a reproducer's `uv run` gets: this one, without PYTHONPATH, with pip's find-links for uv."""
+    env = dict(os.environ)
+    if env.get("PIP_FIND_LINKS") and not env.get("UV_FIND_LINKS"):
+        env["UV_FIND_LINKS"] = env["PIP_FIND_LINKS"]  # the CPU torch wheel on disk (uv ignores pip.conf)
+    env.pop("PYTHONPATH", None)
+    return env
 
 
 def run_on_node(text: str, package: str, version: str, wheels: Path, trace_dir: Path) -> dict[str, Any]:
@@ -147,7 +152,7 @@ def run_on_node(text: str, package: str, version: str, wheels: Path, trace_dir: 
     }
 
 
-def verify(folder: Path, say: Any = print, node_wheels: Path | None = None) -> dict[str, Any]:
+def verify(folder: Path, say: Any = print, node_wheels: Path | None = None, blame: bool = False) -> dict[str, Any]:
     """Run the finding's reproducer at the first bad and the last good release, traced, and record both runs and
     the changed code. Returns the two runs. A reproducer that needs GPUs runs where they are: with `node_wheels`,
     on the node's own stack (`run_on_node`); without, only where this machine has as many GPUs."""
@@ -186,10 +191,40 @@ def verify(folder: Path, say: Any = print, node_wheels: Path | None = None) -> d
         changed = changed_code.compare(
             finding.package, (finding.good, Path(traces) / "good"), (finding.bad, Path(traces) / "bad")
         )
+        if blame:
+            if node_wheels is not None:
+                raise UsageError("--blame runs with `uv run` here; on a GPU node it is not built yet")
+            _blame(folder, finding, bad_text, changed, Path(traces) / "good", sides, say)
     (folder / "changed.json").write_text(json.dumps(changed.as_json(), indent=1) + "\n")
     names = ", ".join(f"{c.file}::{c.qualname}" for c in changed.changed) or "none"
     say(f"  {changed.executed_both} {finding.package} functions ran in both; changed between the releases: {names}")
     return sides
+
+
+def _blame(
+    folder: Path, finding: Finding, bad_text: str, changed: Any, good_traces: Path, sides: dict[str, Any], say: Any
+) -> None:
+    """Put the changed functions back at the bad release until the smallest set that gives the good outcome is left
+    (`tools/blame.py`); written to blame.json."""
+    from harness.tools import blame as blaming
+
+    _, older_sources, _ = changed_code.read_traces(good_traces)
+    candidates = [blaming.Candidate(c.file, c.qualname) for c in changed.changed]
+    env = _uv_env()
+    with tempfile.TemporaryDirectory(prefix="finding-blame-") as scratch:
+        script = Path(scratch) / "repro.py"
+        script.write_text(bad_text)
+        command = [uv_binary(), "run", "--quiet", "--script", str(script)]
+
+        def run(plan: dict) -> dict:
+            found = blaming.run_reverted(command, env, plan, (sides["good"], sides["bad"]), cwd=Path(scratch))
+            say(f"  put back {len(plan['functions'])} function(s), {len(plan['modules'])} module(s): "
+                f"{found['outcome']} in {found['seconds']} s")  # fmt: skip
+            return found
+
+        result = blaming.blame(finding.package, finding.good, finding.bad, candidates, older_sources, run)
+    blaming.write(result, folder)
+    say(f"  blame: {result.verdict} ({len(result.runs)} runs, {result.seconds} s)")
 
 
 def findings_root(results_dir: Path) -> Path:
@@ -212,8 +247,8 @@ def command(args: Any) -> int:
     if not (folder / "finding.toml").is_file():
         known = ", ".join(sorted(p.parent.name for p in root.glob("*/finding.toml"))) or "none"
         raise UsageError(f"no finding {args.finding!r} under {root} (known: {known})")
-    if args.verify or args.node_wheels:
-        verify(folder, node_wheels=args.node_wheels)
+    if args.verify or args.node_wheels or args.blame:
+        verify(folder, node_wheels=args.node_wheels, blame=args.blame)
         return 0
     from harness.define.registry import discover
 
