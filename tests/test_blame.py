@@ -13,7 +13,17 @@ import zipfile
 from pathlib import Path
 
 from harness.tools import changed_code
-from harness.tools.blame import NEITHER, NEWER, OLDER, Candidate, blame, ddmin, run_reverted, source_with_decorators
+from harness.tools.blame import (
+    NEITHER,
+    NEWER,
+    OLDER,
+    Candidate,
+    blame,
+    converse,
+    ddmin,
+    run_reverted,
+    source_with_decorators,
+)
 from harness.tools.findings import TRACER_DIR
 
 CORE_1 = """
@@ -166,6 +176,12 @@ def test_blame_names_the_cause_on_a_package_pair_built_here(tmp_path: Path) -> N
     assert found.runs[0]["outcome"] == NEITHER  # everything put back: __init__ raises, no evidence either way
     assert any(r["reverted"] == ["toypkg/core.py::Scaler.apply"] and r["outcome"] == OLDER for r in found.runs)
     assert len(found.runs) <= 12, len(found.runs)
+    # The other way: 2.0's Scaler.apply put into 1.0's run gives 2.0's outcome.
+    _, newer_sources, _ = changed_code.read_traces(tmp_path / "trace-bad")
+    good_env = env | {"PYTHONPATH": str(good)}
+    converse(found, newer_sources, lambda plan: run_reverted([sys.executable, str(script)], good_env, plan,
+                                                              (older, newer), cwd=tmp_path, timeout_s=120))  # fmt: skip
+    assert found.converse["outcome"] == NEWER and "the other way" in found.verdict, found.converse
     # The test can fail: with the cause left out, nothing gives the older outcome.
     rest = [c for c in candidates if c.qualname != "Scaler.apply"]
     none = blame("toypkg", "1.0", "2.0", rest, older_sources, run)

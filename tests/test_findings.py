@@ -70,6 +70,96 @@ def test_the_first_finding_points_at_the_changed_function() -> None:
     assert first["diff"].startswith("--- peft 0.20.0\n+++ peft 0.21.0")
 
 
+def test_a_blamed_finding_names_the_function_its_runs_prove() -> None:
+    """`--verify --blame` put the changed functions back one set at a time: the blamed set's own run gave the good
+    release's outcome at the bad release, the full set did too (or could not run), and the issue body shows the
+    blamed function's diff and that run's line."""
+    from harness.publishing.findings import issue_body
+
+    blamed = [f for f in committed() if f.blame]
+    assert {f.id for f in blamed} >= {FIRST}, [f.id for f in blamed]
+    for finding in blamed:
+        blame = finding.blame
+        assert blame["blamed"] and set(blame["blamed"]) <= set(blame["candidates"]) | {
+            f"{w} (whole module)" for w in blame["widened"]
+        }, finding.id
+        own = [r for r in blame["runs"] if sorted(r["reverted"]) == sorted(n.removesuffix(" (whole module)")
+                                                                           for n in blame["blamed"])]  # fmt: skip
+        assert own and own[0]["outcome"] == "older" and own[0]["line"].startswith("ok: "), finding.id
+        # every smaller set tried without it kept the bad outcome or could not run
+        assert all(r["outcome"] != "older" for r in blame["runs"] if len(r["reverted"]) < len(blame["blamed"]))
+        body = issue_body(finding, RESULTS, None)
+        assert "### What causes it" in body and f"`{blame['blamed'][0]}`" in body, finding.id
+    [first] = [f for f in blamed if f.id == FIRST]
+    assert first.blame["blamed"] == ["peft/utils/save_and_load.py::get_peft_model_state_dict"]
+
+
+def test_every_blame_was_made_where_its_finding_flips() -> None:
+    """Putting code back proves a cause only where the release fails: on a machine where the finding's runs do not
+    flip, any revert would give the good outcome. So each blame names the machine it ran on, and a verification
+    of the finding on that same machine flipped."""
+    for finding in committed():
+        if not finding.blame:
+            continue
+        machine = finding.blame.get("machine")
+        assert machine and "cpu_flags" in machine, f"{finding.id}: its blame does not say where it ran"
+        flipped_there = [bad for bad, _ in finding.reproduced if bad.get("machine") == machine]
+        assert flipped_there, f"{finding.id}: blamed on a machine where its runs never flipped"
+
+
+def test_a_finding_that_flips_on_some_machines_only_says_where(tmp_path: Path) -> None:
+    """bitsandbytes 0.49 takes another CPU path where the CPU has avx512_bf16: a reproducer may flip on one machine
+    and not on another. The finding stays verified by the pair that flipped, shows that pair's lines, and says on
+    which machines it did and did not flip, never hiding either."""
+    from harness.knowledge.findings import load_finding
+    from harness.publishing.findings import issue_body
+
+    source = RESULTS / "findings" / "bitsandbytes-0.49.0-cpu-qlora-merge-off"
+    folder = tmp_path / source.name
+    folder.mkdir()
+    for name in ("finding.toml", "repro.py"):
+        (folder / name).write_text((source / name).read_text())
+    import hashlib
+
+    finding = load_finding(source)
+    sha = hashlib.sha256((source / "repro.py").read_bytes()).hexdigest()
+    with_bf16 = {"cpu_model": "Xeon A", "cpu_flags": ["avx2", "avx512f", "avx512_bf16"]}
+    without = {"cpu_model": "Xeon B", "cpu_flags": ["avx2", "avx512f"]}
+
+    def run(side: str, code: int, line: str, machine: dict, day: str) -> dict:
+        version = finding.bad if side == "bad" else finding.good
+        other = [p for p in finding.runs["bad"]["pins"] if not p.startswith(finding.package + "==")]
+        return {"side": side, "package": finding.package, "version": version,
+                "pins": [*other, f"{finding.package}=={version}"], "script_sha256": sha if side == "bad" else "x",
+                "made_at": f"{day}T00:00:00+00:00", "machine": machine, "exit_code": code, "line": line,
+                "versions": {finding.package: version}}  # fmt: skip
+
+    runs = [
+        run("bad", 1, "FAIL: off", with_bf16, "2026-11-27"),
+        run("good", 0, "ok: right", with_bf16, "2026-11-27"),
+        run("bad", 0, "ok: right", without, "2026-11-29"),
+        run("good", 0, "ok: right", without, "2026-11-29"),
+    ]
+    (folder / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    found = load_finding(folder)
+    assert found.verified and found.runs["bad"]["line"] == "FAIL: off"
+    words = found.machines_words()
+    assert "flips on 2026-11-27 (Xeon A, avx2 avx512f avx512_bf16" in words, words
+    assert "does not flip on 2026-11-29 (Xeon B, avx2 avx512f, no avx512_bf16" in words, words
+    assert words in issue_body(found, RESULTS, None)
+    # Without the flipping pair it is not verified, and says so.
+    (folder / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs[2:]))
+    assert not load_finding(folder).verified
+
+
+def test_cpu_features_are_read_from_cpuinfo() -> None:
+    from harness.execution.hardware import cpu_features
+
+    info = "processor : 0\nmodel name : Some CPU\nflags : fpu avx2 avx512f avx512_bf16 amx_tile\n"
+    assert cpu_features(info) == {"cpu_model": "Some CPU", "cpu_flags": ["avx2", "avx512f", "avx512_bf16", "amx_tile"]}
+    assert cpu_features("")["cpu_flags"] == []
+
+
 def test_every_flip_of_the_table_without_an_upstream_record_is_accounted_for() -> None:
     selection = select_runs(RESULTS)
     specs = {s.id: s.spec for s in discover()}

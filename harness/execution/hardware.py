@@ -36,6 +36,29 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
+#: CPU features a library may choose another code path by (bitsandbytes 0.49 packs 4-bit weights for CPUs with
+#: avx512_bf16): a record says which it ran on, so an outcome that differs by machine can be told apart.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+
+
+def cpu_features(cpuinfo: str | None = None) -> dict[str, object]:
+    """The CPU's model name and which of `CPU_FLAGS` it has, from /proc/cpuinfo (empty where there is none)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+                cpuinfo = handle.read()
+        except OSError:
+            cpuinfo = ""
+    model, flags = platform.processor() or platform.machine(), set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            model = value.strip()
+        elif key.strip() == "flags":
+            flags |= set(value.split())
+    return {"cpu_model": model, "cpu_flags": [f for f in CPU_FLAGS if f in flags]}
+
+
 def describe(device: str) -> dict[str, object]:
     gpus = visible_gpus() if device == "cuda" else []
     return {
@@ -44,4 +67,5 @@ def describe(device: str) -> dict[str, object]:
         "gpu_count": len(gpus),
         "host": platform.node(),
         "cpu_count": os.cpu_count() or 1,
+        **cpu_features(),
     }

@@ -6,6 +6,8 @@ bodies from the same objects."""
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import tomllib
 from dataclasses import dataclass, field
@@ -44,20 +46,72 @@ class Finding:
     #: the package onto and the config ({run, day, config, atlas_run, pass_run, pass_day}).
     probe: dict[str, Any] = field(default_factory=dict)
 
+    #: Every verification as (bad run, good run), oldest first, of the reproducer as it now reads.
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
+
     @property
     def verified(self) -> bool:
-        """The reproducer flips as the atlas did: it fails at `bad` and passes at `good`, every other pin held."""
-        bad, good = self.runs.get("bad"), self.runs.get("good")
-        if not bad or not good or bad.get("exit_code") != 1 or good.get("exit_code") != 0:
-            return False
-        moved = [p for p in bad["pins"] if p not in good["pins"]]
-        measured = (bad.get("versions", {}).get(self.package), good.get("versions", {}).get(self.package))
-        return moved == [f"{self.package}=={self.bad}"] and measured in ((self.bad, self.good), (None, None))
+        """The reproducer flipped as the atlas did on some machine: it failed at `bad` and passed at `good`, every
+        other pin held. Where it did not on another machine, `not_reproduced` says which (a library may take
+        another path by the CPU)."""
+        return bool(self.reproduced)
+
+    @property
+    def reproduced(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        return [pair for pair in self.pairs if pair_flips(self, *pair)]
+
+    @property
+    def not_reproduced(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        return [pair for pair in self.pairs if not pair_flips(self, *pair)]
+
+    def machines_words(self) -> str:
+        """Where it flipped and where it did not, by date and machine: '' where every verification flipped."""
+        if not self.not_reproduced:
+            return ""
+
+        def where(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+            seen = dict.fromkeys(f"{bad['made_at'][:10]} ({describe_machine(bad.get('machine'))})" for bad, _ in pairs)
+            return ", ".join(seen)
+
+        flipped = f"flips on {where(self.reproduced)}; " if self.reproduced else ""
+        return f"{flipped}does not flip on {where(self.not_reproduced)}"
 
     def release_words(self) -> str:
         if self.direction == "starts":
             return f"since {self.package} {self.bad} (last good: {self.good})"
         return f"until {self.package} {self.good} fixed it (last bad: {self.bad})"
+
+
+def pair_flips(finding: Finding, bad: dict[str, Any], good: dict[str, Any]) -> bool:
+    """One verification flips as the atlas did: `bad` fails, `good` passes, only the finding's package moved."""
+    if bad.get("exit_code") != 1 or good.get("exit_code") != 0:
+        return False
+    moved = [p for p in bad["pins"] if p not in good["pins"]]
+    measured = (bad.get("versions", {}).get(finding.package), good.get("versions", {}).get(finding.package))
+    return moved == [f"{finding.package}=={finding.bad}"] and measured in ((finding.bad, finding.good), (None, None))
+
+
+def describe_machine(machine: dict[str, Any] | None) -> str:
+    """'Intel(R) Xeon(R) Processor, avx2 avx512f, no avx512_bf16 amx_bf16' or 'machine not recorded'."""
+    if not machine or "cpu_flags" not in machine:
+        return "machine not recorded"
+    from harness.execution.hardware import CPU_FLAGS
+
+    has, lacks = list(machine["cpu_flags"]), [f for f in CPU_FLAGS if f not in machine["cpu_flags"]]
+    gpu = f"{machine['gpu_count']} x {machine['gpu_name']}, " if machine.get("gpu_count") else ""
+    return f"{gpu}{machine.get('cpu_model')}, {' '.join(has) or 'none of ' + ' '.join(CPU_FLAGS)}" + (
+        f", no {' '.join(lacks)}" if lacks and has else ""
+    )
+
+
+def _pairs(runs: list[dict[str, Any]], sha: str | None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each bad run with the good run written after it (`verify` writes them in that order), where the bad run is
+    of the reproducer as it now reads (`sha`: its sha256; None keeps them all)."""
+    found = []
+    for bad, good in itertools.pairwise(runs):
+        if bad["side"] == "bad" and good["side"] == "good" and (sha is None or bad.get("script_sha256") == sha):
+            found.append((bad, good))
+    return found
 
 
 def load_finding(folder: Path) -> Finding:
@@ -70,19 +124,27 @@ def load_finding(folder: Path) -> Finding:
     if missing or data.get("direction") not in ("starts", "ends"):
         raise UsageError(f"{folder / 'finding.toml'}: needs {', '.join(missing) or 'direction starts or ends'}")
     runs: dict[str, dict[str, Any]] = {}
+    every = []
     for line in (folder / "runs.jsonl").read_text().splitlines() if (folder / "runs.jsonl").is_file() else []:
         if line.strip():
             run = json.loads(line)
+            every.append(run)
             runs[run["side"]] = run  # the newest of each side
+    script = folder / "repro.py"
+    sha = hashlib.sha256(script.read_bytes()).hexdigest() if script.is_file() else None
     changed = json.loads((folder / "changed.json").read_text()) if (folder / "changed.json").is_file() else None
     blame = json.loads((folder / "blame.json").read_text()) if (folder / "blame.json").is_file() else None
     upstream = data.get("upstream") or {}
-    return Finding(
+    found = Finding(
         id=folder.name, folder=folder, **{k: str(data[k]) for k in _REQUIRED}, flip=data.get("flip") or {},
         searched=list(upstream.get("searched") or []), status=str(upstream.get("status") or "new"),
         link=str(upstream.get("link") or ""), runs=runs, changed=changed, blame=blame, gpus=int(data.get("gpus") or 0),
-        probe=dict(data.get("probe") or {}),
+        probe=dict(data.get("probe") or {}), pairs=_pairs(every, sha),
     )  # fmt: skip
+    if found.reproduced:  # what the user sees is what the runs that flipped showed, on the machine they flipped on
+        bad, good = found.reproduced[-1]
+        found.runs = {"bad": bad, "good": good}
+    return found
 
 
 def load_all(root: Path) -> list[Finding]:

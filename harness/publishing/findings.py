@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
-from harness.knowledge.findings import Finding
+from harness.knowledge.findings import Finding, describe_machine
 from harness.knowledge.selection import retired
 from harness.publishing.upstream import issue_title as upstream_title
 from harness.recording.flip import Flip
@@ -112,7 +112,8 @@ def issue_body(finding: Finding, results_dir: Path | None = None, spec: dict[str
         "### System Info\n",
         f"The two runs of the reproducer below (`uv run repro.py`{_on_gpus(finding)}), as their processes imported "
         "them "
-        f"({'verified' if finding.verified else 'NOT verified: the runs do not flip as the atlas did'}):",
+        f"({'verified' if finding.verified else 'NOT verified: the runs do not flip as the atlas did'}"
+        f"{'; ' + finding.machines_words() if finding.machines_words() else ''}):",
         "",
         f"| package | failing ({finding.package} {finding.bad}) | passing ({finding.package} {finding.good}) |",
         "|---|---|---|",
@@ -189,7 +190,8 @@ def _blame_lines(finding: Finding) -> list[str]:
     if not blame:
         return []
     lines = ["", "### What causes it\n", f"{blame['verdict'][0].upper()}{blame['verdict'][1:]} "
-             f"({len(blame['runs'])} runs of the reproducer, {blame.get('seconds', 0)} s)."]  # fmt: skip
+             f"({len(blame['runs'])} runs of the reproducer, {blame.get('seconds', 0)} s, on "
+             f"{describe_machine(blame.get('machine'))})."]  # fmt: skip
     diffs = {f"{c['file']}::{c['qualname']}": c["diff"] for c in (finding.changed or {}).get("changed", [])}
     for name in blame["blamed"]:
         if name in diffs:
@@ -317,7 +319,9 @@ def findings_markdown(findings: list[Finding], results_dir: Path, specs: dict[st
     for finding in current:
         bad = finding.runs.get("bad") or {}
         changed = ", ".join(f"`{c['qualname']}`" for c in (finding.changed or {}).get("changed", [])) or "-"
-        state = "verified" if finding.verified else "**not verified**"
+        state = ("verified" if finding.verified else "**not verified**") + (
+            f" ({md(finding.machines_words())})" if finding.machines_words() else ""
+        )
         lines.append(
             f"| [{md(finding.id)}](#{finding.id}) | {md(finding.status)} | {code(bad.get('line') or finding.title)} | "
             f"{md(finding.release_words())} | {state} | {changed} |"

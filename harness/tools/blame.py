@@ -138,6 +138,10 @@ class Blame:
     widened: list[str] = field(default_factory=list)
     #: Functions whose revert raised (they name what the newer release lacks), left out where the rest sufficed.
     unrunnable: list[str] = field(default_factory=list)
+    #: The other way: the blamed functions as the newer release wrote them, put into the older release's run.
+    converse: dict[str, Any] = field(default_factory=dict)
+    #: The machine the runs were made on (`hardware.describe`): a cause may show on some CPUs only.
+    machine: dict[str, Any] = field(default_factory=dict)
     runs: list[dict[str, Any]] = field(default_factory=list)
     verdict: str = ""
 
@@ -220,9 +224,39 @@ def _run_units(
     found = run(revert_plan(functions, older_sources, whole))
     outcome = NEITHER if found.get("failed") else found["outcome"]
     result.runs.append({"reverted": list(key), "outcome": outcome, "line": found.get("line"),
-                        "seconds": found.get("seconds"), "failed": found.get("failed") or []})  # fmt: skip
+                        "seconds": found.get("seconds"), "failed": found.get("failed") or [],
+                        "error": found.get("error")})  # fmt: skip
     memo[key] = (outcome, list(found.get("raised") or []))
     return memo[key]
+
+
+def converse(result: Blame, newer_sources: dict[str, str], run_older: Callable[[dict], dict[str, Any]]) -> None:
+    """Apply the blamed functions the other way (the newer release's source into the older release's run): a cause
+    should bring the newer outcome there too. Only where every blamed item is a function."""
+    chosen = [Candidate(*name.split("::", 1)) for name in result.blamed if "::" in name]
+    if not chosen or len(chosen) != len(result.blamed):
+        return
+    found = run_older(revert_plan(chosen, newer_sources))
+    outcome = NEITHER if found.get("failed") else found["outcome"]
+    result.converse = {"applied": [str(c) for c in chosen], "outcome": outcome, "line": found.get("line"),
+                       "seconds": found.get("seconds"), "error": found.get("error")}  # fmt: skip
+    result.verdict += "; " + converse_words(result)
+
+
+def converse_words(result: Blame) -> str:
+    """What the run the other way shows, in words: a run that could not run is no evidence either way, and one that
+    kept the older outcome says the blamed code alone does not bring the failure there."""
+    other = result.converse or {}
+    where = f"the other way (the {result.newer} source at {result.package} {result.older})"
+    if other.get("outcome") == NEWER:
+        return f"{where} gives the {result.newer} outcome: the blamed code brings it alone"
+    if other.get("outcome") == OLDER:
+        return (
+            f"{where} keeps the {result.older} outcome: the blamed code is needed but not enough alone there "
+            "(what it works with changed too)"
+        )
+    error = other.get("error") or other.get("line") or "no outcome line"
+    return f"{where} could not run ({error}): no evidence either way"
 
 
 def outcome_of(exit_code: int | None, line: str | None, older: dict[str, Any], newer: dict[str, Any]) -> str:
@@ -271,8 +305,10 @@ def run_reverted(
         failed = [f for path in sorted(report.glob("revert-*.json")) for f in json.loads(path.read_text())["failed"]]
     lines = [line for line in out.splitlines() if line.strip()]
     line = lines[-1] if lines else None
-    return {"outcome": outcome_of(code, line, *sides), "line": line, "seconds": round(time.monotonic() - started, 1),
-            "failed": failed, "raised": raised_reverts(err)}  # fmt: skip
+    outcome = outcome_of(code, line, *sides)
+    errors = [e for e in err.strip().splitlines() if e.strip()]
+    return {"outcome": outcome, "line": line, "seconds": round(time.monotonic() - started, 1), "failed": failed,
+            "raised": raised_reverts(err), "error": errors[-1] if errors and outcome == NEITHER else None}  # fmt: skip
 
 
 def write(blame_result: Blame, folder: Path) -> Path:

@@ -23,7 +23,7 @@ from typing import Any
 
 from harness.environments.overlay import uv_binary
 from harness.errors import UsageError
-from harness.knowledge.findings import Finding, load_finding
+from harness.knowledge.findings import Finding, describe_machine, load_finding, pair_flips
 from harness.paths import REPO_ROOT
 from harness.recording.runs import now_iso
 from harness.tools import changed_code
@@ -173,6 +173,7 @@ def verify(folder: Path, say: Any = print, node_wheels: Path | None = None, blam
         raise UsageError(f"{folder.name}/repro.py must pin {finding.package}=={finding.bad} (the first bad)")
     good_text = pinned_variant(text, finding.package, finding.good)
     sides: dict[str, dict[str, Any]] = {}
+    machine = _machine(node_wheels is not None)
     with tempfile.TemporaryDirectory(prefix="finding-traces-") as traces:
         for side, version, body in (("bad", finding.bad, bad_text), ("good", finding.good, good_text)):
             say(f"{finding.id}: {finding.package}=={version} ({side}) ...")
@@ -182,7 +183,8 @@ def verify(folder: Path, say: Any = print, node_wheels: Path | None = None, blam
                 found = run_traced(body, finding.package, Path(traces) / side)
             run = {
                 "side": side, "package": finding.package, "version": version, "pins": pins_of(body),
-                "script_sha256": hashlib.sha256(body.encode()).hexdigest(), "made_at": now_iso(), **found,
+                "script_sha256": hashlib.sha256(body.encode()).hexdigest(), "made_at": now_iso(),
+                **found, "machine": machine | (found.get("machine") or {}),
             }  # fmt: skip
             sides[side] = run
             with open(folder / "runs.jsonl", "a") as handle:
@@ -191,38 +193,67 @@ def verify(folder: Path, say: Any = print, node_wheels: Path | None = None, blam
         changed = changed_code.compare(
             finding.package, (finding.good, Path(traces) / "good"), (finding.bad, Path(traces) / "bad")
         )
+        flipped = pair_flips(finding, sides["bad"], sides["good"])
         if blame:
             if node_wheels is not None:
                 raise UsageError("--blame runs with `uv run` here; on a GPU node it is not built yet")
-            _blame(folder, finding, bad_text, changed, Path(traces) / "good", sides, say)
-    (folder / "changed.json").write_text(json.dumps(changed.as_json(), indent=1) + "\n")
+            if flipped:
+                _blame(folder, finding, (bad_text, good_text), changed, Path(traces), sides, say)
+            else:  # reverting code where the release does not fail proves nothing: any revert would "pass"
+                say(
+                    f"  not blamed: on this machine ({describe_machine(machine)}) the runs do not flip as the atlas did"
+                )
     names = ", ".join(f"{c.file}::{c.qualname}" for c in changed.changed) or "none"
     say(f"  {changed.executed_both} {finding.package} functions ran in both; changed between the releases: {names}")
+    if flipped:  # the code two runs that did not flip executed explains no failure: the committed one stays
+        (folder / "changed.json").write_text(json.dumps(changed.as_json(), indent=1) + "\n")
+    else:
+        say("  changed.json kept: these runs did not flip")
     return sides
 
 
+def _machine(on_node: bool) -> dict[str, Any]:
+    """The machine a verification ran on: a library may take another path by the CPU (bitsandbytes 0.49's CPU
+    4-bit path differs with avx512_bf16), so each run says which it was."""
+    from harness.execution import hardware
+
+    return hardware.describe("cuda" if on_node else "cpu")
+
+
 def _blame(
-    folder: Path, finding: Finding, bad_text: str, changed: Any, good_traces: Path, sides: dict[str, Any], say: Any
+    folder: Path, finding: Finding, texts: tuple[str, str], changed: Any, traces: Path, sides: dict[str, Any], say: Any
 ) -> None:
     """Put the changed functions back at the bad release until the smallest set that gives the good outcome is left
-    (`tools/blame.py`); written to blame.json."""
+    (`tools/blame.py`), then the blamed functions the other way into the good release's run; blame.json."""
     from harness.tools import blame as blaming
 
+    bad_text, good_text = texts
+    good_traces, bad_traces = traces / "good", traces / "bad"
     _, older_sources, _ = changed_code.read_traces(good_traces)
+    _, newer_sources, _ = changed_code.read_traces(bad_traces)
     candidates = [blaming.Candidate(c.file, c.qualname) for c in changed.changed]
     env = _uv_env()
     with tempfile.TemporaryDirectory(prefix="finding-blame-") as scratch:
-        script = Path(scratch) / "repro.py"
-        script.write_text(bad_text)
-        command = [uv_binary(), "run", "--quiet", "--script", str(script)]
 
-        def run(plan: dict) -> dict:
-            found = blaming.run_reverted(command, env, plan, (sides["good"], sides["bad"]), cwd=Path(scratch))
-            say(f"  put back {len(plan['functions'])} function(s), {len(plan['modules'])} module(s): "
-                f"{found['outcome']} in {found['seconds']} s")  # fmt: skip
-            return found
+        def runner(text: str, name: str) -> Any:
+            script = Path(scratch) / name
+            script.write_text(text)
+            command = [uv_binary(), "run", "--quiet", "--script", str(script)]
 
-        result = blaming.blame(finding.package, finding.good, finding.bad, candidates, older_sources, run)
+            def run(plan: dict) -> dict:
+                found = blaming.run_reverted(command, env, plan, (sides["good"], sides["bad"]), cwd=Path(scratch))
+                say(f"  put back {len(plan['functions'])} function(s), {len(plan['modules'])} module(s) in the "
+                    f"{name.removesuffix('.py')} run: {found['outcome']} in {found['seconds']} s")  # fmt: skip
+                return found
+
+            return run
+
+        result = blaming.blame(
+            finding.package, finding.good, finding.bad, candidates, older_sources, runner(bad_text, "bad.py")
+        )
+        if result.blamed:
+            blaming.converse(result, newer_sources, runner(good_text, "good.py"))
+    result.machine = dict(sides["bad"].get("machine") or {})
     blaming.write(result, folder)
     say(f"  blame: {result.verdict} ({len(result.runs)} runs, {result.seconds} s)")
 
