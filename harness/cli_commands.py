@@ -234,6 +234,7 @@ def check_repros(args: argparse.Namespace) -> int:
 def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) -> int:
     """Flips of a GPU history run (or of several runs of one GPU profile): one planning round
     (harness/tools/node_flips.py)."""
+    from harness.recording.flip import changes_words
     from harness.tools.flips import describe
     from harness.tools.node_flips import filed_elsewhere, plan_round, usable_runs, write_probe_profile
 
@@ -245,14 +246,25 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) ->
             f"flips are filed under {', '.join(elsewhere)} already: name that run first (--run {elsewhere[0]}), so "
             "that its probes are read and the table shows each flip once"
         )
-    if args.windows or args.from_day or args.to_day:
-        raise UsageError("--windows, --from and --to are not planned on a GPU node yet: name the CPU atlas's runs")
+    if args.from_day or args.to_day:
+        raise UsageError("--from and --to are not planned on a GPU node yet: name the CPU atlas's runs")
+    if args.windows and args.bisect:
+        raise UsageError("--windows sweeps: it cannot be planned with --bisect")
     search = "bisect" if args.bisect else "sweep"
     flips, by_scenario = plan_round(
-        run_dirs, profile, args.results_dir / "flips", getattr(args, "scenario", None), search
+        run_dirs, profile, args.results_dir / "flips", getattr(args, "scenario", None), search, args.windows
     )
     for flip in flips:
-        if flip.note.startswith("masked"):
+        if flip.older_state == flip.newer_state:
+            state = (
+                "window swept: " + (changes_words(flip.changes) or "no change inside")
+                if flip.bisect
+                else ("its sweep points are planned below" if flip.sweep is None and not flip.changes else "")
+            )
+            shown = ", ".join(f"{p} {o} .. {n}" for p, (o, n) in flip.changed.items())
+            print(f"{flip.scenario} window {flip.older} .. {flip.newer} ({flip.older_state} on both; {shown}): "
+                  f"{state}", flush=True)  # fmt: skip
+        elif flip.note.startswith("masked"):
             print(f"{describe(flip).split(', by ')[0]} ({flip.note}; not probed)", flush=True)
         elif not flip.moves:
             print(f"{describe(flip).split(', by ')[0]} (its first probes are planned below)", flush=True)

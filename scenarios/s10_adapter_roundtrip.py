@@ -75,6 +75,7 @@ SPEC = {
         "rslora=True": "use_rslora=True",
         "adapters": "adapters named {value}",
         "names.extra": "the modules_to_save head is named {value}",
+        "heads": "modules_to_save heads named {value}",
         "names.q": "a LoRA target is named {value}",
         "names.v": "a LoRA target is named {value}",
         "names.o": "a layer is named {value}",
@@ -111,6 +112,12 @@ SEED: dict[str, Any] = {
 #: Several adapters with related names: prefixes of each other, or a module's name.
 ADAPTER_SETS = [["default"], ["default", "other"], ["a", "a_b"], ["adapter", "adapter_1"], ["default", "q"],
                 ["q", "default"]]  # fmt: skip
+#: Names a draw combines freely (1 to 3 of them, any order): prefixes of each other (`a`, `a_b`, `ab`; `default`,
+#: `default_1`), a module's name (`q`), and peft's own words (`lora`, `weight`).
+ADAPTER_POOL = ["default", "default_1", "a", "a_b", "ab", "q", "lora", "weight"]
+#: Keys a config has only where it differs from the seed (a config without them keeps its id from before they were
+#: drawn): the modules_to_save heads.
+OPTIONAL_KEYS = ("heads",)
 
 
 def _names() -> Any:
@@ -144,11 +151,16 @@ def strategy() -> Any:
             "patterns": strategies.axis(SEED, "patterns", "rank", "alpha"),
             "r": strategies.axis(SEED, "r", 4),
             "alpha": strategies.axis(SEED, "alpha", 8),
-            "adapters": st.sampled_from(ADAPTER_SETS),
+            "adapters": st.one_of(
+                st.sampled_from(ADAPTER_SETS),
+                st.lists(st.sampled_from(ADAPTER_POOL), min_size=1, max_size=3, unique=True),
+            ),
             "load": strategies.axis(SEED, "load", "load_adapter"),
+            "heads": st.lists(st.sampled_from(named_models.HEAD_CHOICES), min_size=1, max_size=3, unique=True),
         }
     )
-    return strategies.near_seed(SEED, anywhere, [k for k in SEED if k != "model"], max_changes=3).map(normalized)
+    keys = [*(k for k in SEED if k != "model"), *OPTIONAL_KEYS]
+    return strategies.near_seed(SEED, anywhere, keys, max_changes=3).map(normalized)
 
 
 def normalized(config: dict[str, Any]) -> dict[str, Any]:
@@ -156,6 +168,12 @@ def normalized(config: dict[str, Any]) -> dict[str, Any]:
     DoRA on linear layers only, without `lora_bias`; trainable tokens not on an embedding LoRA also targets; the
     Llama's output layer either LoRA-targeted or kept whole."""
     config = dict(config)
+    if config.get("heads"):  # heads are what modules_to_save keeps; never the model's own top-level names
+        names = {**named_models.PLAIN, **(config.get("names") or {})}
+        heads = [h for h in config["heads"] if h not in (names["embed"], names["layers"], names["head"])]
+        config.pop("heads")
+        if heads and config["model"] != "llama":
+            config.update(heads=heads, modules_to_save=True)
     if config["targets"] == "all-linear" and config["model"] != "llama":
         config["targets"] = "list"
     if config["adapter"] == "dora":
@@ -186,6 +204,17 @@ EXAMPLES = [
         strategies.seed_config(SEED, names={**named_models.PLAIN, "extra": "lora_head"}, modules_to_save=True),
         strategies.seed_config(SEED, adapters=["default", "q"]),
         strategies.seed_config(SEED, model="llama", targets="all-linear", embed=True),
+        # Layouts each with one trigger alone, so that a flip of one names what its config really has: two and three
+        # heads whose names are prefixes of each other, a head named after a LoRA target, targets whose names
+        # contain `weight`, `bias`, `lora_` and `base_layer`, and two adapters one the prefix of the other.
+        strategies.seed_config(SEED, heads=["score", "score_1"]),
+        strategies.seed_config(SEED, heads=["score", "score_1", "score_10"]),
+        strategies.seed_config(SEED, heads=["q_head"]),
+        strategies.seed_config(SEED, names={**named_models.PLAIN, "v": "weight"}),
+        strategies.seed_config(SEED, names={**named_models.PLAIN, "q": "bias_q"}),
+        strategies.seed_config(SEED, names={**named_models.PLAIN, "q": "lora_q"}),
+        strategies.seed_config(SEED, names={**named_models.PLAIN, "v": "base_layer_v"}),
+        strategies.seed_config(SEED, adapters=["default", "default_1"]),
     ]
 ]
 

@@ -28,7 +28,7 @@ from harness.recording.signatures import classify
 from harness.recording.verdicts import verdict
 from harness.tools.flip_search import spread as _spread
 from harness.tools.flips import Flip
-from harness.tools.node_flips import PER_ROUND, step
+from harness.tools.node_flips import PER_ROUND, step, window_step
 
 S2 = "S2-qlora-grad-flags"
 TARGET = "no-grad-element-0"
@@ -141,6 +141,60 @@ def test_step_sweeps_every_point_in_one_round_and_names_every_change() -> None:
         "ended with transformers 4.57.5 · started with transformers 5.0.0 · ended again with transformers 5.2.0"
     )
     assert (flip.release, flip.last_release_before) == ("5.2.0", "5.0.0")
+
+
+def s2_window() -> Flip:
+    """Two days after S2's end that agree (the target absent on both), transformers changed between them."""
+    return Flip(
+        scenario=S2,
+        older=NEWER,
+        newer="2026-07-29",
+        older_state="not-reproduced",
+        newer_state="not-reproduced",
+        signature=TARGET,
+        changed={"transformers": ["5.5.4", "5.14.1"]},
+    )
+
+
+def window_day(version: str) -> str:
+    return f"{NEWER}+transformers-{version}"
+
+
+WINDOW_RELEASES = ["5.5.4", "5.6.0", "5.7.0", "5.8.0", "5.9.0", "5.10.0", "5.12.0", "5.14.1"]
+
+
+def test_a_window_sweeps_every_point_over_the_older_day_and_needs_no_probe_of_the_day_itself() -> None:
+    """A day pair that agrees can hide a break and its fix: the node sweeps the named package's releases over the
+    older day's stack, every sweep point in one round, and the older day's own release is that day's records, not a
+    probe. Until the probes ran the window claims nothing (no sweep, no change)."""
+    window = s2_window()
+    needed = window_step(window, {}, {"transformers": WINDOW_RELEASES})
+    assert needed == [window_day(v) for v in WINDOW_RELEASES[1:]]
+    assert window.sweep is None and window.changes == []
+
+
+def test_a_window_with_no_change_inside_says_it_was_swept() -> None:
+    window = s2_window()
+    states = {window_day(v): "pass" for v in WINDOW_RELEASES[1:]}
+    assert window_step(window, states, {"transformers": WINDOW_RELEASES}) == []
+    assert window.changes == [] and window.sweep["probes"] == {v: "pass" for v in WINDOW_RELEASES[1:]}
+    assert not window.is_window  # no change inside: the table lists it among the quiet day pairs
+
+
+def test_a_window_names_the_break_and_the_fix_inside_it() -> None:
+    """5.8.0 brings the failure back and 5.12.0 ends it again: both changes, each with the release before it."""
+    window = s2_window()
+    states = {window_day(v): ("fail" if v in ("5.8.0", "5.9.0", "5.10.0") else "pass") for v in WINDOW_RELEASES[1:]}
+    assert window_step(window, states, {"transformers": WINDOW_RELEASES}) == []
+    assert window.changes_words() == "started with transformers 5.8.0 · ended with transformers 5.12.0"
+    assert [c["last_before"] for c in window.changes] == ["5.7.0", "5.10.0"] and window.is_window
+
+
+def test_a_window_steps_over_a_release_that_is_no_evidence() -> None:
+    window = s2_window()
+    states = {window_day(v): ("unusable" if v == "5.9.0" else "pass") for v in WINDOW_RELEASES[1:]}
+    assert window_step(window, states, {"transformers": WINDOW_RELEASES}) == []
+    assert window.changes == [] and window.sweep["stepped_over"] == ["5.9.0"]
 
 
 def test_step_completes_with_the_first_release_past_the_flip() -> None:

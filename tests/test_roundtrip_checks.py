@@ -98,3 +98,53 @@ def test_roundtrip_legs_hold_at_the_floor_and_name_what_went_wrong(tmp_path: Pat
     renamed = found["renamed"]
     assert renamed["outcome"] == "roundtrip-save" and renamed["off_by"] > 0.01, renamed
     assert any(".qq" in m for m in renamed["default"]["file_names_modules_not_in_model"]), renamed
+
+
+LAYOUTS = textwrap.dedent(
+    """
+    import json, os, sys, torch
+    from scenarios import compat
+    from scenarios import s10_adapter_roundtrip as s10
+    from scenarios.kit import identities, roundtrip
+
+    def main(work):  # the fresh load process re-imports this file: only main runs the configs
+        found = {}
+        for label, changes in (("heads", {"heads": ["score", "score_1", "score_10"]}),
+                               ("weight_target", {"names": {**s10.named_models.PLAIN, "v": "weight"}}),
+                               ("prefix_adapters", {"adapters": ["default", "default_1"]})):
+            config = s10.normalized({**s10.SEED, **changes})
+            ctx = {"workdir": os.path.join(work, label), "device": "cpu"}
+            try:
+                metrics = s10.run(config, "baseline", ctx)["metrics"]
+                outcome = "pass"
+            except compat.CheckFailed as exc:
+                outcome, metrics = exc.check, exc.metrics
+            root = os.path.join(ctx["workdir"], "saved")
+            parts, _, _ = roundtrip.saved_parts(root, config["adapters"][0])
+            kept = json.load(open(os.path.join(root, "roundtrip.json")))["adapters"][config["adapters"][0]]
+            found[label] = {"outcome": outcome, "off_by": metrics.get("off_by"),
+                            "heads_saved": sorted(p for p, v in parts.items() if "own_weight" in v),
+                            "adapted": sorted(kept["scalings"]), "adapters": config["adapters"],
+                            "modules_to_save": config["modules_to_save"]}
+        print("FOUND " + json.dumps(found, default=str))
+
+    if __name__ == "__main__":
+        main(sys.argv[1])
+    """
+)
+
+
+@pytest.mark.matrix
+def test_the_drawn_layouts_are_what_they_say(tmp_path: Path) -> None:
+    """S10's new layouts reach what they name, in a real round trip: three modules_to_save heads whose names are
+    prefixes of each other are each saved whole, a LoRA target named `weight` is adapted (peft writes
+    `layers.0.weight.lora_A...`), and adapters `default` and `default_1` are both saved; each holds at the floor on
+    the CI cell's peft (a pass that is not a round trip of these layouts would prove nothing about them)."""
+    found = found_in_ci_env(LAYOUTS, tmp_path, str(tmp_path))
+    heads = found["heads"]
+    assert heads["modules_to_save"] and heads["heads_saved"] == ["score", "score_1", "score_10"], heads
+    target = found["weight_target"]
+    assert {"layers.0.weight", "layers.1.weight"} <= set(target["adapted"]), target
+    assert found["prefix_adapters"]["adapters"] == ["default", "default_1"]
+    for label, one in found.items():
+        assert one["outcome"] == "pass" and one["off_by"] < 1e-4, (label, one)

@@ -116,8 +116,30 @@ def feature_words(config: dict[str, Any], seed: dict[str, Any]) -> str:
         parts.append("adapters " + " and ".join(config["adapters"]))
     renamed = {k: v for k, v in (config.get("names") or {}).items() if (seed.get("names") or {}).get(k) != v}
     if renamed and config.get("model") != "llama":
-        parts.append("module names " + ", ".join(sorted(renamed.values())))
+        parts += names_words(config, renamed)
+        if any(p.startswith("a modules_to_save head named") for p in parts):
+            parts.remove("a modules_to_save head")
     return ", ".join(p for p in parts if p) or "LoRA on q and v (the seed)"
+
+
+def names_words(config: dict[str, Any], renamed: dict[str, str]) -> list[str]:
+    """Renamed modules by what the config does with them: a LoRA target, the modules_to_save head, or a layer no
+    adapter touches (a name on a module peft never adapts cannot be what a flip of the file's keys is about)."""
+    adapted = {"q", "v", *(["embed"] if config.get("embed") else []), *(["head"] if config.get("head") else [])}
+    roles: dict[str, list[str]] = {}
+    for slot, name in sorted(renamed.items(), key=lambda item: item[1]):
+        if slot in adapted:
+            roles.setdefault("LoRA targets named", []).append(name)
+        elif slot == "extra" and config.get("modules_to_save"):
+            roles.setdefault("a modules_to_save head named", []).append(name)
+        else:
+            roles.setdefault("layers named", []).append(name)
+    words = {"LoRA targets named": "a LoRA target named", "layers named": "a layer named"}
+    return [
+        f"{words.get(role, role) if len(names) == 1 else role} {' and '.join(names)}"
+        + (" (not adapted)" if role == "layers named" else "")
+        for role, names in roles.items()
+    ]
 
 
 def document(results_dir: Path) -> dict[str, Any] | None:

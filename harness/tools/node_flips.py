@@ -128,6 +128,42 @@ def _sweep_step(flip: Flip, package: str, bounded: list[str], known: dict[str, s
     return []
 
 
+def window_step(window: Flip, states: dict[str, str], release_lists: dict[str, list[str]]) -> list[str]:
+    """Advance a window (two days whose states agree, `flips.windows_in`) with the probe states so far: each named
+    package that changed is swept over the older day's stack (the older day itself is its oldest release: that
+    probe is the day's own run), every sweep point in one round, then each gap whose ends differ. Returns the probe
+    days still needed; done, `window.changes` holds every change found (none: the interval holds no change of these
+    packages at these points) and `window.sweep` what was measured."""
+    before = "fail" if window.older_state == "target" else "pass"
+    needed: list[str] = []
+    changes: list[dict[str, Any]] = []
+    sweeps: list[dict[str, Any]] = []
+    for package, (old, new) in window.changed.items():
+        bounded = sorted({*release_lists.get(package, []), old, new}, key=Version)
+        known = {v: states[probe_day(window.older, package, v)] for v in bounded
+                 if probe_day(window.older, package, v) in states}  # fmt: skip
+        known.setdefault(old, before)  # the older day's stack with its own release: the day's own records
+        found = flip_search.next_sweep(bounded, known)
+        if not found.done:
+            needed += [probe_day(window.older, package, v) for v in found.probes]
+            continue
+        changes += [{"package": package, **asdict(c), "direction": c.direction} for c in found.changes]
+        sweeps.append({
+            "package": package, "candidates": bounded, "points": flip_search.sweep_points(bounded),
+            "bound": flip_search.sweep_bound(bounded), "stepped_over": found.stepped_over,
+            "unmeasured": found.unmeasured,
+            "probes": {v: known[v] for v in bounded if v in known and v != old},
+        })  # fmt: skip
+    if needed:
+        return needed
+    window.changes = changes
+    window.package = next((c["package"] for c in changes), None)
+    window.sweep = sweeps[0] if len(sweeps) == 1 else ({"packages": sweeps} if sweeps else None)
+    swept = ", ".join(f"{len(w['probes'])} release(s) of {w['package']}" for w in sweeps)
+    window.bisect = f"window swept on the node: {swept}"
+    return []
+
+
 def filed_elsewhere(run_dirs: list[Path], out_root: Path) -> list[str]:
     """The runs after the first whose own flips folder exists: a second filing of the same flips would show them
     twice in the table, and its probes would not be read."""
@@ -167,12 +203,20 @@ def run_records(run_dirs: list[Path]) -> list[dict[str, Any]]:
 
 
 def plan_round(
-    run_dirs: list[Path], profile: Profile, out_root: Path, scenarios: list[str] | None = None, search: str = "sweep"
+    run_dirs: list[Path],
+    profile: Profile,
+    out_root: Path,
+    scenarios: list[str] | None = None,
+    search: str = "sweep",
+    windows: bool = False,
 ) -> tuple[list[Flip], dict[str, list[str]]]:
     """Every flip of the GPU runs (one run, or several runs of one profile read together) advanced as far as its
     probe records allow (written to flips.json under the first run). Returns (flips, the probe days still needed
-    per scenario). `scenarios`: only these (the others' flips are neither planned nor written)."""
+    per scenario). `scenarios`: only these (the others' flips are neither planned nor written). `windows`: also
+    the day pairs whose states agree, swept over the packages the upstream record or the flips name
+    (`window_step`)."""
     from harness.knowledge.flips import dated_verdicts, masking
+    from harness.tools.flips import windows_in
 
     run_dir = run_dirs[0]
     records = [r for r in run_records(run_dirs) if not scenarios or r["scenario"] in scenarios]
@@ -196,6 +240,16 @@ def plan_round(
         if needed_now:
             needed.setdefault(flip.scenario, []).extend(needed_now)
         flips.append(flip)
+    if windows:
+        earlier = [f.as_atlas_json() for f in flips if f.package]
+        for window in windows_in(dated_states(records, specs), specs, earlier):
+            states = probe_states(probe_root, window.scenario, window.signature, window.config_ids)
+            lists = {p: [str(v) for v in between(releases(p, profile.python), old, new)]
+                     for p, (old, new) in window.changed.items()}  # fmt: skip
+            needed_now = window_step(window, states, lists)
+            if needed_now:
+                needed.setdefault(window.scenario, []).extend(needed_now)
+            flips.append(window)
     out_dir = out_root / run_dir.name
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "flips.json"

@@ -60,7 +60,7 @@ def lora_config(config: dict[str, Any], adapter: str) -> Any:
     if config.get("lora_bias"):
         extra["lora_bias"] = True
     if config.get("modules_to_save"):
-        extra["modules_to_save"] = [names["extra"]]
+        extra["modules_to_save"] = named_models.heads_of(config)
     if config.get("trainable_tokens"):
         extra["trainable_token_indices"] = {names["embed"]: [1, 5, 9]}
     if config.get("patterns") == "rank":
