@@ -559,7 +559,9 @@ def test_the_flips_command_prints_a_gpu_runs_flips_probed_or_masked(
     probed.moves = [{"package": "transformers", "version": "5.5.4", "probe_day": day("transformers", "5.5.4"),
                      "state": "pass"}]  # fmt: skip
     monkeypatch.setattr(
-        node_flips, "plan_round", lambda run_dirs, profile, out_root, only, search: ([probed, masked, planned], {})
+        node_flips,
+        "plan_round",
+        lambda run_dirs, profile, out_root, only, search, windows=False: ([probed, masked, planned], {}),
     )
     args = argparse.Namespace(results_dir=tmp_path, windows=False, from_day=None, to_day=None, bisect=False)
     profile = argparse.Namespace(name="gpu-history")

@@ -7,6 +7,8 @@ import platform
 import shutil
 import subprocess
 
+from harness.recording.machine import CPU_FLAGS
+
 
 def visible_gpus() -> list[str]:
     """Names of the NVIDIA GPUs this process may use (honours CUDA_VISIBLE_DEVICES)."""
@@ -34,11 +36,6 @@ def resolve_device(requested: str) -> str:
     if requested == "auto":
         return "cuda" if visible_gpus() else "cpu"
     return requested
-
-
-#: CPU features a library may choose another code path by (bitsandbytes 0.49 packs 4-bit weights for CPUs with
-#: avx512_bf16): a record says which it ran on, so an outcome that differs by machine can be told apart.
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 
 
 def cpu_features(cpuinfo: str | None = None) -> dict[str, object]:

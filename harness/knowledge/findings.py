@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.recording.machine import describe_machine
 
 _REQUIRED = ("title", "scenario", "signature", "repository", "package", "direction", "bad", "good")
 
@@ -91,19 +92,6 @@ def pair_flips(finding: Finding, bad: dict[str, Any], good: dict[str, Any]) -> b
     return moved == [f"{finding.package}=={finding.bad}"] and measured in ((finding.bad, finding.good), (None, None))
 
 
-def describe_machine(machine: dict[str, Any] | None) -> str:
-    """'Intel(R) Xeon(R) Processor, avx2 avx512f, no avx512_bf16 amx_bf16' or 'machine not recorded'."""
-    if not machine or "cpu_flags" not in machine:
-        return "machine not recorded"
-    from harness.execution.hardware import CPU_FLAGS
-
-    has, lacks = list(machine["cpu_flags"]), [f for f in CPU_FLAGS if f not in machine["cpu_flags"]]
-    gpu = f"{machine['gpu_count']} x {machine['gpu_name']}, " if machine.get("gpu_count") else ""
-    return f"{gpu}{machine.get('cpu_model')}, {' '.join(has) or 'none of ' + ' '.join(CPU_FLAGS)}" + (
-        f", no {' '.join(lacks)}" if lacks and has else ""
-    )
-
-
 def _pairs(runs: list[dict[str, Any]], sha: str | None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Each bad run with the good run written after it (`verify` writes them in that order), where the bad run is
     of the reproducer as it now reads (`sha`: its sha256; None keeps them all)."""
@@ -141,8 +129,10 @@ def load_finding(folder: Path) -> Finding:
         link=str(upstream.get("link") or ""), runs=runs, changed=changed, blame=blame, gpus=int(data.get("gpus") or 0),
         probe=dict(data.get("probe") or {}), pairs=_pairs(every, sha),
     )  # fmt: skip
-    if found.reproduced:  # what the user sees is what the runs that flipped showed, on the machine they flipped on
-        bad, good = found.reproduced[-1]
+    if found.reproduced:  # what the user sees is what the runs that flipped showed, on the machine they flipped on;
+        # a pair made at the script's own pins (`uv run`) before one over a node's stack (an overlay on its packages)
+        own = [pair for pair in found.reproduced if not (pair[0].get("machine") or {}).get("overlay")]
+        bad, good = (own or found.reproduced)[-1]
         found.runs = {"bad": bad, "good": good}
     return found
 

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
-from harness.knowledge.findings import Finding, describe_machine
+from harness.knowledge.findings import Finding
 from harness.knowledge.selection import retired
 from harness.publishing.upstream import issue_title as upstream_title
 from harness.recording.flip import Flip
+from harness.recording.machine import describe_machine
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
 from harness.recording.verdicts import variant_kinds, verdict
@@ -196,6 +197,12 @@ def _blame_lines(finding: Finding) -> list[str]:
     for name in blame["blamed"]:
         if name in diffs:
             lines += ["", f"`{name}`:", "", "```diff", diffs[name], "```"]
+        elif name.endswith(" (whole module)"):  # its changed functions, which could not be put back one by one
+            module = name.removesuffix(" (whole module)")
+            inside = [(n, d) for n, d in diffs.items() if n.split("::", 1)[0] == module]
+            lines += ["", f"`{name}`: the functions of it that both runs executed and that changed:"]
+            for function, diff in inside:
+                lines += ["", f"`{function}`:", "", "```diff", diff, "```"]
     proof = [r for r in blame["runs"] if sorted(r["reverted"]) == sorted(n.removesuffix(" (whole module)")
                                                                        for n in blame["blamed"])]  # fmt: skip
     for run in proof[:1]:

@@ -23,8 +23,9 @@ from typing import Any
 
 from harness.environments.overlay import uv_binary
 from harness.errors import UsageError
-from harness.knowledge.findings import Finding, describe_machine, load_finding, pair_flips
+from harness.knowledge.findings import Finding, load_finding, pair_flips
 from harness.paths import REPO_ROOT
+from harness.recording.machine import describe_machine
 from harness.recording.runs import now_iso
 from harness.tools import changed_code
 
@@ -112,18 +113,9 @@ def run_on_node(text: str, package: str, version: str, wheels: Path, trace_dir: 
     from harness.define.packages import import_name
     from harness.execution import hardware
 
-    prefix = import_name(package)
-    found = sorted(wheels.glob(f"{prefix}-{version}-*.whl"))
-    if not found:
-        raise UsageError(f"no wheel of {package} {version} in {wheels}")
-    others = sorted(w for w in wheels.glob("*.whl") if not w.name.startswith(f"{prefix}-"))
     trace_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="finding-") as scratch:
-        site = Path(scratch) / "site"
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile", "--target",
-             str(site), str(found[0]), *map(str, others)], check=True, capture_output=True, text=True,
-        )  # fmt: skip
+        site, overlay = node_overlay(package, version, wheels, Path(scratch) / "site")
         env = dict(os.environ) | {
             "PYTHONPATH": os.pathsep.join(p for p in (str(TRACER_DIR), str(site), os.environ.get("PYTHONPATH")) if p),
             "COMPAT_MATRIX_TRACE_PACKAGE": import_name(package),
@@ -146,10 +138,29 @@ def run_on_node(text: str, package: str, version: str, wheels: Path, trace_dir: 
         "line": lines[-1] if lines else None,
         "seconds": round(time.monotonic() - started, 1),
         "versions": versions,
-        "machine": {"gpus": len(gpus), "gpu": sorted(set(gpus)), "overlay": [found[0].name, *(w.name for w in others)]},
+        "machine": {"gpus": len(gpus), "gpu": sorted(set(gpus)), "overlay": overlay},
         "stdout_tail": out[-_TAIL:],
         "stderr_tail": err[-_TAIL:],
     }
+
+
+def node_overlay(package: str, version: str, wheels: Path, site: Path) -> tuple[Path, list[str]]:
+    """The `--target` overlay a node run puts first on PYTHONPATH: `package` at `version` and every other wheel in
+    `wheels`; returns it and the wheels it holds."""
+    import sys
+
+    from harness.define.packages import import_name
+
+    prefix = import_name(package)
+    found = sorted(wheels.glob(f"{prefix}-{version}-*.whl"))
+    if not found:
+        raise UsageError(f"no wheel of {package} {version} in {wheels}")
+    others = sorted(w for w in wheels.glob("*.whl") if not w.name.startswith(f"{prefix}-"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile", "--target",
+         str(site), str(found[0]), *map(str, others)], check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return site, [found[0].name, *(w.name for w in others)]
 
 
 def verify(folder: Path, say: Any = print, node_wheels: Path | None = None, blame: bool = False) -> dict[str, Any]:
@@ -195,10 +206,8 @@ def verify(folder: Path, say: Any = print, node_wheels: Path | None = None, blam
         )
         flipped = pair_flips(finding, sides["bad"], sides["good"])
         if blame:
-            if node_wheels is not None:
-                raise UsageError("--blame runs with `uv run` here; on a GPU node it is not built yet")
             if flipped:
-                _blame(folder, finding, (bad_text, good_text), changed, Path(traces), sides, say)
+                _blame(folder, finding, (bad_text, good_text), changed, Path(traces), sides, say, node_wheels)
             else:  # reverting code where the release does not fail proves nothing: any revert would "pass"
                 say(
                     f"  not blamed: on this machine ({describe_machine(machine)}) the runs do not flip as the atlas did"
@@ -221,10 +230,14 @@ def _machine(on_node: bool) -> dict[str, Any]:
 
 
 def _blame(
-    folder: Path, finding: Finding, texts: tuple[str, str], changed: Any, traces: Path, sides: dict[str, Any], say: Any
-) -> None:
+    folder: Path, finding: Finding, texts: tuple[str, str], changed: Any, traces: Path, sides: dict[str, Any], say: Any,
+    node_wheels: Path | None = None,
+) -> None:  # fmt: skip
     """Put the changed functions back at the bad release until the smallest set that gives the good outcome is left
-    (`tools/blame.py`), then the blamed functions the other way into the good release's run; blame.json."""
+    (`tools/blame.py`), then the blamed functions the other way into the good release's run; blame.json. With
+    `node_wheels`, each run is the node's interpreter over that side's overlay, as `run_on_node` runs it."""
+    import sys
+
     from harness.tools import blame as blaming
 
     bad_text, good_text = texts
@@ -238,10 +251,15 @@ def _blame(
         def runner(text: str, name: str) -> Any:
             script = Path(scratch) / name
             script.write_text(text)
-            command = [uv_binary(), "run", "--quiet", "--script", str(script)]
+            command, run_env = [uv_binary(), "run", "--quiet", "--script", str(script)], env
+            if node_wheels is not None:  # the node: its interpreter over this side's overlay, no index
+                version = finding.bad if name == "bad.py" else finding.good
+                site, _ = node_overlay(finding.package, version, node_wheels, Path(scratch) / f"site-{name}")
+                command = [sys.executable, str(script)]
+                run_env = dict(os.environ) | {"PYTHONPATH": str(site)}
 
             def run(plan: dict) -> dict:
-                found = blaming.run_reverted(command, env, plan, (sides["good"], sides["bad"]), cwd=Path(scratch))
+                found = blaming.run_reverted(command, run_env, plan, (sides["good"], sides["bad"]), cwd=Path(scratch))
                 say(f"  put back {len(plan['functions'])} function(s), {len(plan['modules'])} module(s) in the "
                     f"{name.removesuffix('.py')} run: {found['outcome']} in {found['seconds']} s")  # fmt: skip
                 return found
