@@ -256,7 +256,9 @@ def plan_round(bisect: ScriptBisect, atlas: NodeAtlas, plan: dict[str, Any], nee
             # traceback names first, where most flips end), then the second move.
             wanted = [needed, *_bisect_of(bisect, moves[:1]), *moves[1:2]]
     else:
-        wanted = [{"day": d} for d in plan["ends"]]
+        # The scan, then what the search would need next wherever two neighbouring days differ: a verdict in one
+        # call where the pack and the node's time allow (the node replays the search and runs only what it needs).
+        wanted = [{"day": d} for d in plan["ends"]] + scan_lookahead(bisect, atlas, plan["ends"])
     new: dict[str, dict[str, str]] = {}
     for request in wanted:
         label = stack_label(request)
@@ -279,6 +281,27 @@ def plan_round(bisect: ScriptBisect, atlas: NodeAtlas, plan: dict[str, Any], nee
     # has passed by stays in the plan, not in the pack).
     order = dict.fromkeys(stack_label(r) for r in wanted)
     return [label for label in order if label in plan["stacks"] and not _ran(bisect, label, plan["stacks"][label])]
+
+
+def scan_lookahead(bisect: ScriptBisect, atlas: NodeAtlas, days: list[str]) -> list[dict[str, str]]:
+    """For each pair of neighbouring scan days, the stacks the search needs if that pair differs, likeliest first:
+    each package that changed between them moved alone onto the older day (the atlas's packages in their order,
+    those the script reaches only), every pair's moves before any sweep; then, per pair, the sweep points (or the
+    first bisect probes) of its first move. `plan_round` resolves them as far as LOOKAHEAD and the pack allow."""
+    import itertools
+
+    per_pair: list[list[dict[str, str]]] = []
+    for older, newer in itertools.pairwise(days):
+        before = (atlas.lock["days"].get(older) or {}).get("resolved") or {}
+        after = (atlas.lock["days"].get(newer) or {}).get("resolved") or {}
+        per_pair.append([
+            {"day": older, "package": p, "version": after[p], "newer": newer, "phase": "move"}
+            | ({"old": before[p]} if before.get(p) else {})
+            for p in atlas.axis
+            if after.get(p) and before.get(p) != after.get(p)
+        ])  # fmt: skip
+    moves = [m for pair in per_pair for m in pair]
+    return moves + [probe for pair in per_pair for probe in _bisect_of(bisect, pair[:1])]
 
 
 def _probe_resolver(atlas: NodeAtlas, extra: tuple[str, ...]) -> Any:
