@@ -180,7 +180,8 @@ def flips_markdown(
             if flip.changes:
                 lines.append(_window_line(flip))
             elif flip.sweep:
-                quiet.append(f"{md(flip.scenario)}{_series(flip)} {md(flip.older)} .. {md(flip.newer)}")
+                quiet.append(f"{md(flip.scenario)}{_series(flip)} {md(flip.older)} .. {md(flip.newer)}"
+                             f"{_node_cost_words(flip)}")  # fmt: skip
             continue
         upstream = upstream_verdict(flip)
         agrees = ""
@@ -211,7 +212,7 @@ def flips_markdown(
                 agrees = f"{md(upstream['package'])} {md(upstream['release'])}: not comparable (masked, not fixed)"
         if flip.changes and not others:
             # A sweep: every change between the two days, each compared with the upstream record of its direction.
-            release = md(flip.changes_words())
+            release = md(flip.changes_words()) + _node_cost_words(flip)
             agrees = "; ".join(_change_upstream_words(flip, c) for c in flip.changes)
         lines.append(
             f"| {md(flip.scenario)}{_series(flip)} | {code(flip.signature or '-')} | "
@@ -273,6 +274,14 @@ def _change_upstream_words(flip: Flip, change: dict[str, Any]) -> str:
             f"{md(change['release'])}: agrees ({md(known['release'])} is yanked; {md(change['release'])} is the next)"
         )
     return f"{md(change['release'])}: " + ("agrees" if known["agrees"] else f"differs ({md(known['release'])})")
+
+
+def _node_cost_words(flip: Flip) -> str:
+    """' (node: 12 probe days, 36 records, 41 s of jobs)' for a flip a GPU node named; '' otherwise."""
+    cost = flip.node_cost
+    if not cost:
+        return ""
+    return f" (node: {cost['probe_days']} probe days, {cost['records']} records, {cost['job_seconds']:g} s of jobs)"
 
 
 def _window_line(flip: Flip) -> str:

@@ -63,6 +63,8 @@ class Flip:
     changes: list[dict[str, Any]] = field(default_factory=list)
     #: The sweep behind `changes`: candidates, points, runs (each with its seconds), releases never measured.
     sweep: dict[str, Any] | None = None
+    #: What naming it cost on a GPU node (`node_flips.node_cost`): probe days read, their records, seconds of jobs.
+    node_cost: dict[str, Any] | None = None
     #: The dated run the flip was found in (set when the table reads flips.json; never written).
     run_id: str | None = None
     #: A flip of the adapters grid (`publishing/adapter_grid.py`): which side of the round trip changed ("load": one
@@ -136,7 +138,9 @@ class Flip:
             "probes": self.moves, "reproducing": self.reproducing, "package": self.package, "release": self.release,
             "bisect": self.bisect, "upstream": self.upstream, "config_ids": self.config_ids, "family": self.family,
             "last_release_before": self.last_release_before, "note": self.note,
-        } | ({"changes": self.changes, "sweep": self.sweep} if self.sweep else {})  # fmt: skip
+        } | ({"changes": self.changes, "sweep": self.sweep} if self.sweep else {}) | (
+            {"node_cost": self.node_cost} if self.node_cost else {}
+        )  # fmt: skip
 
     def as_script_json(self) -> dict[str, Any]:
         """A `bisect-script` verdict's layout of one flip."""

@@ -59,6 +59,36 @@ def probe_states(
     return {day: probe_state(records, signature, config_ids or ())[0] for day, records in grouped.items()}
 
 
+def probe_costs(probe_root: Path, scenario: str, config_ids: list[str] | None = None) -> dict[str, tuple[int, float]]:
+    """probe day -> (records, seconds of jobs) of the flip's configs (or every config), from every probe run so far:
+    what each probe cost on the node, for the flip's own bill."""
+    wanted = set(config_ids or ())
+    costs: dict[str, tuple[int, float]] = {}
+    for run_dir in run_dirs(probe_root):
+        for record in read_records(run_dir / "records.jsonl"):
+            day = (record.get("pins") or {}).get("date", "")
+            if record["scenario"] != scenario or not PROBE_DAY.match(day):
+                continue
+            if wanted and record.get("config_id") not in wanted:
+                continue
+            count, seconds = costs.get(day, (0, 0.0))
+            costs[day] = (count + 1, seconds + float(record.get("duration_s") or 0.0))
+    return costs
+
+
+def node_cost(flip: Flip, costs: dict[str, tuple[int, float]]) -> dict[str, Any]:
+    """What naming `flip` cost on the node: the probe days it read (its moves and its sweep's releases over the older
+    day), their records and seconds of jobs (every variant the node ran for them, fixes included)."""
+    days = sorted({m["probe_day"] for m in flip.moves if m.get("probe_day")} | {
+        probe_day(flip.older, package, version)
+        for package in ([flip.package] if flip.package else list(flip.changed))
+        for version in ((flip.sweep or {}).get("candidates") or [])
+    })  # fmt: skip
+    found = [costs[d] for d in days if d in costs]
+    return {"probe_days": len(found), "records": sum(c for c, _ in found),
+            "job_seconds": round(sum(s for _, s in found), 1)}  # fmt: skip
+
+
 def step(flip: Flip, states: dict[str, str], release_list: list[str], search: str = "bisect") -> list[str]:
     """Advance one flip with the probe states known so far; returns the probe days still needed (none: done).
     Fills `flip.moves`, `flip.reproducing`, `flip.package` and `flip.release` as far as the states allow.
@@ -116,7 +146,11 @@ def _sweep_step(flip: Flip, package: str, bounded: list[str], known: dict[str, s
     found = flip_search.next_sweep(bounded, known)
     if not found.done:
         return [probe_day(flip.older, package, v) for v in found.probes]
-    flip.changes = [{"package": package, **asdict(c), "direction": c.direction} for c in found.changes]
+    flip.changes = [
+        {"package": package, **asdict(c), "direction": c.direction,
+         "probe_days": [probe_day(flip.older, package, c.last_before), probe_day(flip.older, package, c.release)]}
+        for c in found.changes
+    ]  # fmt: skip
     flip.sweep = {
         "package": package, "candidates": bounded, "points": flip_search.sweep_points(bounded),
         "bound": flip_search.sweep_bound(bounded), "stepped_over": found.stepped_over, "unmeasured": found.unmeasured,
@@ -147,7 +181,12 @@ def window_step(window: Flip, states: dict[str, str], release_lists: dict[str, l
         if not found.done:
             needed += [probe_day(window.older, package, v) for v in found.probes]
             continue
-        changes += [{"package": package, **asdict(c), "direction": c.direction} for c in found.changes]
+        changes += [
+            {"package": package, **asdict(c), "direction": c.direction,
+             "probe_days": [window.older if c.last_before == old else probe_day(window.older, package, c.last_before),
+                            probe_day(window.older, package, c.release)]}
+            for c in found.changes
+        ]  # fmt: skip
         sweeps.append({
             "package": package, "candidates": bounded, "points": flip_search.sweep_points(bounded),
             "bound": flip_search.sweep_bound(bounded), "stepped_over": found.stepped_over,
@@ -239,6 +278,8 @@ def plan_round(
             needed_now = step(flip, states, release_list, search)
         if needed_now:
             needed.setdefault(flip.scenario, []).extend(needed_now)
+        if flip.moves:
+            flip.node_cost = node_cost(flip, probe_costs(probe_root, flip.scenario, flip.config_ids))
         flips.append(flip)
     if windows:
         earlier = [f.as_atlas_json() for f in flips if f.package]
@@ -249,6 +290,8 @@ def plan_round(
             needed_now = window_step(window, states, lists)
             if needed_now:
                 needed.setdefault(window.scenario, []).extend(needed_now)
+            if window.sweep:
+                window.node_cost = node_cost(window, probe_costs(probe_root, window.scenario, window.config_ids))
             flips.append(window)
     out_dir = out_root / run_dir.name
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -287,12 +330,17 @@ def probe_world_size(profile: Profile) -> int:
 def write_probe_profile(profile: Profile, needed: list[str], scenarios: list[str], matrix_dir: Path) -> Path:
     """The probe profile (`<profile>-probes.toml`, every probe day so far) and its era lock, with the needed
     days resolved: the older day's era packages with one moved (harness/versions/lock.py)."""
+    import tomllib
+
     from harness.environments.envs import uv_binary
     from harness.tools.locking import node_image
 
     world_size = probe_world_size(profile)  # checked before any day is resolved
-    config_rows = {scenario: [toml_inline(c) for c in profile.settings_for(scenario).configs] for scenario in scenarios}
     name = f"{profile.name}-probes"
+    earlier = matrix_dir / f"{name}.toml"
+    if earlier.is_file():  # a round for some scenarios keeps the others' sections: their probe days stay runnable
+        scenarios = sorted({*scenarios, *tomllib.loads(earlier.read_text())["profile"].get("scenarios", [])})
+    config_rows = {scenario: [toml_inline(c) for c in profile.settings_for(scenario).configs] for scenario in scenarios}
     main_lock = lock_file.read_lock(lock_file.lock_path(matrix_dir, profile.name))
     target = lock_file.lock_path(matrix_dir, name)
     lock = lock_file.read_lock(target) if target.is_file() else dict(main_lock, days={})
