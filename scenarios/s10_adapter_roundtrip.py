@@ -115,6 +115,8 @@ ADAPTER_SETS = [["default"], ["default", "other"], ["a", "a_b"], ["adapter", "ad
 #: Names a draw combines freely (1 to 3 of them, any order): prefixes of each other (`a`, `a_b`, `ab`; `default`,
 #: `default_1`), a module's name (`q`), and peft's own words (`lora`, `weight`).
 ADAPTER_POOL = ["default", "default_1", "a", "a_b", "ab", "q", "lora", "weight"]
+#: The string-hash seeds a config with several modules_to_save heads is loaded under, one fresh process each.
+HASH_SEEDS = ["0", "1", "2", "3"]
 #: Keys a config has only where it differs from the seed (a config without them keeps its id from before they were
 #: drawn): the modules_to_save heads.
 OPTIONAL_KEYS = ("heads",)
@@ -234,8 +236,31 @@ def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, 
     measured.note(adapters=adapters, load=config.get("load"), model=config.get("model"),
                   adapted_modules=sorted(kept[adapters[0]]["scalings"]))  # fmt: skip
     batch_file = identities.tensors_to_file(batch, os.path.join(ctx["workdir"], "batch.pt"))
-    loaded = identities.in_fresh_process(roundtrip.load, {"config": config, "root": root, "batch": batch_file}, ctx)
-    return judge(config, root, loaded)
+    payload = {"config": config, "root": root, "batch": batch_file}
+    if not (config.get("modules_to_save") and len(named_models.heads_of(config)) > 1):
+        return judge(config, root, identities.in_fresh_process(roundtrip.load, payload, ctx))
+    # Several modules_to_save heads: peft keeps them in a set, so which saved head a load matches can depend on the
+    # string hash of the process (peft#2289, the match made order-free by PR #2334). One load per fixed hash seed,
+    # each judged; the first that fails is the outcome, and the record says which seeds failed.
+    from scenarios.compat import CheckFailed
+
+    outcomes: dict[str, str] = {}
+    first: CheckFailed | None = None
+    result: dict[str, Any] = {}
+    for seed in HASH_SEEDS:
+        loaded = identities.in_fresh_process(roundtrip.load, payload, ctx, env={"PYTHONHASHSEED": seed})
+        try:
+            result = judge(config, root, loaded)
+            outcomes[seed] = "pass"
+        except CheckFailed as exc:
+            outcomes[seed] = exc.check
+            first = first or exc
+    measured.note(load_hash_seeds=outcomes)
+    if first is not None:
+        first.metrics["load_hash_seeds"] = outcomes
+        raise first
+    result.setdefault("metrics", {})["load_hash_seeds"] = outcomes
+    return result
 
 
 def judge(config: dict[str, Any], root: str, loaded: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,10 @@ def details(
         spec = specs.get(failure.scenario) or {}
         every = [c for (scenario, _), group in configs.items() if scenario == failure.scenario for c in group]
         mine = [configs[(failure.scenario, c)][0] for c in failure.config_ids if (failure.scenario, c) in configs]
-        odd = _odd(mine, every)
+        # A key the scenario declares a condition is never incidental (S10's `heads` are modules_to_save heads, not a
+        # tiny model's attention heads).
+        keep = frozenset(k.split("=", 1)[0] for k in spec.get("details") or {})
+        odd = _odd(mine, every, keep)
         declared = [(k, v) for k, v in odd if _declared(k, v, spec)]
         rest = [(k, v) for k, v in odd if not _declared(k, v, spec)]
         if odd:
@@ -47,10 +50,10 @@ def _declared(key: str, value: Any, spec: dict[str, Any]) -> bool:
     return key in words or f"{key}={_plain(value)}" in words
 
 
-def _flat(config: dict[str, Any]) -> dict[str, Any]:
+def _flat(config: dict[str, Any], keep: frozenset[str] = frozenset()) -> dict[str, Any]:
     flat = {}
     for key, value in config.items():
-        if key in INCIDENTAL or vocabulary.is_setup_key(key):
+        if (key in INCIDENTAL and key not in keep) or vocabulary.is_setup_key(key):
             continue
         if isinstance(value, dict):
             flat |= {f"{key}.{sub}": v for sub, v in value.items()}
@@ -59,12 +62,14 @@ def _flat(config: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def _odd(mine: list[dict[str, Any]], every: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+def _odd(
+    mine: list[dict[str, Any]], every: list[dict[str, Any]], keep: frozenset[str] = frozenset()
+) -> list[tuple[str, Any]]:
     """(key, value) every one of `mine` shares that differs from the value most of `every` have."""
     if not mine:
         return []
-    flats = [_flat(c) for c in mine]
-    everyone = [_flat(c) for c in every]
+    flats = [_flat(c, keep) for c in mine]
+    everyone = [_flat(c, keep) for c in every]
     usual = {}
     for key in set().union(*everyone):
         counts = Counter(json.dumps(f.get(key), sort_keys=True) for f in everyone)

@@ -355,11 +355,13 @@ def in_fresh_process(
     world: int = 1,
     store: str = "",
     timeout_s: float = 240.0,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run `target(payload, child_ctx)` in a new process (spawned: nothing of this one's stack state, accelerate
     state or process group), as rank `rank` of a new group of `world` processes that meet through the file `store`
     (a path no process has created yet, on a folder every rank sees; no port to race for), or with no group (world
-    1), on this rank's device only. Returns what it returned; its exception comes back as a RuntimeError."""
+    1), on this rank's device only; `env`: variables the new process starts with (PYTHONHASHSEED: a set's order).
+    Returns what it returned; its exception comes back as a RuntimeError."""
     import multiprocessing
 
     os.makedirs(ctx["workdir"], exist_ok=True)
@@ -379,6 +381,7 @@ def in_fresh_process(
         if world > 1:  # what torchrun would set: accelerate and the Trainer read the ranks from the environment
             group = {"RANK": rank, "LOCAL_RANK": 0, "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world}
             os.environ.update({k: str(v) for k, v in group.items()})
+        os.environ.update(env or {})
         child = multiprocessing.get_context("spawn").Process(
             target=_child, args=(target, payload, child_ctx, result_path)
         )
