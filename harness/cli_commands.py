@@ -175,6 +175,7 @@ def flips(args: argparse.Namespace) -> int:
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.execution.options import MatrixOptions
     from harness.recording.packing import records_exist
+    from harness.tools.dated_runs import filed_elsewhere, usable_runs
     from harness.tools.flips import describe, find_flips
 
     run_dirs = [args.results_dir / "runs" / run for run in args.runs]
@@ -184,12 +185,16 @@ def flips(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile, MATRIX_DIR)
     if profile.era_packages:
         return _node_flips(args, profile, run_dirs)
-    if len(run_dirs) > 1:
-        raise UsageError("--run once: a CPU history run holds every day; only a GPU profile reads several runs")
-    run_dir = run_dirs[0]
+    usable_runs(run_dirs, profile.name)
+    elsewhere = filed_elsewhere(run_dirs, args.results_dir / "flips")
+    if elsewhere:
+        raise UsageError(
+            f"flips are filed under {', '.join(elsewhere)} already: name that run first (--run {elsewhere[0]}), so "
+            "that the table shows each flip once"
+        )
     options = MatrixOptions(results_dir=args.results_dir, install=InstallOptions(envs_dir=default_envs_dir()))
     for flip in find_flips(
-        run_dir, profile, options, args.results_dir / "flips", scenarios=args.scenario, again=args.again,
+        run_dirs, profile, options, args.results_dir / "flips", scenarios=args.scenario, again=args.again,
         span=(args.from_day, args.to_day), windows=args.windows, sweep=not args.bisect,
     ):  # fmt: skip
         print(describe(flip), flush=True)
@@ -235,8 +240,9 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) ->
     """Flips of a GPU history run (or of several runs of one GPU profile): one planning round
     (harness/tools/node_flips.py)."""
     from harness.recording.flip import changes_words
+    from harness.tools.dated_runs import filed_elsewhere, usable_runs
     from harness.tools.flips import describe
-    from harness.tools.node_flips import filed_elsewhere, plan_round, usable_runs, write_probe_profile
+    from harness.tools.node_flips import plan_round, write_probe_profile
 
     usable_runs(run_dirs, profile.name)
     run_dir = run_dirs[0]

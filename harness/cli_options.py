@@ -842,9 +842,9 @@ COMMANDS: tuple[Command, ...] = (
                 required=True,
                 metavar="RUN_ID",
                 help=(
-                    "a dated run under results/runs/; repeatable for a GPU (era-locked) profile whose days were "
-                    "measured in several device calls: the runs are read together, the newest record per key as "
-                    "in the table, and the flips are filed under the first run named"
+                    "a dated run under results/runs/; repeatable: runs of one profile read together, the newest "
+                    "record per key as in the table (a GPU profile's days measured in several device calls, or a "
+                    "later CPU run that measured some configs again), the flips filed under the first run named"
                 ),
             ),
             Option(("--profile",), default="history", help="the runs' profile (default history)"),

@@ -201,13 +201,15 @@ def test_a_flip_named_before_is_kept_and_one_that_is_gone_is_dropped(tmp_path: P
     profile = load_profile("history", REPO_ROOT / "matrix")
     options = MatrixOptions(results_dir=tmp_path, install=InstallOptions(envs_dir=tmp_path / "envs"))
     saved = tmp_path / "flips" / "history-x" / "flips.json"
-    assert len(flips.find_flips(run_dir, profile, options, tmp_path / "flips")) == 1 and probed == ["2026-04-15"]
-    assert flips.find_flips(run_dir, profile, options, tmp_path / "flips") == [] and len(probed) == 1
+    assert len(flips.find_flips([run_dir], profile, options, tmp_path / "flips")) == 1 and probed == ["2026-04-15"]
+    assert flips.find_flips([run_dir], profile, options, tmp_path / "flips") == [] and len(probed) == 1
     assert [(e["package"], e["release"]) for e in json.loads(saved.read_text())] == [("deepspeed", "0.19.3")]
-    assert len(flips.find_flips(run_dir, profile, options, tmp_path / "flips", again=True)) == 1 and len(probed) == 2
+    assert len(flips.find_flips([run_dir], profile, options, tmp_path / "flips", again=True)) == 1 and len(probed) == 2
     rows[0] = record("2026-04-15", "pass", None)
     (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert flips.find_flips(run_dir, profile, options, tmp_path / "flips") == [] and json.loads(saved.read_text()) == []
+    assert (
+        flips.find_flips([run_dir], profile, options, tmp_path / "flips") == [] and json.loads(saved.read_text()) == []
+    )
 
 
 def family_row(date: str, config: str, outcome: str, signature: str | None) -> dict:
@@ -346,3 +348,34 @@ def test_a_fix_and_the_break_after_it_inside_one_interval_are_both_named(tmp_pat
     # Written and read back as flips.json keeps it.
     again = Flip.from_json(json.loads(json.dumps(named.as_atlas_json())))
     assert again.changes == named.changes and again.sweep == named.sweep
+
+
+def test_a_later_run_of_some_configs_is_read_as_the_table_reads_it(tmp_path: Path, monkeypatch) -> None:
+    """A CPU run whose configs a later run measured again (`matrix --config`, e.g. under fixed hash seeds) is read
+    with that run: the later run's records of those configs replace the first's, so a flip of the first run's
+    records that the later run does not show is not probed, and a flip it does show is filed under the first run."""
+    first, later = (
+        tmp_path / "runs" / "history-20261129T010000Z-aaaa",
+        tmp_path / "runs" / "history-20261129T020000Z-bbbb",
+    )
+    for run_dir, started, configs in ((first, "2026-11-29T01:00:00", None), (later, "2026-11-29T02:00:00", ["c0"])):
+        run_dir.mkdir(parents=True)
+        attempt = {"slice": {"config_ids": configs}} if configs else {}
+        meta = {"profile": "history", "started_at": started, "attempts": [attempt]}
+        (run_dir / "meta.json").write_text(json.dumps(meta))
+    noisy = [record("2026-04-15", "fail", "checkpoint-recompute-shape[0]"), record("2026-07-29", "pass", None)]
+    (first / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in noisy))
+    steady = [record("2026-04-15", "pass", None), record("2026-07-29", "pass", None)]
+    (later / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steady))
+    probed: list[str] = []
+
+    def named_by_stand_in(flip, history, older, options, where, **_):
+        probed.append(flip.older)
+        return flip
+
+    monkeypatch.setattr(flips, "name_flip", named_by_stand_in)
+    profile = load_profile("history", REPO_ROOT / "matrix")
+    options = MatrixOptions(results_dir=tmp_path, install=InstallOptions(envs_dir=tmp_path / "envs"))
+    assert len(flips.find_flips([first], profile, options, tmp_path / "flips")) == 1, "the first run alone flips"
+    assert flips.find_flips([first, later], profile, options, tmp_path / "flips", again=True) == []
+    assert probed == ["2026-04-15"] and json.loads((tmp_path / "flips" / first.name / "flips.json").read_text()) == []

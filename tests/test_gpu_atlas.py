@@ -672,7 +672,7 @@ def test_an_ending_whose_configs_did_not_run_on_the_newer_day_is_no_evidence() -
 
 def test_flips_of_several_runs_are_filed_once(tmp_path: Path) -> None:
     """A second filing of the same runs' flips under another run would show each flip twice in the table: refused,
-    naming the run they are filed under. The CPU history holds every day in one run: several --run are refused."""
+    naming the run they are filed under, for a GPU profile's runs as for CPU runs read together."""
     import argparse
 
     from harness import cli_commands
@@ -690,5 +690,5 @@ def test_flips_of_several_runs_are_filed_once(tmp_path: Path) -> None:
     )  # fmt: skip
     with pytest.raises(UsageError, match="filed under gpu-history-ws2-b"):
         cli_commands.flips(args)
-    with pytest.raises(UsageError, match="only a GPU profile reads several runs"):
+    with pytest.raises(UsageError, match="filed under gpu-history-ws2-b"):
         cli_commands.flips(argparse.Namespace(**{**vars(args), "profile": "history"}))

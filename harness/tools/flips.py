@@ -29,9 +29,8 @@ from harness.knowledge.flips import CONFIG_SERIES, dated_verdicts, family_state,
 from harness.paths import REPO_ROOT
 from harness.publishing.atlas import upstream_verdict
 from harness.recording.flip import Flip
-from harness.recording.records import read_records
-from harness.recording.signatures import rename_all
 from harness.tools import bisection, flip_search, release_sweep
+from harness.tools.dated_runs import run_records
 from scenarios.failure_names import family as failure_family
 
 #: Target states that say something about the target (not a skip, not a broken environment).
@@ -228,7 +227,7 @@ def name_release(flip: Flip, bisected: Flip) -> None:
 
 
 def find_flips(
-    run_dir: Path,
+    run_dirs: list[Path],
     history: Profile,
     options: MatrixOptions,
     out_root: Path,
@@ -238,7 +237,9 @@ def find_flips(
     windows: bool = False,
     sweep: bool = True,
 ) -> list[Flip]:
-    """Every flip of the run, named where a probe could name it; written to `out_root/<run-id>/flips.json`. A flip an
+    """Every flip of the run (or of several runs of one profile read as the table reads them: a later run that
+    measured some configs again), named where a probe could name it; written to `out_root/<first run-id>/flips.json`.
+    A flip an
     earlier invocation named (same dates, states and failure) is taken from flips.json unless `again`; an earlier
     entry that is no flip of the run's records any more (the records or today's rules changed) is dropped.
 
@@ -246,7 +247,8 @@ def find_flips(
     the scenario's upstream record or its earlier flips name (a fix and the break after it inside one interval).
     `sweep`: a named package's releases are swept (every change); without it, bisected (one change assumed)."""
     # Judged by today's rules, as the table judges them: a flip the table does not show is not probed.
-    records = rename_all(read_records(run_dir / "records.jsonl"))
+    run_dir = run_dirs[0]
+    records = run_records(run_dirs)
     if not records:
         raise UsageError(f"{run_dir}: no records")
     specs = {s.id: s.spec for s in discover()}

@@ -31,6 +31,7 @@ from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
 from harness.tools import flip_search
 from harness.tools.bisection import probe_state
+from harness.tools.dated_runs import run_records
 from harness.tools.flips import dated_states, flips_in
 from harness.versions import lock as era_lock
 from harness.versions import lock_file
@@ -201,44 +202,6 @@ def window_step(window: Flip, states: dict[str, str], release_lists: dict[str, l
     swept = ", ".join(f"{len(w['probes'])} release(s) of {w['package']}" for w in sweeps)
     window.bisect = f"window swept on the node: {swept}"
     return []
-
-
-def filed_elsewhere(run_dirs: list[Path], out_root: Path) -> list[str]:
-    """The runs after the first whose own flips folder exists: a second filing of the same flips would show them
-    twice in the table, and its probes would not be read."""
-    return [run_dir.name for run_dir in run_dirs[1:] if (out_root / run_dir.name / "flips.json").is_file()]
-
-
-def usable_runs(run_dirs: list[Path], profile_name: str) -> None:
-    """Refuse runs that are not one profile's evidence: another profile's run, or one the table leaves out
-    (superseded or withdrawn: its records are no evidence, so a flip read from them would be none either)."""
-    from harness.errors import UsageError
-    from harness.knowledge.selection import retired
-
-    for run_dir in run_dirs:
-        meta_path = run_dir / "meta.json"
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-        if meta.get("profile", profile_name) != profile_name:
-            raise UsageError(f"--run {run_dir.name} is a run of {meta['profile']}, not of --profile {profile_name}")
-        if retired(meta):
-            why = meta.get("withdrawn") or f"superseded by {', '.join(meta['superseded_by'])}"
-            raise UsageError(f"--run {run_dir.name} is no evidence any more ({why})")
-
-
-def run_records(run_dirs: list[Path]) -> list[dict[str, Any]]:
-    """The runs' records judged by today's rules, chosen as the table chooses them (`report.select_runs`): runs
-    newest first (by their start), each giving the (cell, scenario) pairs no newer run of them covers, then the
-    newest record per key."""
-    from harness.knowledge.selection import config_slices, latest_by_key, newest_per_pair
-
-    def started(run_dir: Path) -> tuple[str, str]:  # its start, then its id (which begins with its start time)
-        meta = run_dir / "meta.json"
-        return (str(json.loads(meta.read_text()).get("started_at", "")) if meta.is_file() else "", run_dir.name)
-
-    newest_first = sorted(run_dirs, key=started, reverse=True)
-    runs = ((d.name, rename_all(read_records(d / "records.jsonl"))) for d in newest_first)
-    metas = {d.name: json.loads((d / "meta.json").read_text()) for d in run_dirs if (d / "meta.json").is_file()}
-    return latest_by_key([r for _, fresh, _ in newest_per_pair(runs, config_slices(metas)) for r in fresh])[0]
 
 
 def plan_round(
