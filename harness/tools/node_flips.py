@@ -46,34 +46,42 @@ def probe_day(day: str, package: str, version: str) -> str:
     return f"{day}+{package}-{version}"
 
 
-def probe_states(
-    probe_root: Path, scenario: str, signature: str | None, config_ids: list[str] | None = None
-) -> dict[str, str]:
-    """probe day -> 'fail' (the flip's failure), 'pass', 'unusable' or 'no-evidence' (`bisection.probe_state`,
-    over the configs that showed the failure), from every probe run recorded so far."""
-    grouped: dict[str, list[dict[str, Any]]] = {}
+def probe_records(probe_root: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """scenario -> probe day -> every record of it (every variant), from every probe run recorded so far: read once
+    per round, for both the probes' states and their cost."""
+    grouped: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for run_dir in run_dirs(probe_root):
         for record in rename_all(read_records(run_dir / "records.jsonl")):
             day = (record.get("pins") or {}).get("date", "")
-            if record["scenario"] == scenario and record["variant"] == "baseline" and PROBE_DAY.match(day):
-                grouped.setdefault(day, []).append(record)
-    return {day: probe_state(records, signature, config_ids or ())[0] for day, records in grouped.items()}
+            if PROBE_DAY.match(day):
+                grouped.setdefault(record["scenario"], {}).setdefault(day, []).append(record)
+    return grouped
 
 
-def probe_costs(probe_root: Path, scenario: str, config_ids: list[str] | None = None) -> dict[str, tuple[int, float]]:
-    """probe day -> (records, seconds of jobs) of the flip's configs (or every config), from every probe run so far:
-    what each probe cost on the node, for the flip's own bill."""
+def probe_states(
+    probes: dict[str, list[dict[str, Any]]], signature: str | None, config_ids: list[str] | None = None
+) -> dict[str, str]:
+    """probe day -> 'fail' (the flip's failure), 'pass', 'unusable' or 'no-evidence' (`bisection.probe_state`,
+    over the baseline records of the configs that showed the failure); `probes`: one scenario's probe days."""
+    states = {}
+    for day, records in probes.items():
+        baseline = [r for r in records if r["variant"] == "baseline"]
+        if baseline:
+            states[day] = probe_state(baseline, signature, config_ids or ())[0]
+    return states
+
+
+def probe_costs(
+    probes: dict[str, list[dict[str, Any]]], config_ids: list[str] | None = None
+) -> dict[str, tuple[int, float]]:
+    """probe day -> (records, seconds of jobs) of the flip's configs (or every config), every variant the node ran:
+    what each probe cost on the node, for the flip's own bill; `probes`: one scenario's probe days."""
     wanted = set(config_ids or ())
     costs: dict[str, tuple[int, float]] = {}
-    for run_dir in run_dirs(probe_root):
-        for record in read_records(run_dir / "records.jsonl"):
-            day = (record.get("pins") or {}).get("date", "")
-            if record["scenario"] != scenario or not PROBE_DAY.match(day):
-                continue
-            if wanted and record.get("config_id") not in wanted:
-                continue
-            count, seconds = costs.get(day, (0, 0.0))
-            costs[day] = (count + 1, seconds + float(record.get("duration_s") or 0.0))
+    for day, records in probes.items():
+        mine = [r for r in records if not wanted or r.get("config_id") in wanted]
+        if mine:
+            costs[day] = (len(mine), sum(float(r.get("duration_s") or 0.0) for r in mine))
     return costs
 
 
@@ -224,7 +232,7 @@ def plan_round(
     records = [r for r in run_records(run_dirs) if not scenarios or r["scenario"] in scenarios]
     specs = {s.id: s.spec for s in discover()}
     verdicts = dated_verdicts(records, specs)[2]
-    probe_root = out_root / run_dir.name / "probes"
+    probes = probe_records(out_root / run_dir.name / "probes")
     flips: list[Flip] = []
     needed: dict[str, list[str]] = {}
     for flip in flips_in(dated_states(records, specs)):
@@ -233,7 +241,7 @@ def plan_round(
             flip.note = "masked by " + ", ".join(hidden_by)
             flips.append(flip)
             continue
-        states = probe_states(probe_root, flip.scenario, flip.signature, flip.config_ids)
+        states = probe_states(probes.get(flip.scenario, {}), flip.signature, flip.config_ids)
         needed_now = step(flip, states, [])
         if not needed_now and len(flip.reproducing) == 1:
             old, new = flip.changed[flip.reproducing[0]]
@@ -242,19 +250,19 @@ def plan_round(
         if needed_now:
             needed.setdefault(flip.scenario, []).extend(needed_now)
         if flip.moves:
-            flip.node_cost = node_cost(flip, probe_costs(probe_root, flip.scenario, flip.config_ids))
+            flip.node_cost = node_cost(flip, probe_costs(probes.get(flip.scenario, {}), flip.config_ids))
         flips.append(flip)
     if windows:
         earlier = [f.as_atlas_json() for f in flips if f.package]
         for window in windows_in(dated_states(records, specs), specs, earlier):
-            states = probe_states(probe_root, window.scenario, window.signature, window.config_ids)
+            states = probe_states(probes.get(window.scenario, {}), window.signature, window.config_ids)
             lists = {p: [str(v) for v in between(releases(p, profile.python), old, new)]
                      for p, (old, new) in window.changed.items()}  # fmt: skip
             needed_now = window_step(window, states, lists)
             if needed_now:
                 needed.setdefault(window.scenario, []).extend(needed_now)
             if window.sweep:
-                window.node_cost = node_cost(window, probe_costs(probe_root, window.scenario, window.config_ids))
+                window.node_cost = node_cost(window, probe_costs(probes.get(window.scenario, {}), window.config_ids))
             flips.append(window)
     out_dir = out_root / run_dir.name
     out_dir.mkdir(parents=True, exist_ok=True)
