@@ -462,11 +462,26 @@ def run_script(args: argparse.Namespace) -> int:
 
 
 def bisect_script(args: argparse.Namespace) -> int:
+    if args.device == "cuda" and args.blame:
+        raise UsageError("--blame runs here on a CPU verdict; a GPU finding is blamed on the node "
+                         "(`findings ID --verify --blame --node-wheels DIR`)")  # fmt: skip
     if args.device == "cuda":  # planned here in rounds, run on a GPU node
         from harness.tools.node_script import gpu_command
 
         return gpu_command(args)
     from harness.tools.script_bisect import command
+
+    code = command(args)
+    if code == 0 and args.blame:  # then its last step: the named release's changed code, put back
+        from harness.tools.script_blame import command as blame
+
+        folder = args.results_dir / "script-bisect" / (args.name or args.script.stem)
+        return blame(argparse.Namespace(folder=folder, named_only=True))
+    return code
+
+
+def blame_script(args: argparse.Namespace) -> int:
+    from harness.tools.script_blame import command
 
     return command(args)
 

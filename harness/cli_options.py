@@ -728,6 +728,15 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(("--fresh",), action="store_true", help="ignore the runs an earlier invocation recorded"),
             Option(
+                ("--blame",),
+                action="store_true",
+                help=(
+                    "then blame the named release (CPU, a pure Python package): run the script traced at it and at "
+                    "the release before, put the changed functions both ran back until the smallest set that gives "
+                    "the other outcome is left (blame.json, changed.json; the issue body shows it)"
+                ),
+            ),
+            Option(
                 ("--bisect",),
                 action="store_true",
                 help=(
@@ -766,6 +775,23 @@ COMMANDS: tuple[Command, ...] = (
             RESULTS_OPTION,
             OFFLINE_OPTION.but(help="install only from --wheelhouse (air-gapped nodes)"),
             WHEELHOUSE_OPTION,
+        ),
+    ),
+    Command(
+        "blame-script",
+        "blame_script",
+        help="put back the changed code of a bisect-script verdict's named release, to name the function",
+        description=(
+            "For a CPU verdict folder (results/script-bisect/<name>) whose flip names a release of a pure Python "
+            "package: runs the script traced at that release and at the last one before it (each over the flip's "
+            "older stack, as its moves ran), takes the functions both runs executed whose source differs, and "
+            "puts them back at the named release (delta debugging) down to the smallest set that gives the "
+            "release before's outcome; then the other way. Writes blame.json and changed.json beside the "
+            "verdict and issue.md again. Where the runs do not flip here or the package holds native code, it "
+            "says so and blames nothing. Exit 0 with a blame (or its reason for none), 2 on bad input."
+        ),
+        options=(
+            Option(("folder",), type=Path, metavar="FOLDER", help="the verdict folder (results/script-bisect/<name>)"),
         ),
     ),
     Command(

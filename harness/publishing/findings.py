@@ -18,9 +18,9 @@ from typing import Any
 from harness.errors import UsageError
 from harness.knowledge.findings import Finding
 from harness.knowledge.selection import retired
+from harness.publishing.blame_section import blame_section
 from harness.publishing.upstream import issue_title as upstream_title
 from harness.recording.flip import Flip
-from harness.recording.machine import describe_machine
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
 from harness.recording.verdicts import variant_kinds, verdict
@@ -185,30 +185,8 @@ def _which_release(finding: Finding) -> str:
 
 
 def _blame_lines(finding: Finding) -> list[str]:
-    """What putting the changed code back showed: the blamed function(s) with their diffs and the runs that prove
-    it (`findings ID --verify --blame`)."""
-    blame = finding.blame
-    if not blame:
-        return []
-    lines = ["", "### What causes it\n", f"{blame['verdict'][0].upper()}{blame['verdict'][1:]} "
-             f"({len(blame['runs'])} runs of the reproducer, {blame.get('seconds', 0)} s, on "
-             f"{describe_machine(blame.get('machine'))})."]  # fmt: skip
-    diffs = {f"{c['file']}::{c['qualname']}": c["diff"] for c in (finding.changed or {}).get("changed", [])}
-    for name in blame["blamed"]:
-        if name in diffs:
-            lines += ["", f"`{name}`:", "", "```diff", diffs[name], "```"]
-        elif name.endswith(" (whole module)"):  # its changed functions, which could not be put back one by one
-            module = name.removesuffix(" (whole module)")
-            inside = [(n, d) for n, d in diffs.items() if n.split("::", 1)[0] == module]
-            lines += ["", f"`{name}`: the functions of it that both runs executed and that changed:"]
-            for function, diff in inside:
-                lines += ["", f"`{function}`:", "", "```diff", diff, "```"]
-    proof = [r for r in blame["runs"] if sorted(r["reverted"]) == sorted(n.removesuffix(" (whole module)")
-                                                                       for n in blame["blamed"])]  # fmt: skip
-    for run in proof[:1]:
-        lines += ["", f"With only that put back at {finding.package} {finding.bad}: `{run['line']}` "
-                  f"({run['outcome']} release's outcome, {run['seconds']} s)."]  # fmt: skip
-    return lines
+    """What putting the changed code back showed (`findings ID --verify --blame`)."""
+    return blame_section(finding.blame, finding.changed, finding.package, finding.bad)
 
 
 def _changed_lines(finding: Finding) -> list[str]:

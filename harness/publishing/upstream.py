@@ -120,7 +120,9 @@ PROJECTS = {
 }
 
 
-def script_issue_body(verdict: dict[str, Any], script: str, flip: Flip, runs: list[dict[str, Any]]) -> str:
+def script_issue_body(
+    verdict: dict[str, Any], script: str, flip: Flip, runs: list[dict[str, Any]], folder: Path | None = None
+) -> str:
     """The issue body (Markdown) for a user script's failure that a bisect pinned on one release. System Info is
     what really ran: the first failing run's versions beside the last passing run's (the packages that matter first,
     every package of the failing run folded away), never a day's stack with one version swapped in by hand."""
@@ -172,7 +174,23 @@ def script_issue_body(verdict: dict[str, Any], script: str, flip: Flip, runs: li
     ]
     if flip.note:
         lines += ["", f"Note: {flip.note}"]
+    lines += _script_blame_lines(folder, flip)
     return "\n".join(lines) + "\n"
+
+
+def _script_blame_lines(folder: Path | None, flip: Flip) -> list[str]:
+    """The verdict's blame (blame.json beside it, `blame-script`), where it is of this flip."""
+    from harness.publishing.blame_section import blame_section
+
+    path = folder / "blame.json" if folder else None
+    if path is None or not path.is_file():
+        return []
+    blame = json.loads(path.read_text())
+    if blame.get("flip") != [flip.older, flip.newer]:
+        return []
+    changed_path = path.parent / "changed.json"
+    changed = json.loads(changed_path.read_text()) if changed_path.is_file() else None
+    return blame_section(blame, changed, str(flip.package), str(flip.release))
 
 
 #: The longest title an issue body opens with (what a maintainer reads in a second; the whole message is below).
@@ -338,4 +356,4 @@ def script_report(folder: Path) -> str:
     if not named:
         raise UsageError(f"{folder}: the bisect named no release, so there is nothing to report upstream")
     runs = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
-    return script_issue_body(verdict, (folder / "script.py").read_text(), named[0], runs)
+    return script_issue_body(verdict, (folder / "script.py").read_text(), named[0], runs, folder)

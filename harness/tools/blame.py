@@ -198,9 +198,9 @@ def blame(
         return result
     chosen = ddmin(units, test)
     result.blamed = [str(u) if isinstance(u, Candidate) else f"{u} (whole module)" for u in chosen]
-    notes = (
-        [f"{len(result.widened)} module(s) reverted whole: their functions alone cannot run"] if result.widened else []
-    )
+    # A module put back whole during the search is said only where the smallest set still needs it whole.
+    whole = [u for u in chosen if isinstance(u, str)]
+    notes = [f"{len(whole)} module(s) reverted whole: their functions alone cannot run"] if whole else []
     notes += [f"not runnable alone, no evidence: {', '.join(result.unrunnable)}"] if result.unrunnable else []
     result.verdict = f"reverting {', '.join(result.blamed)} at {package} {newer} gives the {older} outcome" + "".join(
         f"; {n}" for n in notes

@@ -971,7 +971,8 @@ def write_issue(verdict: dict[str, Any], bisect: ScriptBisect) -> int:
     named = [f for f in (Flip.from_json(x) for x in verdict["flips"]) if f.package and f.release]
     if named:
         runs = [json.loads(line) for line in (out_dir / "runs.jsonl").read_text().splitlines() if line.strip()]
-        (out_dir / "issue.md").write_text(script_issue_body(verdict, bisect.script.read_text(), named[0], runs))
+        body = script_issue_body(verdict, bisect.script.read_text(), named[0], runs, out_dir)
+        (out_dir / "issue.md").write_text(body)
         bisect.say(f"  issue body for {named[0].package}: {out_dir / 'issue.md'}")
     bisect.say(f"  verdict: {out_dir / 'verdict.json'}; every run: {out_dir / 'runs.jsonl'}")
     return 0

@@ -235,10 +235,12 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 def _chain_next_sitecustomize() -> None:
     """Run the sitecustomize this one shadows (a distribution may ship one further down the path)."""
+    # Only the entries after this one's: two of ours that each ran the first other one would run each other forever.
     here = os.path.dirname(os.path.abspath(__file__))
-    for entry in sys.path:
-        candidate = os.path.join(entry or ".", "sitecustomize.py")
-        if os.path.abspath(os.path.dirname(candidate)) == here or not os.path.isfile(candidate):
+    entries = [os.path.abspath(entry or ".") for entry in sys.path]
+    for entry in entries[entries.index(here) + 1 :] if here in entries else entries:
+        candidate = os.path.join(entry, "sitecustomize.py")
+        if entry == here or not os.path.isfile(candidate):
             continue
         spec = importlib.util.spec_from_file_location("_compat_matrix_next_sitecustomize", candidate)
         if spec and spec.loader:

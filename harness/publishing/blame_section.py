@@ -1,0 +1,36 @@
+"""What putting the changed code back showed, as an issue body's section: the blamed function(s) with their diffs, the
+run that proves it, and the run the other way. A finding's issue (`publishing/findings.py`) and a bisect-script
+verdict's (`publishing/upstream.py`) show the same section from the same blame.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.recording.machine import describe_machine
+
+
+def blame_section(blame: dict[str, Any] | None, changed: dict[str, Any] | None, package: str, newer: str) -> list[str]:
+    """The section's lines ([] where nothing was blamed or tried); `changed`: the traced comparison (changed.json),
+    whose diffs are shown; `newer`: the release the code was put back at."""
+    if not blame:
+        return []
+    runs = blame.get("runs") or []
+    lines = ["", "### What causes it\n", f"{blame['verdict'][0].upper()}{blame['verdict'][1:]} "
+             f"({len(runs)} runs of the reproducer, {blame.get('seconds', 0)} s, on "
+             f"{describe_machine(blame.get('machine'))})."]  # fmt: skip
+    diffs = {f"{c['file']}::{c['qualname']}": c["diff"] for c in (changed or {}).get("changed", [])}
+    for name in blame["blamed"]:
+        if name in diffs:
+            lines += ["", f"`{name}`:", "", "```diff", diffs[name], "```"]
+        elif name.endswith(" (whole module)"):  # its changed functions, which could not be put back one by one
+            module = name.removesuffix(" (whole module)")
+            inside = [(n, d) for n, d in diffs.items() if n.split("::", 1)[0] == module]
+            lines += ["", f"`{name}`: the functions of it that both runs executed and that changed:"]
+            for function, diff in inside:
+                lines += ["", f"`{function}`:", "", "```diff", diff, "```"]
+    proof = [r for r in runs if sorted(r["reverted"]) == sorted(n.removesuffix(" (whole module)")
+                                                                for n in blame["blamed"])]  # fmt: skip
+    for run in proof[:1]:
+        lines += ["", f"With only that put back at {package} {newer}: `{run['line']}` "
+                  f"({run['outcome']} release's outcome, {run['seconds']} s)."]  # fmt: skip
+    return lines

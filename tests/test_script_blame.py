@@ -1,0 +1,80 @@
+"""Blame as bisect-script's last step, on the package pair whose cause is known (`tests/test_blame.py`: toypkg 1.0
+good, 2.0 bad, one cause `Scaler.apply`, one revert that cannot run alone). The stacks are this interpreter with
+each release's files first on the path; the runs are the real `run_script` (the probe's sitecustomize first, then the
+tracer's or the revert's, then the stack's), judged as the verdict judges its runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from harness.define.profile import load_profile
+from harness.environments.envs import InstallOptions
+from harness.paths import MATRIX_DIR
+from harness.recording.flip import Flip
+from harness.tools.script_bisect import End, ScriptBisect
+from harness.tools.script_blame import blame_verdict, prepared
+from harness.tools.script_stacks import Stack
+from tests.test_blame import CORE_1, CORE_2, HELPERS_1, HELPERS_2, REPRO, _installed
+
+
+class _ToyStacks:
+    """toypkg's two releases over this interpreter, as a verdict's older stack and its move."""
+
+    def __init__(self, sites: dict[str, Path]) -> None:
+        self.sites = sites
+
+    def scan(self, end) -> Stack:
+        version = end.pins["toypkg"]
+        return Stack(
+            end.label, Path(sys.executable), {"toypkg": version}, "pinned", pythonpath=str(self.sites[version])
+        )
+
+    def move(self, base: Stack, package: str, version: str, older, newer) -> Stack:
+        site = str(self.sites[version])
+        return Stack(f"{base.label} + {package}=={version}", Path(sys.executable), {package: version}, "overlay",
+                     pythonpath=site)  # fmt: skip
+
+
+def _bisect(tmp_path: Path, sites: dict[str, Path]) -> tuple[ScriptBisect, dict]:
+    script = tmp_path / "repro.py"
+    script.write_text(REPRO)
+    options = InstallOptions(envs_dir=tmp_path / "envs")
+    bisect = ScriptBisect(script, tmp_path / "verdict", load_profile("history", MATRIX_DIR), options,
+                          source=_ToyStacks(sites), say=lambda _: None)  # fmt: skip
+    from harness.tools.script_blame import _run
+
+    failing = _run(bisect, _ToyStacks(sites).scan(End(pins={"toypkg": "2.0"})), "bad")  # its signature is the target
+    flip = Flip("toypkg==1.0", "toypkg==2.0", "pass", "target", {"toypkg": ["1.0", "2.0"]})
+    flip.package, flip.release, flip.last_release_before = "toypkg", "2.0", "1.0"
+    verdict = {"flips": [flip.as_script_json()], "target": {"signature": failing.signature, "error": failing.error}}
+    return prepared(bisect, verdict), verdict
+
+
+def test_bisect_script_blames_the_one_cause(tmp_path: Path) -> None:
+    sites = {
+        "1.0": _installed(tmp_path, "1.0", CORE_1, HELPERS_1),
+        "2.0": _installed(tmp_path, "2.0", CORE_2, HELPERS_2),
+    }
+    bisect, verdict = _bisect(tmp_path, sites)
+    found = blame_verdict(bisect, verdict)
+    assert found is not None and found["blamed"] == ["toypkg/core.py::Scaler.apply"], found
+    assert found["unrunnable"] == ["toypkg/core.py::Scaler.__init__"], found  # 1.0's __init__ calls what 2.0 removed
+    assert found["sides"]["older"]["state"] == "pass" and found["sides"]["newer"]["state"] == "target", found["sides"]
+    assert found["converse"]["outcome"] == "newer", found["converse"]  # 2.0's apply in 1.0's run fails as 2.0 does
+    saved = json.loads((bisect.out_dir / "blame.json").read_text())
+    assert saved["blamed"] == found["blamed"] and (bisect.out_dir / "changed.json").is_file()
+    assert "reverted whole" not in found["verdict"], "no module was needed whole"
+
+
+def test_a_pair_that_does_not_flip_here_is_not_blamed(tmp_path: Path) -> None:
+    """Both releases pass here (2.0 is 1.0 again): any revert would 'pass', so nothing is blamed, and it says why."""
+    sites = {
+        "1.0": _installed(tmp_path, "1.0", CORE_1, HELPERS_1),
+        "2.0": _installed(tmp_path, "2.0", CORE_1, HELPERS_1),
+    }
+    bisect, verdict = _bisect(tmp_path, sites)
+    found = blame_verdict(bisect, verdict)
+    assert found is not None and found["blamed"] == [] and found["runs"] == []
+    assert found["verdict"].startswith("not blamed: the traced runs did not flip here"), found["verdict"]
