@@ -417,7 +417,8 @@ def adapters_grid(args: argparse.Namespace) -> int:
             raise UsageError("--sweep names the flips of a finished run: it takes no --resume, --feature, --from, --to")
         print(f"wrote {sweep_grid(args.sweep, args.results_dir)}")
         return 0
-    out = run_grid(args.profile, args.results_dir, args.start, args.end, args.feature, args.resume)
+    out = run_grid(args.profile, args.results_dir, args.start, args.end, args.feature, args.resume,
+                   drawn=args.drawn)  # fmt: skip
     print(f"wrote {out}")
     return 0
 

@@ -631,7 +631,16 @@ COMMANDS: tuple[Command, ...] = (
             Option(("--profile",), default="history", help="the atlas whose days are the grid's (default: history)"),
             Option(("--from",), dest="start", metavar="DAY", help="first day (YYYY-MM-DD)"),
             Option(("--to",), dest="end", metavar="DAY", help="last day (YYYY-MM-DD)"),
-            Option(("--feature",), action="append", metavar="CONFIG_ID", help="only this seed config (repeatable)"),
+            Option(("--feature",), action="append", metavar="CONFIG_ID", help="only this config (repeatable)"),
+            Option(
+                ("--drawn",),
+                action="append",
+                metavar="RUN",
+                help=(
+                    "a dated S10 run (repeatable: read together as the table reads them): its drawn configs that "
+                    "fail on some day join the seed configs"
+                ),
+            ),
             Option(("--resume",), metavar="RUN", help="continue a run: every save and load it holds is kept"),
             Option(
                 ("--sweep",),

@@ -147,9 +147,32 @@ def test_a_finding_that_flips_on_some_machines_only_says_where(tmp_path: Path) -
     assert "flips on 2026-11-27 (Xeon A, avx2 avx512f avx512_bf16" in words, words
     assert "does not flip on 2026-11-29 (Xeon B, avx2 avx512f, no avx512_bf16" in words, words
     assert words in issue_body(found, RESULTS, None)
+    assert found.cpu_condition == ("avx512_bf16",), "the flag on the machine it flipped on and not on the other"
     # Without the flipping pair it is not verified, and says so.
     (folder / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs[2:]))
     assert not load_finding(folder).verified
+    # A machine not recorded on one side: no condition is claimed.
+    unrecorded = [{k: v for k, v in r.items() if k != "machine"} if r["made_at"].startswith("2026-11-29") else r
+                  for r in runs]  # fmt: skip
+    (folder / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in unrecorded))
+    assert load_finding(folder).cpu_condition == ()
+
+
+def test_a_failure_that_flips_by_the_cpu_applies_if_the_cpu_has_it() -> None:
+    """The committed bitsandbytes 0.49.0 finding flipped on the node's CPU (avx512_bf16, AMX) and not on this CPU:
+    the judge's answer for bitsandbytes 0.49.0 is "applies if your CPU has" those flags, in every view."""
+    from harness.knowledge.atlas import Atlas
+    from harness.knowledge.judge import Query
+
+    atlas = Atlas(RESULTS)
+    [failure] = [
+        f for f in atlas.failures if any(c.finding == "bitsandbytes-0.49.0-cpu-qlora-merge-off" for c in f.changes)
+    ]
+    table = next(t for t in atlas.tables["failures"] if t["id"] == failure.id)
+    assert table["detail"].startswith("your CPU has avx512_bf16"), table["detail"]
+    answers = atlas.judge(Query(versions={"bitsandbytes": "0.49.0"}, device="cpu", partial=True))
+    mine = [a for a in answers if a["id"] == failure.id]
+    assert mine and all(a["state"] == "applies-if" and "avx512_bf16" in a["condition"] for a in mine), mine
 
 
 def test_cpu_features_are_read_from_cpuinfo() -> None:

@@ -78,3 +78,20 @@ def test_a_pair_that_does_not_flip_here_is_not_blamed(tmp_path: Path) -> None:
     found = blame_verdict(bisect, verdict)
     assert found is not None and found["blamed"] == [] and found["runs"] == []
     assert found["verdict"].startswith("not blamed: the traced runs did not flip here"), found["verdict"]
+
+
+def test_a_call_refused_for_its_arguments_is_a_candidate() -> None:
+    """accelerate 1.0.0's Accelerator.__init__ refuses `dispatch_batches` before its body runs, so no trace shows it in
+    the failing run: the function the error names, executed by the other run, is put back too (where its older
+    source is at hand), and nothing the error does not name."""
+    from harness.tools.changed_code import ChangedCode
+    from harness.tools.script_blame import refused_calls
+
+    changed = ChangedCode(
+        "toypkg", "1.0", "2.0", 3, only_older=["toypkg/core.py::Scaler.__init__", "toypkg/core.py::unused"]
+    )
+    error = "TypeError: Scaler.__init__() got an unexpected keyword argument 'k'"
+    found = refused_calls(changed, error, {"toypkg/core.py": CORE_1})
+    assert [str(c) for c in found] == ["toypkg/core.py::Scaler.__init__"]
+    assert refused_calls(changed, error, {}) == [], "no older source, nothing to put back"
+    assert refused_calls(changed, "ValueError: Scaler.__init__ failed", {"toypkg/core.py": CORE_1}) == []

@@ -195,12 +195,19 @@ class Atlas:
         """failure id -> (the condition on the user's model its configs share, in the scenario's words: the judge's
         "applies if"; what else sets them apart from the configs most records ran)."""
         from harness.knowledge.details import details
+        from harness.recording.machine import cpu_condition_words
 
         configs: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         for record in [*self.table, *self.probes]:
             if record["variant"] == "baseline":
                 configs[(record["scenario"], record["config_id"])].append(record.get("config") or {})
-        return details(self.failures, configs, self.specs)
+        found = details(self.failures, configs, self.specs)
+        for failure in self.failures:  # a condition on the user's machine that a finding measured (bitsandbytes 0.49)
+            flags = next((c.cpu_flags for c in failure.changes if c.cpu_flags), ())
+            if flags:
+                model, rest = found.get(failure.id, ("", ""))
+                found[failure.id] = ("; ".join(w for w in (model, cpu_condition_words(flags)) if w), rest)
+        return found
 
     @cached_property
     def rows(self) -> list[Row]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
-from harness.recording.machine import describe_machine
+from harness.recording.machine import CPU_FLAGS, describe_machine
 
 _REQUIRED = ("title", "scenario", "signature", "repository", "package", "direction", "bad", "good")
 
@@ -76,6 +76,22 @@ class Finding:
 
         flipped = f"flips on {where(self.reproduced)}; " if self.reproduced else ""
         return f"{flipped}does not flip on {where(self.not_reproduced)}"
+
+    @property
+    def cpu_condition(self) -> tuple[str, ...]:
+        """The CPU flags on every machine where a verification flipped and on no machine where one did not (both
+        recorded): where the library takes another path by the CPU, the failure's condition on the user's machine.
+        Empty where every verification flipped, or where a side's machines were not recorded."""
+        flipped = [
+            set(b["machine"]["cpu_flags"]) for b, _ in self.reproduced if "cpu_flags" in (b.get("machine") or {})
+        ]
+        held = [
+            set(b["machine"]["cpu_flags"]) for b, _ in self.not_reproduced if "cpu_flags" in (b.get("machine") or {})
+        ]
+        if not flipped or not held:
+            return ()
+        needed = set.intersection(*flipped) - set.union(*held)
+        return tuple(f for f in CPU_FLAGS if f in needed)
 
     def release_words(self) -> str:
         if self.direction == "starts":

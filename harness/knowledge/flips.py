@@ -180,6 +180,9 @@ class Change:
     signature: str | None = None
     #: The verified finding that measured this change (its reproducer at both releases), where one did.
     finding: str | None = None
+    #: The CPU flags the finding flipped with and did not without (`Finding.cpu_condition`): a condition on the
+    #: user's machine.
+    cpu_flags: tuple[str, ...] = ()
 
 
 def changes_for(flips: list[Flip], atlas_of_run: dict[str, str]) -> list[Change]:
@@ -224,7 +227,7 @@ def finding_changes(results_dir: Path) -> list[Change]:
             finding.scenario, finding.package, finding.bad if starts else finding.good,
             finding.good if starts else finding.bad, "started" if starts else "ended",
             (config,) if config else (), "cuda" if finding.gpus else "cpu", None, signature=finding.signature,
-            finding=finding.id,
+            finding=finding.id, cpu_flags=finding.cpu_condition,
         ))  # fmt: skip
     return found
 

@@ -19,3 +19,11 @@ def describe_machine(machine: dict[str, Any] | None) -> str:
     return f"{gpu}{machine.get('cpu_model')}, {' '.join(has) or 'none of ' + ' '.join(CPU_FLAGS)}" + (
         f", no {' '.join(lacks)}" if lacks and has else ""
     )
+
+
+def cpu_condition_words(flags: tuple[str, ...]) -> str:
+    """A failure's condition on the user's CPU, as the verifications measured it ('' where there is none)."""
+    if not flags:
+        return ""
+    named = " and ".join(flags) if len(flags) < 3 else ", ".join(flags[:-1]) + f" and {flags[-1]}"
+    return f"your CPU has {named} (it flipped on a CPU with them and not at the same releases on one without)"

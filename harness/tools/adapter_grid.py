@@ -56,6 +56,26 @@ def seed_configs() -> dict[str, dict[str, Any]]:
     return {config_id(c): c for c in scenario.module.EXAMPLES}
 
 
+def drawn_configs(results_dir: Path, runs: list[str]) -> dict[str, dict[str, Any]]:
+    """The configs S10's draws made (not its seed examples) that fail on some day of the dated runs, read as the
+    table reads them (`dated_runs.run_records`: a later run that measured some configs again replaces them), by id."""
+    from harness.tools.dated_runs import run_records, usable_runs
+
+    run_dirs = [results_dir / "runs" / run for run in runs]
+    for run_dir in run_dirs:
+        if not run_dir.is_dir():
+            raise UsageError(f"--drawn {run_dir.name}: no {run_dir}")
+    usable_runs(run_dirs, json.loads((run_dirs[0] / "meta.json").read_text()).get("profile", "history"))
+    seeds = seed_configs()
+    found: dict[str, dict[str, Any]] = {}
+    for record in run_records(run_dirs):
+        if record["scenario"] != SCENARIO or record["variant"] != "baseline" or record["config_id"] in seeds:
+            continue
+        if record.get("config_source") != "example" and record["outcome"] not in ("pass", "skip"):
+            found[record["config_id"]] = record["config"]
+    return dict(sorted(found.items()))
+
+
 def run_grid(
     profile_name: str,
     results_dir: Path,
@@ -64,8 +84,10 @@ def run_grid(
     features: list[str] | None = None,
     resume: str | None = None,
     stream: Any = sys.stdout,
+    drawn: list[str] | None = None,
 ) -> Path:
-    """Build (or reuse) each day's environment, save on every day, load on every day, and write the run's files."""
+    """Build (or reuse) each day's environment, save on every day, load on every day, and write the run's files.
+    `drawn`: dated S10 runs whose drawn configs that fail somewhere join the seed configs."""
     from harness.define.cells import expand
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir, ensure_env
@@ -81,11 +103,11 @@ def run_grid(
     if resume and (results_dir / FOLDER / resume / "meta.json").is_file():  # the same days as the run resumed
         kept = json.loads((results_dir / FOLDER / resume / "meta.json").read_text()).get("order") or []
         chosen = [c for c in chosen if c.cell_id in kept] or chosen
-    configs = seed_configs()
+    configs = seed_configs() | (drawn_configs(results_dir, drawn) if drawn else {})
     if features:
         unknown = sorted(set(features) - set(configs))
         if unknown:
-            raise UsageError(f"--feature {unknown[0]}: not one of S10's seed config ids ({', '.join(configs)})")
+            raise UsageError(f"--feature {unknown[0]}: not one of the grid's config ids ({', '.join(configs)})")
         configs = {k: v for k, v in configs.items() if k in features}
     run_id = resume or new_run_id(f"{FOLDER}-{profile_name}")
     store = default_envs_dir().parent / FOLDER / run_id

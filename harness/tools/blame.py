@@ -193,7 +193,8 @@ def blame(
     if outcome != OLDER:
         result.verdict = (
             "reverting every changed function the runs executed does not bring back the older outcome "
-            f"({outcome}): the cause is elsewhere (native code, a function neither run executed, another package)"
+            f"({outcome}): the cause is elsewhere (native code, module-level code such as an import, a function "
+            "neither run executed, another package)"
         )
         return result
     chosen = ddmin(units, test)
