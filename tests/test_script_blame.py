@@ -95,3 +95,30 @@ def test_a_call_refused_for_its_arguments_is_a_candidate() -> None:
     assert [str(c) for c in found] == ["toypkg/core.py::Scaler.__init__"]
     assert refused_calls(changed, error, {}) == [], "no older source, nothing to put back"
     assert refused_calls(changed, "ValueError: Scaler.__init__ failed", {"toypkg/core.py": CORE_1}) == []
+
+
+def test_a_revert_of_a_module_the_probe_watches_runs(tmp_path: Path) -> None:
+    """The script probe watches `accelerate.accelerator` as it is imported, and the revert patches the modules of its
+    plan: two meta-path finders that each ask every other finder. A revert inside accelerate once asked them of each
+    other without end (RecursionError, so blame had no evidence); now the function is put back and the run ends."""
+    from harness.execution.script_launch import run_script
+    from harness.tools import blame as blaming
+
+    site = tmp_path / "site" / "accelerate"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("")
+    (site / "accelerator.py").write_text("class Accelerator:\n    def value(self):\n        return 2\n")
+    script = tmp_path / "script.py"
+    script.write_text(
+        "from accelerate.accelerator import Accelerator\nassert Accelerator().value() == 1, 'not put back'\n"
+    )
+    plan = {"functions": [{"module": "accelerate.accelerator", "qualname": "Accelerator.value",
+                           "source": "def value(self):\n    return 1\n"}], "modules": []}  # fmt: skip
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "report").mkdir()
+    env = {"COMPAT_MATRIX_REVERT": str(tmp_path / "plan.json"), "COMPAT_MATRIX_REVERT_REPORT": str(tmp_path / "report")}
+    pythonpath = f"{blaming.REVERT_DIR}:{tmp_path / 'site'}"
+    found = run_script(Path(sys.executable), script, timeout_s=120, pythonpath=pythonpath, extra_env=env)
+    assert found.outcome == "pass", (found.error, found.stderr_tail[-800:])
+    reports = [json.loads(p.read_text()) for p in (tmp_path / "report").glob("revert-*.json")]
+    assert any("accelerate.accelerator.Accelerator.value" in r["applied"] for r in reports), reports

@@ -148,7 +148,7 @@ def blame_flip(bisect: ScriptBisect, flip: Flip, older: End, newer: End) -> dict
 def blame_verdict(bisect: ScriptBisect, verdict: dict[str, Any]) -> dict[str, Any] | None:
     """Blame the verdict's first named flip (the one its issue body is about); blame.json and changed.json beside
     it. None where no flip names a release."""
-    named = [f for f in (Flip.from_json(x) for x in verdict["flips"]) if f.package and f.release and not f.note]
+    named = [f for f in (Flip.from_json(x) for x in verdict["flips"]) if f.package and f.release]
     if not named:
         return None
     flip = named[0]

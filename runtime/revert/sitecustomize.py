@@ -74,16 +74,26 @@ class _Finder(importlib.abc.MetaPathFinder):
         self.modules = {item["module"]: item["source"] for item in plan.get("modules", [])}
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in self.functions and fullname not in self.modules:
+        # Another finder that asks every other finder (the script probe's) asks this one back while it is asking:
+        # the second ask is left to the others, or the two would ask each other without end.
+        if fullname in _BUSY or (fullname not in self.functions and fullname not in self.modules):
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Loader(spec.loader, self.functions.get(fullname, []), self.modules.get(fullname))
-                return spec
-        return None
+        _BUSY.add(fullname)
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None and spec.loader is not None:
+                    spec.loader = _Loader(spec.loader, self.functions.get(fullname, []), self.modules.get(fullname))
+                    return spec
+            return None
+        finally:
+            _BUSY.discard(fullname)
+
+
+#: The modules this finder is looking up now (see `_Finder.find_spec`).
+_BUSY: set[str] = set()
 
 
 def _report() -> None:

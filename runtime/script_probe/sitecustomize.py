@@ -207,12 +207,25 @@ _AFTER_IMPORT = {
 }
 
 
+#: The modules `_AfterImport` is looking up now.
+_ASKING: set[str] = set()
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Runs a watcher right after a module of `_AFTER_IMPORT` is first executed, whoever imports it."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in _AFTER_IMPORT:
+        # Another finder that asks every other finder (the revert's) asks this one back while it is asking: the
+        # second ask is left to the others, or the two would ask each other without end.
+        if fullname not in _AFTER_IMPORT or fullname in _ASKING:
             return None
+        _ASKING.add(fullname)
+        try:
+            return self._spec(fullname, path, target)
+        finally:
+            _ASKING.discard(fullname)
+
+    def _spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
