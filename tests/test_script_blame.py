@@ -122,3 +122,27 @@ def test_a_revert_of_a_module_the_probe_watches_runs(tmp_path: Path) -> None:
     assert found.outcome == "pass", (found.error, found.stderr_tail[-800:])
     reports = [json.loads(p.read_text()) for p in (tmp_path / "report").glob("revert-*.json")]
     assert any("accelerate.accelerator.Accelerator.value" in r["applied"] for r in reports), reports
+
+
+def test_put_back_code_raises_in_its_own_name(tmp_path: Path) -> None:
+    """A call the put-back code refuses says the function's own name, as the release's does ('A.__init__() got an
+    unexpected keyword argument'), so its failure is judged the same failure (accelerate 1.0.0's converse)."""
+    import os
+    import subprocess
+
+    site = tmp_path / "site" / "toy"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("class A:\n    def __init__(self, x=1):\n        self.x = x\n")
+    older = "def __init__(self):\n    self.x = 0\n"
+    plan = {"functions": [{"module": "toy", "qualname": "A.__init__", "source": older}], "modules": []}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    from harness.tools.blame import REVERT_DIR
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {
+        "PYTHONPATH": f"{REVERT_DIR}{os.pathsep}{tmp_path / 'site'}",
+        "COMPAT_MATRIX_REVERT": str(tmp_path / "plan.json"),
+    }
+    proc = subprocess.run([sys.executable, "-c", "import toy; toy.A(x=2)"], env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert proc.stderr.strip().splitlines()[-1] == "TypeError: A.__init__() got an unexpected keyword argument 'x'"

@@ -36,7 +36,15 @@ def _compiled(module: Any, qualname: str, source: str) -> tuple[Any, str, Any]:
     maker = f"def __compat_matrix_make(__class__):\n{body}\n    return {name}\n"
     scope: dict[str, Any] = {}
     exec(compile(maker, f"<reverted {module.__name__}.{qualname}>", "exec"), module.__dict__, scope)
-    return owner, name, scope["__compat_matrix_make"](owner if isinstance(owner, type) else None)
+    function = scope["__compat_matrix_make"](owner if isinstance(owner, type) else None)
+    # Its own name in what it raises ("Accelerator.__init__() got an unexpected keyword argument"), not the maker's:
+    # a failure the put-back code gives is then the failure the release gives.
+    target = getattr(function, "__func__", function)
+    if hasattr(target, "__code__"):
+        target.__qualname__ = qualname
+        if hasattr(target.__code__, "co_qualname"):
+            target.__code__ = target.__code__.replace(co_qualname=qualname)
+    return owner, name, function
 
 
 def _patch(module: Any, functions: list[dict[str, str]]) -> None:
