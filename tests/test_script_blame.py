@@ -84,8 +84,8 @@ def test_a_call_refused_for_its_arguments_is_a_candidate() -> None:
     """accelerate 1.0.0's Accelerator.__init__ refuses `dispatch_batches` before its body runs, so no trace shows it in
     the failing run: the function the error names, executed by the other run, is put back too (where its older
     source is at hand), and nothing the error does not name."""
+    from harness.tools.blame import refused_calls
     from harness.tools.changed_code import ChangedCode
-    from harness.tools.script_blame import refused_calls
 
     changed = ChangedCode(
         "toypkg", "1.0", "2.0", 3, only_older=["toypkg/core.py::Scaler.__init__", "toypkg/core.py::unused"]

@@ -54,6 +54,25 @@ class Candidate:
         return f"{self.file}::{self.qualname}"
 
 
+#: A call refused before its body ran (no trace of it in the failing run): the callee's name, as Python words it.
+_REFUSED = re.compile(
+    r"([\w.]+)\(\) (?:got an unexpected keyword argument|got multiple values for|missing \d+ required|takes \d+)"
+)
+
+
+def refused_calls(changed: Any, error_text: str, older_sources: dict[str, str]) -> list[Candidate]:
+    """Functions one run executed and the failing run's call never entered, that its error names as refusing the
+    call's arguments ('Accelerator.__init__() got an unexpected keyword argument'): a changed signature is a
+    changed function neither trace shows in both runs. Only those whose older source is at hand can be put back."""
+    named = set(_REFUSED.findall(error_text or ""))
+    found = []
+    for name in [*changed.only_older, *changed.only_newer]:
+        file, qualname = name.split("::", 1)
+        if qualname in named and file in older_sources:
+            found.append(Candidate(file, qualname))
+    return found
+
+
 def source_with_decorators(text: str, qualname: str) -> str | None:
     """The source of a def by its qualified name ('Class.method'), its decorators included, or None."""
     try:

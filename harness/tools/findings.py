@@ -245,6 +245,8 @@ def _blame(
     _, older_sources, _ = changed_code.read_traces(good_traces)
     _, newer_sources, _ = changed_code.read_traces(bad_traces)
     candidates = [blaming.Candidate(c.file, c.qualname) for c in changed.changed]
+    failing = sides["bad"] if finding.direction == "starts" else sides["good"]
+    candidates += blaming.refused_calls(changed, failing.get("stderr_tail") or "", older_sources)
     env = _uv_env()
     with tempfile.TemporaryDirectory(prefix="finding-blame-") as scratch:
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,25 +41,6 @@ class Side:
     line: str | None = None
     seconds: float = 0.0
     error_text: str = ""
-
-
-#: A call refused before its body ran (no trace of it in the failing run): the callee's name, as Python words it.
-_REFUSED = re.compile(
-    r"([\w.]+)\(\) (?:got an unexpected keyword argument|got multiple values for|missing \d+ required|takes \d+)"
-)
-
-
-def refused_calls(changed: Any, error_text: str, older_sources: dict[str, str]) -> list[blaming.Candidate]:
-    """Functions one run executed and the failing run's call never entered, that its error names as refusing the
-    call's arguments ('Accelerator.__init__() got an unexpected keyword argument'): a changed signature is a
-    changed function neither trace shows in both runs. Only those whose older source is at hand can be put back."""
-    named = set(_REFUSED.findall(error_text or ""))
-    found = []
-    for name in [*changed.only_older, *changed.only_newer]:
-        file, qualname = name.split("::", 1)
-        if qualname in named and file in older_sources:
-            found.append(blaming.Candidate(file, qualname))
-    return found
 
 
 def native_files(stack: Stack, package: str) -> list[str] | None:
@@ -117,7 +97,7 @@ def blame_flip(bisect: ScriptBisect, flip: Flip, older: End, newer: End) -> dict
         _, newer_sources, _ = changed_code.read_traces(traces / "newer")
         candidates = [blaming.Candidate(c.file, c.qualname) for c in changed.changed]
         failing = next(s for s in sides.values() if s.state == "target")
-        refused = refused_calls(changed, failing.error_text, older_sources)
+        refused = blaming.refused_calls(changed, failing.error_text, older_sources)
         say(
             f"  {changed.executed_both} {package} functions ran in both; {len(candidates)} changed"
             + (f"; {len(refused)} refused the failing run's call: {', '.join(map(str, refused))}" if refused else "")
