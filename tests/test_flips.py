@@ -379,3 +379,29 @@ def test_a_later_run_of_some_configs_is_read_as_the_table_reads_it(tmp_path: Pat
     assert len(flips.find_flips([first], profile, options, tmp_path / "flips")) == 1, "the first run alone flips"
     assert flips.find_flips([first, later], profile, options, tmp_path / "flips", again=True) == []
     assert probed == ["2026-04-15"] and json.loads((tmp_path / "flips" / first.name / "flips.json").read_text()) == []
+
+
+def test_a_drawn_config_is_carried_by_its_probes(tmp_path: Path, monkeypatch) -> None:
+    """A probe runs explicit configs only: a Hypothesis draw that flipped would not run there at all ('did not run'),
+    so the probe's profile carries the drawn config, and only for its scenario."""
+    from harness.planning.draws import config_id
+
+    drawn = {"seed": 7, "drawn_by": "hypothesis"}
+    run_dir = tmp_path / "runs" / "history-x"
+    run_dir.mkdir(parents=True)
+    rows = [record("2026-04-15", "fail", "checkpoint-recompute-shape[0]"), record("2026-07-29", "pass", None)]
+    for row in rows:
+        row |= {"config": drawn, "config_id": config_id(drawn), "config_source": "hypothesis"}
+    (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    carried: list[tuple] = []
+
+    def named_by_stand_in(flip, history, older, options, where, **_):
+        carried.append(history.settings_for(S4).configs)
+        return flip
+
+    monkeypatch.setattr(flips, "name_flip", named_by_stand_in)
+    profile = load_profile("history", REPO_ROOT / "matrix")
+    options = MatrixOptions(results_dir=tmp_path, install=InstallOptions(envs_dir=tmp_path / "envs"))
+    flips.find_flips([run_dir], profile, options, tmp_path / "flips")
+    assert carried == [(drawn,)], carried
+    assert profile.settings_for(S4).configs == (), "the profile itself is left as it was"

@@ -100,8 +100,14 @@ class Atlas:
 
     @cached_property
     def flips(self) -> list[Flip]:
-        """The flips of the dated runs that are evidence and of the release watch, masking decided once."""
-        found = flip_model.flips_of_runs(self.results_dir, selected_flip_runs(self.results_dir))
+        """The flips of the dated runs that are evidence and of the release watch, masking decided once. A run whose
+        records a newer run hides entirely is not in the table, so its flips are not either (the table's flips
+        section reads the same runs)."""
+        runs = selected_flip_runs(self.results_dir)
+        if self.run_ids is None:  # (an atlas narrowed to named runs keeps every selected run's flips)
+            shown = set(self.selection.run_ids)
+            runs = [r for r in runs if r in shown]
+        found = flip_model.flips_of_runs(self.results_dir, runs)
         found += flip_model.watched_flips(self.results_dir)
         return flip_model.with_masking(found, self.table, self.specs)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from harness.define.cells import Cell
 from harness.define.packages import AXIS_PACKAGES, public_version
-from harness.define.profile import DATE_AXIS, Profile
+from harness.define.profile import DATE_AXIS, Profile, ScenarioSettings
 from harness.define.registry import discover
 from harness.errors import UsageError
 from harness.execution.options import MatrixOptions
@@ -256,6 +256,7 @@ def find_flips(
     if not states:
         raise UsageError(f"{run_dir}: not a dated run (no record has a {DATE_AXIS!r} pin)")
     named = []
+    drawn = drawn_configs(records, history)
     out_dir = out_root / run_dir.name
     # Flips named by an earlier invocation (e.g. of other scenarios) stay in flips.json unless named again.
     earlier = json.loads((out_dir / "flips.json").read_text()) if (out_dir / "flips.json").is_file() else []
@@ -287,11 +288,14 @@ def find_flips(
         where = out_dir / "-".join(p for p in (label, flip.family, flip.older, flip.newer) if p)
         run_ids = pair_configs(flip, current)
         shared = out_dir / "-".join((label, flip.older, flip.newer, "sweeps"))  # every series of the pair reads it
+        # A drawn config is no explicit example: its probes carry it, or they would not run it at all.
+        probed = with_configs(history, flip.scenario, [drawn[(flip.scenario, c)] for c in run_ids
+                                                       if (flip.scenario, c) in drawn])  # fmt: skip
         if flip.older_state == flip.newer_state:
-            flip = sweep_window(flip, history, older_versions, options, where, run_ids, runs_dir=shared)
+            flip = sweep_window(flip, probed, older_versions, options, where, run_ids, runs_dir=shared)
         else:
             bisector = None if sweep else bisection.bisect
-            flip = name_flip(flip, history, older_versions, options, where, bisector=bisector, run_ids=run_ids,
+            flip = name_flip(flip, probed, older_versions, options, where, bisector=bisector, run_ids=run_ids,
                              runs_dir=shared)  # fmt: skip
         flip.upstream = upstream_verdict(flip)
         named.append(flip)
@@ -351,6 +355,37 @@ def _end_note(sweep: dict[str, Any], flip: Flip, package: str, new: str) -> str:
         f"{package} {new} on the {flip.older} stack {shown}, unlike the {flip.newer} day: another package's "
         f"change between the days brings the {flip.newer} state (not swept)"
     )
+
+
+def drawn_configs(records: list[dict[str, Any]], history: Profile) -> dict[tuple[str, str], dict[str, Any]]:
+    """(scenario, config id) -> config, for every config the records ran that is neither one of its scenario's
+    explicit examples nor one of the profile's configs (a Hypothesis draw): a probe runs explicit configs only."""
+    from harness.planning.draws import config_id
+
+    explicit = {
+        s.id: {config_id(c) for c in [*getattr(s.module, "EXAMPLES", ()), *_profile_configs(history, s.id)]}
+        for s in discover()
+    }
+    return {
+        (r["scenario"], r["config_id"]): r["config"]
+        for r in records
+        if r["variant"] == "baseline" and isinstance(r.get("config"), dict)
+        and r["config_id"] not in explicit.get(r["scenario"], set())
+    }  # fmt: skip
+
+
+def _profile_configs(history: Profile, scenario: str) -> tuple[dict[str, Any], ...]:
+    settings = history.settings_for(scenario)
+    return settings.configs if settings else ()
+
+
+def with_configs(history: Profile, scenario: str, configs: list[dict[str, Any]]) -> Profile:
+    """`history` whose `scenario` also runs these configs (the drawn configs a probe must carry)."""
+    if not configs:
+        return history
+    settings = history.settings_for(scenario) or ScenarioSettings()
+    grown = replace(settings, configs=(*settings.configs, *configs))
+    return replace(history, scenario_settings={**history.scenario_settings, scenario: grown})
 
 
 def pair_configs(flip: Flip, current: list[Flip]) -> tuple[str, ...]:
