@@ -219,3 +219,21 @@ def test_a_save_side_probe_judges_each_flip_by_its_own_adapter(tmp_path: Path, m
     found = sweeper._measure(flips, env)
     assert found["states"] == {flips[0].grid_key: "pass", flips[1].grid_key: "check-roundtrip-save"}
     assert [line["pair"] for line in found["loads"]] == [f"{env.cell_id}|seed", f"{env.cell_id}|head"]
+
+
+def test_a_pair_loaded_under_several_hash_seeds_is_judged_by_its_first_failure() -> None:
+    """A config with several modules_to_save heads is loaded under each of S10's fixed hash seeds (peft#2289): one
+    entry per pair, the first failing seed's, and every seed's outcome kept; a pair loaded once stays as it was."""
+    from harness.tools.adapter_grid import combined_seeds, several_heads
+
+    def load(pair: str, seed: str, outcome: str) -> dict:
+        return {"pair": pair, "hash_seed": seed, "outcome": outcome} | ({"check": "load"} if outcome == "fail" else {})
+
+    found = combined_seeds([load("a|x", "0", "pass"), load("a|x", "1", "fail"), load("a|x", "2", "pass"),
+                            load("b|y", "0", "pass")])  # fmt: skip
+    by_pair = {e["pair"]: e for e in found}
+    assert by_pair["a|x"]["outcome"] == "fail" and by_pair["a|x"]["hash_seed"] == "1"
+    assert by_pair["a|x"]["load_hash_seeds"] == {"0": "pass", "1": "load", "2": "pass"}
+    assert by_pair["b|y"] == load("b|y", "0", "pass"), "one load: no seeds said"
+    heads = {"modules_to_save": True, "heads": ["score", "score_1"]}
+    assert several_heads({"two": heads, "one": heads | {"heads": ["score"]}, "none": {"heads": ["a", "b"]}}) == {"two"}
