@@ -138,18 +138,8 @@ def run_grid(
     saved = {d.cell_id: {e["config_id"] for e in _lines(store / "saved" / d.cell_id / "saves.jsonl")
                          if e.get("outcome") == "saved"} for d in days}  # fmt: skip
     plan = pairs_for([d.cell_id for d in days], saved)
-    several = several_heads(configs)
-    seeds = list(_scenario_module().HASH_SEEDS)
     for number, day in enumerate(days, 1):
-        seconds = 0.0
-        # Every adapter loaded in one process under the first fixed hash seed; one with several modules_to_save
-        # heads again under each other seed, in a process of its own (which saved head a load matches can depend on
-        # the process's string hash: peft#2289).
-        for seed in seeds:
-            pairs = [p for p in plan[day.cell_id] if seed == seeds[0] or p[1] in several]
-            if pairs:
-                job = {"day": day.cell_id, "store": str(store), "configs": configs, "pairs": pairs}
-                seconds += _phase(day, "load", job, store, {"PYTHONHASHSEED": seed})
+        seconds = load_phase(day, day.cell_id, plan[day.cell_id], configs, store)
         timings[f"load {day.cell_id}"] = timings.get(f"load {day.cell_id}", 0.0) + seconds
         print(f"load [{number}/{len(days)}] {day.cell_id}: {len(plan[day.cell_id])} adapters, {seconds:.0f} s",
               file=stream, flush=True)  # fmt: skip
@@ -189,6 +179,29 @@ def _atlas_days(results_dir: Path, profile_name: str) -> dict[str, list[str]] | 
 
 def _day(cell_id: str) -> str:
     return cell_id.split("date-", 1)[-1][:10]
+
+
+def load_phase(env: Day, label: str, pairs: list[Any], configs: dict[str, Any], store: Path) -> float:
+    """Load `pairs` ((saved on, config id)) in `env`'s environment, written under `label`: every adapter in one
+    process under the first of S10's fixed hash seeds, one with several modules_to_save heads again under each other
+    seed, in a process of its own (which saved head a load matches can depend on the process's string hash:
+    peft#2289). Returns the seconds it took; `loaded(store, label)` reads the outcomes."""
+    several = several_heads(configs)
+    seeds = list(_scenario_module().HASH_SEEDS)
+    seconds = 0.0
+    for seed in seeds:
+        mine = [p for p in pairs if seed == seeds[0] or p[1] in several]
+        if mine:
+            job = {"day": label, "store": str(store), "configs": configs, "pairs": mine}
+            seconds += _phase(env, "load", job, store, {"PYTHONHASHSEED": seed})
+    return seconds
+
+
+def loaded(store: Path, label: str) -> list[dict[str, Any]]:
+    """One entry per pair loaded under `label` (`combined_seeds` over its hash seeds' logs)."""
+    folder = store / "loaded" / label
+    logs = [folder / "loads.jsonl", *sorted(folder.glob("loads-hash-*.jsonl"))]
+    return combined_seeds([e for log in logs for e in _lines(log)])
 
 
 def several_heads(configs: dict[str, dict[str, Any]]) -> set[str]:
@@ -241,9 +254,7 @@ def _collect(store: Path, out: Path, days: list[Day]) -> None:
     saves = [e for d in days for e in _lines(store / "saved" / d.cell_id / "saves.jsonl")]
     pairs = []
     for day in days:
-        folder = store / "loaded" / day.cell_id
-        logs = [folder / "loads.jsonl", *sorted(folder.glob("loads-hash-*.jsonl"))]
-        for entry in combined_seeds([e for log in logs for e in _lines(log)]):
+        for entry in loaded(store, day.cell_id):
             entry = dict(entry)
             entry["signature"] = _signature(entry, classify)
             entry.pop("traceback", None)

@@ -31,7 +31,7 @@ from harness.publishing import adapter_grid as grid
 from harness.publishing.adapter_grid import grid_fields, grouped
 from harness.recording.flip import Flip
 from harness.tools import flip_search
-from harness.tools.adapter_grid import FOLDER, Day, _lines, _phase
+from harness.tools.adapter_grid import FOLDER, Day, _lines, _phase, load_phase, loaded
 from harness.tools.adapter_grid import _day as _date
 
 SWEEP_FILE = "sweep.json"
@@ -168,12 +168,11 @@ class Sweeper:
 
     def _load(self, env: Day, label: str, wanted: list[tuple[str, str]], configs: dict[str, Any],
               sweep_store: Path) -> list[dict[str, Any]]:  # fmt: skip
-        job = {"day": label, "store": str(sweep_store), "configs": configs, "pairs": wanted}
-        _phase(env, "load", job, sweep_store)
+        load_phase(env, label, wanted, configs, sweep_store)
         from harness.recording.signatures import classify
         from harness.tools.adapter_grid import _signature
 
-        lines = _lines(sweep_store / "loaded" / label / "loads.jsonl")
+        lines = loaded(sweep_store, label)
         for entry in lines:
             entry["signature"] = _signature(entry, classify)
         return lines
