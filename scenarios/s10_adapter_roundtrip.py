@@ -237,7 +237,7 @@ def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, 
                   adapted_modules=sorted(kept[adapters[0]]["scalings"]))  # fmt: skip
     batch_file = identities.tensors_to_file(batch, os.path.join(ctx["workdir"], "batch.pt"))
     payload = {"config": config, "root": root, "batch": batch_file}
-    if not (config.get("modules_to_save") and len(named_models.heads_of(config)) > 1):
+    if not several_heads(config):
         return judge(config, root, identities.in_fresh_process(roundtrip.load, payload, ctx))
     # Several modules_to_save heads: peft keeps them in a set, so which saved head a load matches can depend on the
     # string hash of the process (peft#2289, the match made order-free by PR #2334). One load per fixed hash seed,
@@ -261,6 +261,11 @@ def run(config: dict[str, Any], variant: str, ctx: dict[str, Any]) -> dict[str, 
         raise first
     result.setdefault("metrics", {})["load_hash_seeds"] = outcomes
     return result
+
+
+def several_heads(config: dict[str, Any]) -> bool:
+    """Whether the config has several modules_to_save heads: its load is judged under each of `HASH_SEEDS`."""
+    return bool(config.get("modules_to_save")) and len(named_models.heads_of(config)) > 1
 
 
 def judge(config: dict[str, Any], root: str, loaded: dict[str, Any]) -> dict[str, Any]:

@@ -206,9 +206,8 @@ def loaded(store: Path, label: str) -> list[dict[str, Any]]:
 
 def several_heads(configs: dict[str, dict[str, Any]]) -> set[str]:
     """The configs with several modules_to_save heads: loaded under each of S10's fixed hash seeds."""
-    from scenarios.kit.named_models import heads_of
-
-    return {c for c, config in configs.items() if config.get("modules_to_save") and len(heads_of(config)) > 1}
+    several = _scenario_module().several_heads
+    return {c for c, config in configs.items() if several(config)}
 
 
 def _scenario_module() -> Any:
