@@ -243,3 +243,18 @@ def test_an_exact_answer_rests_on_a_record_at_exactly_those_releases() -> None:
             assert backing, (answer["id"], row.cell, setup)
             checked += 1
     assert checked >= 100
+
+
+def test_a_failure_of_several_configs_applies_only_if_the_model_holds_one_of_their_conditions() -> None:
+    """Configs whose flips name the same releases are one failure. Where each holds a condition of its own that they
+    do not all share (S10: two heads and three heads; a `lora_q` target and two drawn configs), the failure applies
+    if the model holds one of them: never unconditionally, and never on the weaker part they share."""
+    found = atlas()
+    by_configs = {tuple(sorted(f.config_ids)): f for f in found.failures if f.scenario == "S10-adapter-roundtrip"}
+    heads = by_configs[("3758217f60", "f48fc80d47")]
+    condition = found.details[heads.id][0]
+    assert condition.startswith("one of 2 models: ") and "'score_10'" in condition and " — or — " in condition
+    lora_q = next(f for k, f in by_configs.items() if "92575b1e5f" in k and len(k) > 1)
+    assert "a LoRA target is named 'lora_q'" in found.details[lora_q.id][0]
+    table = next(t for t in found.tables["failures"] if t["id"] == lora_q.id)
+    assert table["detail"] == found.details[lora_q.id][0], "the judge's tables hold the same condition"

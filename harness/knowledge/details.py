@@ -41,6 +41,15 @@ def details(
         rest = [(k, v) for k, v in odd if not _declared(k, v, spec)]
         if odd:
             found[failure.id] = (detail_words(declared, spec), detail_words(rest, spec))
+        if len(mine) > 1:
+            # Configs whose flips name the same releases, each with a condition of its own that they do not all
+            # share (S10's `lora_q` target and its draws; two heads and three): it applies if the model holds one of
+            # them, never unconditionally and never on the weaker part they share ("a modules_to_save head").
+            each = [[(k, v) for k, v in _odd([c], every, keep) if _declared(k, v, spec)] for c in mine]
+            if all(each) and any(sorted(map(repr, e)) != sorted(map(repr, declared)) for e in each):
+                words = sorted({detail_words(e, spec) for e in each})
+                either = f"one of {len(words)} models: " + " — or — ".join(words) if len(words) > 1 else words[0]
+                found[failure.id] = (either, found.get(failure.id, ("", ""))[1])
     return found
 
 
