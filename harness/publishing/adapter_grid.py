@@ -182,8 +182,10 @@ def render(results_dir: Path) -> str | None:
         "# Adapters carried across releases (S10)",
         "",
         f"From run `{found['run']}` ({found['loads']} loads of {found['saves']} saves over {len(found['days'])} atlas "
-        "days). Each S10 seed adapter is saved on a day (`save_pretrained` in that day's environment) and loaded on "
-        "every later day and on the day before (`PeftModel.from_pretrained`, then `load_adapter`), each load judged "
+        "days). Each S10 adapter (its seed configs, and the drawn configs that failed on some atlas day) is saved on a "
+        "day (`save_pretrained` in that day's environment) and loaded on every later day and on the day before "
+        "(`PeftModel.from_pretrained`, then `load_adapter`; one with several modules_to_save heads under each of four "
+        "fixed hash seeds, the first failure shown), each load judged "
         "on its load day against the base with the saved file's tensors applied by the formulas in float64. A cell: "
         "`✓` holds (at the round-off floor); `✗ load 0.97x` the leg that failed (save, load, keys, merge, unmerge) and "
         "how far off it is, of the adapter's effect on the logits; `E` an error (named below the grid); `n/a` the "
