@@ -183,15 +183,15 @@ def flips(args: argparse.Namespace) -> int:
         if not records_exist(run_dir / "records.jsonl"):
             raise UsageError(f"--run {run}: no {run_dir / 'records.jsonl'}")
     profile = load_profile(args.profile, MATRIX_DIR)
-    if profile.era_packages:
-        return _node_flips(args, profile, run_dirs)
     usable_runs(run_dirs, profile.name)
     elsewhere = filed_elsewhere(run_dirs, args.results_dir / "flips")
     if elsewhere:
         raise UsageError(
             f"flips are filed under {', '.join(elsewhere)} already: name that run first (--run {elsewhere[0]}), so "
-            "that the table shows each flip once"
+            "that its probes are read and the table shows each flip once"
         )
+    if profile.era_packages:
+        return _node_flips(args, profile, run_dirs)
     options = MatrixOptions(results_dir=args.results_dir, install=InstallOptions(envs_dir=default_envs_dir()))
     for flip in find_flips(
         run_dirs, profile, options, args.results_dir / "flips", scenarios=args.scenario, again=args.again,
@@ -240,18 +240,10 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) ->
     """Flips of a GPU history run (or of several runs of one GPU profile): one planning round
     (harness/tools/node_flips.py)."""
     from harness.recording.flip import changes_words
-    from harness.tools.dated_runs import filed_elsewhere, usable_runs
     from harness.tools.flips import describe
     from harness.tools.node_flips import plan_round, write_probe_profile
 
-    usable_runs(run_dirs, profile.name)
     run_dir = run_dirs[0]
-    elsewhere = filed_elsewhere(run_dirs, args.results_dir / "flips")
-    if elsewhere:
-        raise UsageError(
-            f"flips are filed under {', '.join(elsewhere)} already: name that run first (--run {elsewhere[0]}), so "
-            "that its probes are read and the table shows each flip once"
-        )
     if args.from_day or args.to_day:
         raise UsageError("--from and --to are not planned on a GPU node yet: name the CPU atlas's runs")
     if args.windows and args.bisect:

@@ -29,14 +29,18 @@ def details(
     with): '' each where its configs are their scenario's usual ones. `configs`: (scenario, config id) -> the config
     once per record of it, so the usual value is what most records ran."""
     found = {}
+    usual_of: dict[str, dict[str, str]] = {}  # per scenario: what most of its records ran
     for failure in failures:
         spec = specs.get(failure.scenario) or {}
-        every = [c for (scenario, _), group in configs.items() if scenario == failure.scenario for c in group]
         mine = [configs[(failure.scenario, c)][0] for c in failure.config_ids if (failure.scenario, c) in configs]
         # A key the scenario declares a condition is never incidental (S10's `heads` are modules_to_save heads, not a
         # tiny model's attention heads).
         keep = frozenset(k.split("=", 1)[0] for k in spec.get("details") or {})
-        odd = _odd(mine, every, keep)
+        if failure.scenario not in usual_of:
+            every = [c for (scenario, _), group in configs.items() if scenario == failure.scenario for c in group]
+            usual_of[failure.scenario] = _usual(every, keep)
+        usual = usual_of[failure.scenario]
+        odd = _odd(mine, usual, keep)
         declared = [(k, v) for k, v in odd if _declared(k, v, spec)]
         rest = [(k, v) for k, v in odd if not _declared(k, v, spec)]
         if odd:
@@ -45,7 +49,7 @@ def details(
             # Configs whose flips name the same releases, each with a condition of its own that they do not all
             # share (S10's `lora_q` target and its draws; two heads and three): it applies if the model holds one of
             # them, never unconditionally and never on the weaker part they share ("a modules_to_save head").
-            each = [[(k, v) for k, v in _odd([c], every, keep) if _declared(k, v, spec)] for c in mine]
+            each = [[(k, v) for k, v in _odd([c], usual, keep) if _declared(k, v, spec)] for c in mine]
             if all(each) and any(sorted(map(repr, e)) != sorted(map(repr, declared)) for e in each):
                 words = sorted({detail_words(e, spec) for e in each})
                 either = f"one of {len(words)} models: " + " — or — ".join(words) if len(words) > 1 else words[0]
@@ -71,18 +75,23 @@ def _flat(config: dict[str, Any], keep: frozenset[str] = frozenset()) -> dict[st
     return flat
 
 
-def _odd(
-    mine: list[dict[str, Any]], every: list[dict[str, Any]], keep: frozenset[str] = frozenset()
-) -> list[tuple[str, Any]]:
-    """(key, value) every one of `mine` shares that differs from the value most of `every` have."""
-    if not mine:
-        return []
-    flats = [_flat(c, keep) for c in mine]
+def _usual(every: list[dict[str, Any]], keep: frozenset[str] = frozenset()) -> dict[str, str]:
+    """key -> the value (as JSON) most of `every` have."""
     everyone = [_flat(c, keep) for c in every]
     usual = {}
     for key in set().union(*everyone):
         counts = Counter(json.dumps(f.get(key), sort_keys=True) for f in everyone)
         usual[key] = max(sorted(counts), key=counts.__getitem__)  # a tie goes the same way in every process
+    return usual
+
+
+def _odd(
+    mine: list[dict[str, Any]], usual: dict[str, str], keep: frozenset[str] = frozenset()
+) -> list[tuple[str, Any]]:
+    """(key, value) every one of `mine` shares that differs from the usual value (`_usual`)."""
+    if not mine:
+        return []
+    flats = [_flat(c, keep) for c in mine]
     odd = []
     for key in sorted(set(flats[0])):
         values = {json.dumps(f.get(key), sort_keys=True) for f in flats}

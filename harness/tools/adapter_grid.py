@@ -59,21 +59,22 @@ def seed_configs() -> dict[str, dict[str, Any]]:
 def drawn_configs(results_dir: Path, runs: list[str]) -> dict[str, dict[str, Any]]:
     """The configs S10's draws made (not its seed examples) that fail on some day of the dated runs, read as the
     table reads them (`dated_runs.run_records`: a later run that measured some configs again replaces them), by id."""
+    from harness.define.profile import load_profile
+    from harness.paths import MATRIX_DIR
     from harness.tools.dated_runs import run_records, usable_runs
+    from harness.tools.flips import drawn_configs as draws_of
 
     run_dirs = [results_dir / "runs" / run for run in runs]
     for run_dir in run_dirs:
         if not run_dir.is_dir():
             raise UsageError(f"--drawn {run_dir.name}: no {run_dir}")
-    usable_runs(run_dirs, json.loads((run_dirs[0] / "meta.json").read_text()).get("profile", "history"))
-    seeds = seed_configs()
-    found: dict[str, dict[str, Any]] = {}
-    for record in run_records(run_dirs):
-        if record["scenario"] != SCENARIO or record["variant"] != "baseline" or record["config_id"] in seeds:
-            continue
-        if record.get("config_source") != "example" and record["outcome"] not in ("pass", "skip"):
-            found[record["config_id"]] = record["config"]
-    return dict(sorted(found.items()))
+    profile = load_profile(json.loads((run_dirs[0] / "meta.json").read_text()).get("profile", "history"), MATRIX_DIR)
+    usable_runs(run_dirs, profile.name)
+    records = run_records(run_dirs)
+    failing = {r["config_id"] for r in records if r["scenario"] == SCENARIO and r["variant"] == "baseline"
+               and r["outcome"] not in ("pass", "skip")}  # fmt: skip
+    draws = draws_of(records, profile)  # the configs neither an explicit example nor a profile's: the draws
+    return dict(sorted((c, config) for (s, c), config in draws.items() if s == SCENARIO and c in failing))
 
 
 def run_grid(
@@ -222,7 +223,8 @@ def _phase(day: Day, phase: str, job: dict[str, Any], store: Path, more_env: dic
 
     logs = store / "logs"
     logs.mkdir(exist_ok=True)
-    name = f"{day.cell_id}-{phase}" + "".join(f"-hash{v}" for k, v in (more_env or {}).items() if k == "PYTHONHASHSEED")
+    seed = (more_env or {}).get("PYTHONHASHSEED")
+    name = f"{day.cell_id}-{phase}" + (f"-hash{seed}" if seed else "")
     job_file = logs / f"{name}.json"
     job_file.write_text(json.dumps(job))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),

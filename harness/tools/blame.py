@@ -18,7 +18,8 @@ import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -302,19 +303,30 @@ def raised_reverts(stderr: str) -> list[str]:
     return frames[-1:]
 
 
+@contextmanager
+def reverting(plan: dict) -> Iterator[tuple[dict[str, str], Callable[[], list[dict[str, str]]]]]:
+    """The variables a run needs for `runtime/revert` to put `plan` back (its plan file and report folder, alive for
+    the block), and a reader of the reverts the run's processes could not apply (no evidence either way)."""
+    with tempfile.TemporaryDirectory(prefix="blame-") as scratch:
+        plan_file, report = Path(scratch) / "plan.json", Path(scratch) / "report"
+        plan_file.write_text(json.dumps(plan))
+        report.mkdir()
+
+        def failed() -> list[dict[str, str]]:
+            return [f for path in sorted(report.glob("revert-*.json")) for f in json.loads(path.read_text())["failed"]]
+
+        yield {"COMPAT_MATRIX_REVERT": str(plan_file), "COMPAT_MATRIX_REVERT_REPORT": str(report)}, failed
+
+
 def run_reverted(
     command: list[str], env: dict[str, str], plan: dict, sides: tuple[dict[str, Any], dict[str, Any]],
     cwd: Path | None = None, timeout_s: float = 1800.0,
 ) -> dict[str, Any]:  # fmt: skip
     """One run of the reproducer's command with the plan put back (`runtime/revert` first on PYTHONPATH), judged
     against the two sides' runs (older, newer): what `blame` asks of `run`."""
-    with tempfile.TemporaryDirectory(prefix="blame-") as scratch:
-        plan_file, report = Path(scratch) / "plan.json", Path(scratch) / "report"
-        plan_file.write_text(json.dumps(plan))
-        report.mkdir()
+    with reverting(plan) as (revert_env, read_failed):
         paths = [str(REVERT_DIR), *filter(None, [env.get("PYTHONPATH")])]
-        env = env | {"PYTHONPATH": os.pathsep.join(paths), "COMPAT_MATRIX_REVERT": str(plan_file),
-                     "COMPAT_MATRIX_REVERT_REPORT": str(report)}  # fmt: skip
+        env = env | revert_env | {"PYTHONPATH": os.pathsep.join(paths)}
         started = time.monotonic()
         try:
             proc = subprocess.run(command, env=env, capture_output=True, text=True, cwd=cwd, timeout=timeout_s,
@@ -322,7 +334,7 @@ def run_reverted(
             code, out, err = proc.returncode, proc.stdout, proc.stderr
         except subprocess.TimeoutExpired as exc:
             code, out, err = None, str(exc.stdout or ""), str(exc.stderr or "")
-        failed = [f for path in sorted(report.glob("revert-*.json")) for f in json.loads(path.read_text())["failed"]]
+        failed = read_failed()
     lines = [line for line in out.splitlines() if line.strip()]
     line = lines[-1] if lines else None
     outcome = outcome_of(code, line, *sides)

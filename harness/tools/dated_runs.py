@@ -40,11 +40,11 @@ def run_records(run_dirs: list[Path]) -> list[dict[str, Any]]:
     newest record per key."""
     from harness.knowledge.selection import config_slices, latest_by_key, newest_per_pair
 
+    metas = {d.name: json.loads((d / "meta.json").read_text()) for d in run_dirs if (d / "meta.json").is_file()}
+
     def started(run_dir: Path) -> tuple[str, str]:  # its start, then its id (which begins with its start time)
-        meta = run_dir / "meta.json"
-        return (str(json.loads(meta.read_text()).get("started_at", "")) if meta.is_file() else "", run_dir.name)
+        return str(metas.get(run_dir.name, {}).get("started_at", "")), run_dir.name
 
     newest_first = sorted(run_dirs, key=started, reverse=True)
     runs = ((d.name, rename_all(read_records(d / "records.jsonl"))) for d in newest_first)
-    metas = {d.name: json.loads((d / "meta.json").read_text()) for d in run_dirs if (d / "meta.json").is_file()}
     return latest_by_key([r for _, fresh, _ in newest_per_pair(runs, config_slices(metas)) for r in fresh])[0]

@@ -20,7 +20,7 @@ from typing import Any
 
 from harness.define.cells import Cell
 from harness.define.packages import AXIS_PACKAGES, public_version
-from harness.define.profile import DATE_AXIS, Profile, ScenarioSettings
+from harness.define.profile import DATE_AXIS, Profile
 from harness.define.registry import discover
 from harness.errors import UsageError
 from harness.execution.options import MatrixOptions
@@ -363,7 +363,7 @@ def drawn_configs(records: list[dict[str, Any]], history: Profile) -> dict[tuple
     from harness.planning.draws import config_id
 
     explicit = {
-        s.id: {config_id(c) for c in [*getattr(s.module, "EXAMPLES", ()), *_profile_configs(history, s.id)]}
+        s.id: {config_id(c) for c in [*getattr(s.module, "EXAMPLES", ()), *history.settings_for(s.id).configs]}
         for s in discover()
     }
     return {
@@ -374,16 +374,11 @@ def drawn_configs(records: list[dict[str, Any]], history: Profile) -> dict[tuple
     }  # fmt: skip
 
 
-def _profile_configs(history: Profile, scenario: str) -> tuple[dict[str, Any], ...]:
-    settings = history.settings_for(scenario)
-    return settings.configs if settings else ()
-
-
 def with_configs(history: Profile, scenario: str, configs: list[dict[str, Any]]) -> Profile:
     """`history` whose `scenario` also runs these configs (the drawn configs a probe must carry)."""
     if not configs:
         return history
-    settings = history.settings_for(scenario) or ScenarioSettings()
+    settings = history.settings_for(scenario)
     grown = replace(settings, configs=(*settings.configs, *configs))
     return replace(history, scenario_settings={**history.scenario_settings, scenario: grown})
 

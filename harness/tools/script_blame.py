@@ -166,7 +166,7 @@ def _run(bisect: ScriptBisect, stack: Stack, label: str, *, trace: Path | None =
     from harness.execution.script_launch import run_script
 
     env = dict(extra_env or {})
-    path = [str(p) for p in (first,) if p]
+    path = [first] if first else []
     if trace is not None:
         trace.mkdir(parents=True, exist_ok=True)
         env |= {"COMPAT_MATRIX_TRACE_PACKAGE": import_name(package), "COMPAT_MATRIX_TRACE_DIR": str(trace)}
@@ -183,13 +183,9 @@ def _run(bisect: ScriptBisect, stack: Stack, label: str, *, trace: Path | None =
 def _reverted(bisect: ScriptBisect, stack: Stack, plan: dict, flip: Flip) -> dict[str, Any]:
     """One run with `plan` put back (`runtime/revert`), as `blame.blame` asks of its runner: the older release's
     state, the newer's, or neither (another failure, a timeout, a revert that could not be applied)."""
-    with tempfile.TemporaryDirectory(prefix="blame-plan-") as scratch:
-        plan_file, report = Path(scratch) / "plan.json", Path(scratch) / "report"
-        plan_file.write_text(json.dumps(plan))
-        report.mkdir()
-        env = {"COMPAT_MATRIX_REVERT": str(plan_file), "COMPAT_MATRIX_REVERT_REPORT": str(report)}
+    with blaming.reverting(plan) as (env, read_failed):
         found = _run(bisect, stack, "reverted", extra_env=env, first=str(blaming.REVERT_DIR))
-        failed = [f for path in sorted(report.glob("revert-*.json")) for f in json.loads(path.read_text())["failed"]]
+        failed = read_failed()
     state = found.state
     outcome = blaming.OLDER if state == flip.older_state else blaming.NEWER if state == flip.newer_state else None
     text = f"{found.traceback or ''}\n{found.stderr_tail or ''}"
