@@ -394,7 +394,9 @@ def audit(args: argparse.Namespace) -> int:
         return report.gate(args.strict)
     from harness.tools.audit_prove import prove  # --fix --measure: the way out built here and judged again
 
-    lines, code = prove(report, args.results_dir, say=lambda line: print(line, file=sys.stderr, flush=True))
+    lines, code = prove(
+        report, args.results_dir, say=lambda line: print(line, file=sys.stderr, flush=True), strict=args.strict
+    )
     print("\n".join(lines))
     return code
 

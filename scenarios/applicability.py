@@ -111,7 +111,29 @@ def setup_mismatch(record: Mapping[str, Any]) -> str | None:
     measured_fsdp = setup.get("fsdp") or _fsdp_in(metrics.get("fsdp_that_ran")) or _fsdp_in(record.get("path"))
     if declared_fsdp and measured_fsdp and declared_fsdp != measured_fsdp:
         return f"declared {declared_fsdp}, but {measured_fsdp} wrapped the model"
-    return None
+    return unmeasured_trainer_fsdp(record, declared_fsdp)
+
+
+#: transformers 5.0 made FSDP2 the Trainer's default: `TrainingArguments(fsdp=...)` runs FSDP2 unless
+#: `fsdp_config["version"]` is 1.
+TRAINER_FSDP2_DEFAULT = (5, 0)
+
+
+def unmeasured_trainer_fsdp(record: Mapping[str, Any], declared_fsdp: str | None) -> str | None:
+    """A Trainer record that declared FSDP1 on transformers 5 and measured neither which FSDP wrapped the model nor
+    anything else of its setup: its path only repeats the declaration (S1's first GPU runs, before the scenario asked
+    for version 1 and measured what ran), so whether FSDP1 ran at all is not known."""
+    config = record.get("config") or {}
+    through_trainer = config.get("path") == "trainer" or config.get("loop") == "trainer"
+    transformers = (record.get("versions") or {}).get("transformers")
+    if declared_fsdp != "fsdp1" or not through_trainer or not transformers or record.get("setup"):
+        return None
+    if (record.get("metrics") or {}).get("fsdp_that_ran") or version_tuple(transformers) < TRAINER_FSDP2_DEFAULT:
+        return None
+    return (
+        f"declared fsdp1 through the Trainer of transformers {transformers}, which runs FSDP2 unless told version 1; "
+        "this record did not measure which FSDP wrapped the model"
+    )
 
 
 def _declared_fsdp(record: Mapping[str, Any]) -> str | None:

@@ -8,6 +8,7 @@ crash, OOM, our own bugs, unclassified) and asks this module first. Standard lib
 from __future__ import annotations
 
 import re
+from typing import Any
 
 #: name (or the family before `[`) -> upstream threads.
 KNOWN_ISSUES: dict[str, list[str]] = {
@@ -146,7 +147,11 @@ UPSTREAM_CHANGES: dict[str, tuple[str, str, str, str]] = {
 
 #: Failures whose upstream history has several changes (S9's identities: transformers' token counting moved
 #: several times), oldest first. Sources: the threads and the wheels of each release, read 2026-11-27.
-UPSTREAM_HISTORY: dict[str, list[tuple[str, str, str, str]]] = {
+#: A record about one feature of a config (S10's) carries its trigger, the one table of which config each record
+#: speaks for: `key=value` (the config's value), `key~word` (a value under the key, or the key's text, contains the
+#: word; `names.extra` reads one name), `key#n` (at least n of them); alternatives joined by `|`. A record with a
+#: trigger is cited only for a flip of a config that holds it.
+UPSTREAM_HISTORY: dict[str, list[tuple[str, ...]]] = {
     # S10, each record naming the feature it is about (the grid and the S10 rows are per config).
     "roundtrip-save": [
         (
@@ -155,6 +160,7 @@ UPSTREAM_HISTORY: dict[str, list[tuple[str, str, str, str]]] = {
             "peft PR #2773 (issue #2772): module names that contain 'weight' or the adapter's name are "
             "no longer rewritten in the saved keys",
             "ends",
+            "names~weight|names~default",
         ),
         (
             "peft",
@@ -162,10 +168,17 @@ UPSTREAM_HISTORY: dict[str, list[tuple[str, str, str, str]]] = {
             "peft's fix of #3282 selects an adapter's tensors by path segments: another adapter named "
             "like a module segment ('q') now leaves that module's tensors out (#3584, open)",
             "appears",
+            "adapters~q",
         ),
     ],
     "roundtrip-keys": [
-        ("peft", "0.20.0", "peft#3282: saving adapter 'a' no longer writes in the tensors of adapter 'a_b'", "ends"),
+        (
+            "peft",
+            "0.20.0",
+            "peft#3282: saving adapter 'a' no longer writes in the tensors of adapter 'a_b'",
+            "ends",
+            "adapters#2",
+        ),
         (
             "peft",
             "0.21.0",
@@ -173,6 +186,7 @@ UPSTREAM_HISTORY: dict[str, list[tuple[str, str, str, str]]] = {
             "method prefix ('lora_head') no longer over-selects keys the load cannot place (the save-side cause PR "
             "#3474 named)",
             "ends",
+            "names.extra~lora_|heads~lora_",
         ),
     ],
     "roundtrip-load": [
@@ -183,6 +197,23 @@ UPSTREAM_HISTORY: dict[str, list[tuple[str, str, str, str]]] = {
             "with a warning, and loads the rest, which 'could lead to wrong results'; trainable tokens are new in "
             "0.15.0, so a 0.15.0 trainable-tokens adapter loads on 0.14.0 without its tokens",
             "ends",
+            "trainable_tokens=True",
+        ),
+        (
+            "peft",
+            "0.15.0",
+            "peft PR #2334 (issue #2289): a modules_to_save head is matched to its saved name anchored and in a fixed "
+            "order, no longer by the first name it starts with in the process's string-hash order",
+            "ends",
+            "heads#2",
+        ),
+        (
+            "peft",
+            "0.18.0",
+            "peft PR #2773 (issue #2772): a LoRA target whose name contains 'weight' or the adapter's name is saved "
+            "and loaded under its own name",
+            "ends",
+            "names~weight|names~default",
         ),
         (
             "peft",
@@ -190,10 +221,17 @@ UPSTREAM_HISTORY: dict[str, list[tuple[str, str, str, str]]] = {
             "peft PR #3490 (issue #3433): a modules_to_save module whose name holds the method prefix "
             "('lora_head') is restored on load",
             "ends",
+            "names.extra~lora_|heads~lora_",
         ),
     ],
     "roundtrip-merge": [
-        ("peft", "0.16.0", "peft#2489: merging a lora_bias adapter scales its bias by the adapter's scaling", "ends"),
+        (
+            "peft",
+            "0.16.0",
+            "peft#2489: merging a lora_bias adapter scales its bias by the adapter's scaling",
+            "ends",
+            "lora_bias=True",
+        ),
     ],
     "identity-accumulation": [
         (
@@ -296,20 +334,53 @@ def family(signature: str | None) -> str:
 
 
 def upstream_change(
-    signature: str | None, newer_state: str, measured: tuple[str | None, str | None] = (None, None)
+    signature: str | None,
+    newer_state: str,
+    measured: tuple[str | None, str | None] = (None, None),
+    configs: list[dict[str, Any]] | None = None,
 ) -> dict[str, str] | None:
     """The upstream record for a measured flip of `signature` (its family, e.g. 'checkpoint-recompute-dtype',
     where the exact name has none) in the flip's direction, or None. Where several records of that direction exist
-    (UPSTREAM_HISTORY), the one naming the `measured` (package, release), else the first."""
+    (UPSTREAM_HISTORY), the one naming the `measured` (package, release), else the first. A record about a feature
+    (its trigger) is a candidate only where one of the flip's `configs` holds it: never cited by a flip of another
+    feature, nor where the configs are not known."""
     family_name = family(signature).removeprefix("check-")  # a check's record is filed under its name (S9's)
     direction = "appears" if newer_state == "target" else "ends"
     known = UPSTREAM_CHANGES.get(signature or "") or UPSTREAM_CHANGES.get(family_name)
     history = UPSTREAM_HISTORY.get(signature or "") or UPSTREAM_HISTORY.get(family_name) or ([known] if known else [])
-    mine = [k for k in history if k[3] == direction]
+    mine = [k for k in history if k[3] == direction and _triggered(k, configs)]
     if not mine:
         return None
     chosen = next((k for k in mine if (k[0], k[1]) == measured), None) or _nearest(mine, measured) or mine[0]
     return {"package": chosen[0], "release": chosen[1], "source": chosen[2], "direction": direction}
+
+
+def _triggered(record: tuple[str, ...], configs: list[dict[str, Any]] | None) -> bool:
+    if len(record) < 5:
+        return True
+    return bool(configs) and any(trigger_holds(record[4], config) for config in configs or [])
+
+
+def trigger_holds(trigger: str, config: dict[str, Any]) -> bool:
+    """Whether a config holds a record's trigger (see UPSTREAM_HISTORY): any of its `|` alternatives."""
+    for alternative in trigger.split("|"):
+        match = re.match(r"^([\w.]+)([=~#])(.+)$", alternative)
+        if match is None:
+            continue
+        path, op, want = match.groups()
+        value: Any = config
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            continue
+        values = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else [value]
+        if op == "=" and str(value) == want:
+            return True
+        if op == "~" and any(want in str(v) for v in values):
+            return True
+        if op == "#" and isinstance(value, list | dict) and len(value) >= int(want):
+            return True
+    return False
 
 
 def upstream_packages(signature: str | None) -> set[str]:
@@ -342,12 +413,19 @@ _SHAPE = re.compile(r"'shape': torch\.Size\(\[(?P<dims>[^\]]*)\]\)")
 _DTYPE = re.compile(r"'dtype': torch\.(?P<dtype>\w+)")
 
 
-def upstream(signature: str | None) -> list[str]:
-    """Upstream references for a name (a `checkpoint-recompute-dtype[...]` name by its family)."""
+def upstream(signature: str | None, configs: list[dict[str, Any]] | None = None) -> list[str]:
+    """Upstream references for a name (a `checkpoint-recompute-dtype[...]` name by its family). Where its history
+    has records about features (S10's triggers) and the configs are given, only the threads the records their configs
+    hold name: a target named 'weight' cites peft#2772, never the multi-head thread."""
     if not signature:
         return []
     family = signature.split("[")[0] if signature.startswith("checkpoint-recompute-dtype") else signature
-    return list(KNOWN_ISSUES.get(family, []))
+    known = list(KNOWN_ISSUES.get(family) or KNOWN_ISSUES.get(family.removeprefix("check-"), []))
+    history = UPSTREAM_HISTORY.get(family.removeprefix("check-")) or []
+    if configs is None or not any(len(record) > 4 for record in history):
+        return known
+    named = {n for record in history if _triggered(record, configs) for n in re.findall(r"#(\d+)", record[2])}
+    return [issue for issue in known if issue.rpartition("#")[2] in named]
 
 
 #: Failures that say the stack's packages cannot run over the torch they were given at all (the era stack of an

@@ -193,16 +193,18 @@ def test_every_flip_of_the_table_without_an_upstream_record_is_accounted_for() -
     verdicts = dated_verdicts([r for r in records if (r.get("pins") or {}).get("date")], specs)[2]
     unaccounted = []
     from harness.knowledge.flips import watched_flips
-    from harness.publishing.atlas import change_upstream
+    from harness.publishing.atlas import change_upstream, configs_of
 
+    every = [*records, *selection.probes]
     for flip in [*newest_flips(RESULTS, selection.run_ids), *watched_flips(RESULTS)]:
+        configs = configs_of(flip, every)  # a record about a feature is the upstream record of its configs only
         if flip.changes:
             # A sweep: every change it names is the upstream record's, or accounted for like a flip.
-            if all(change_upstream(flip, c) is not None for c in flip.changes) or masking(flip, verdicts):
+            if all(change_upstream(flip, c, configs) is not None for c in flip.changes) or masking(flip, verdicts):
                 continue
         elif flip.older_state == flip.newer_state:
             continue  # a window swept with no change inside: nothing to account for
-        elif upstream_verdict(flip) is not None or masking(flip, verdicts):
+        elif upstream_verdict(flip, configs) is not None or masking(flip, verdicts):
             continue
         if not accounts_for(flip, findings, RESULTS / "findings"):
             unaccounted.append(f"{flip.scenario} {flip.family or ''} {flip.older}..{flip.newer}")

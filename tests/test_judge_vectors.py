@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from harness.knowledge.judge import Query, evaluate
+from harness.knowledge.judge import Query, evaluate, fix_answers
 from harness.knowledge.ways_out import way_out
 from harness.publishing.advisories import read_tables
 from tests.conftest import REPO_ROOT, run_node
@@ -24,7 +24,11 @@ SETUPS = [
     {}, {"engine": "fsdp2", "adapter": "lora"}, {"engine": "fsdp1", "adapter": "dora", "loop": "hand"},
     {"engine": "zero3"}, {"adapter": "qlora"}, {"engine": "fsdp2", "state_dict": "sharded_state_dict"},
     {"loop": "trainer", "engine": "ddp", "adapter": "lora"}, {"adapter": "lora", "loop": "accelerate"},
+    {"loop": "trainer", "engine": "zero3", "use_reentrant": "true"}, {"adapter": "qlora", "use_reentrant": "false"},
+    {"loop": "trainer", "engine": "fsdp2", "state_dict": "sharded_state_dict"}, {"zero3_gather_16bit": "true"},
 ]  # fmt: skip
+#: The answers whose fixes are judged too (each fix at the query, as the page and `audit` show them).
+WITH_FIXES = ("applies", "applies-if", "range", "undecided", "cleared")
 WHERE = [(None, None), ("cpu", 0), ("cuda", 1), ("cuda", 2), ("cuda", 4)]
 
 
@@ -65,7 +69,9 @@ def python_answers(tables: dict[str, Any], queries: list[dict[str, Any]]) -> lis
     for given in queries:
         query = Query(**given)
         answers = evaluate(tables, query)
-        found.append({"answers": answers, "way_out": way_out(tables, query, answers)})
+        failures = {f["id"]: f for f in tables["failures"]}
+        fixes = {a["id"]: fix_answers(tables, failures[a["id"]], query) for a in answers if a["state"] in WITH_FIXES}
+        found.append({"answers": answers, "way_out": way_out(tables, query, answers), "fixes": fixes})
     return json.loads(json.dumps(found))
 
 
@@ -76,7 +82,9 @@ def node_answers(tmp_path: Path, tables_file: Path, queries: list[dict[str, Any]
         "const tables = JSON.parse(fs.readFileSync(process.argv[2]));"
         "const queries = JSON.parse(fs.readFileSync(process.argv[3]));"
         "const out = queries.map((q) => { const a = judge.evaluate(tables, q);"
-        " return { answers: a, way_out: judge.wayOut(tables, q, a) }; });"
+        " const fixes = {}; for (const x of a) { if (" + json.dumps(list(WITH_FIXES)) + ".includes(x.state))"
+        " fixes[x.id] = judge.fixAnswers(tables, tables.failures.find((f) => f.id === x.id), q); }"
+        " return { answers: a, way_out: judge.wayOut(tables, q, a), fixes }; });"
         "process.stdout.write(JSON.stringify(out));"
     )
     return run_node(script, str(JUDGE_JS), str(tables_file), str(tmp_path / "queries.json"))
@@ -90,6 +98,8 @@ def test_python_and_the_page_judge_every_vector_alike(tmp_path: Path) -> None:
     states = {a["state"] for e in expected for a in e["answers"]}
     assert {"applies", "undecided", "clean", "not-applicable"} <= states, states  # the vectors reach every fold
     assert any(e["way_out"]["pins"] for e in expected)
+    judged = {(f["state"], f["sure"]) for e in expected for fixes in e["fixes"].values() for f in fixes}
+    assert {("fixes", "exact"), ("unmeasured", "unmeasured")} <= judged, judged  # the fixes' fold is reached too
     for query, mine, theirs in zip(queries, expected, found, strict=True):
         assert theirs == mine, json.dumps(query)
 

@@ -29,9 +29,9 @@ S10_SPEC = {"title": "Adapter round trip: x", "target": ["check-roundtrip-*"], "
             "world_size": 1, "variants": {"baseline": ("baseline", "")}}  # fmt: skip
 FAILS = "checkpoint-recompute-dtype[float32->bfloat16]"
 DAYS = {
-    "2024-07-25": {"torch": "2.4.0", "transformers": "4.43.2", "peft": "0.12.0"},
-    "2024-09-26": {"torch": "2.4.1", "transformers": "4.45.0", "peft": "0.13.0"},
-    "2024-12-07": {"torch": "2.5.1", "transformers": "4.46.3", "peft": "0.14.0"},
+    "2024-07-25": {"torch": "2.4.0", "transformers": "4.43.2", "peft": "0.12.0", "accelerate": "0.33.0"},
+    "2024-09-26": {"torch": "2.4.1", "transformers": "4.45.0", "peft": "0.13.0", "accelerate": "0.34.2"},
+    "2024-12-07": {"torch": "2.5.1", "transformers": "4.46.3", "peft": "0.14.0", "accelerate": "1.2.0"},
 }
 
 
@@ -67,11 +67,15 @@ def ask(found: Atlas, *items: str, setup: dict | None = None, scenarios: tuple[s
 
 
 def test_an_exact_record_answers_exact_with_its_way_out(tmp_path: Path) -> None:
-    text = ask(atlas(tmp_path), "torch==2.4.0", "transformers==4.43.2", "peft==0.12.0")
+    """peft imports accelerate: exact means a record at exactly these releases of accelerate too."""
+    found = atlas(tmp_path)
+    text = ask(found, "torch==2.4.0", "transformers==4.43.2", "peft==0.12.0", "accelerate==0.33.0")
     assert "APPLIES (exact): a loop by hand · FSDP1 · DoRA" in text
     assert "at these releases: the target shows on 1 of 1 configs" in text
     assert "upgrade peft to 0.13.0 (measured): ends it" in text
-    assert "fixes measured: FSDP: MixedPrecision(cast_forward_inputs=True) (fix)" in text
+    assert "fix: FSDP: MixedPrecision(cast_forward_inputs=True): fixes it here (a record at these releases)" in text
+    without = ask(found, "torch==2.4.0", "transformers==4.43.2", "peft==0.12.0")
+    assert "APPLIES (bracketed)" in without and "(accelerate not given)" in without
 
 
 def test_releases_between_measured_ones_are_bracketed_and_a_gap_is_undecided(tmp_path: Path) -> None:
@@ -93,7 +97,9 @@ def test_a_prefix_that_names_releases_that_differ_says_so(tmp_path: Path) -> Non
 
 def test_another_failure_is_no_evidence_that_it_holds(tmp_path: Path) -> None:
     """Where the configs failed another way (a timeout), the answer is undecided, never a pass."""
-    text = ask(atlas(tmp_path, third="fail"), "torch==2.5.1", "transformers==4.46.3", "peft==0.14.0")
+    text = ask(
+        atlas(tmp_path, third="fail"), "torch==2.5.1", "transformers==4.46.3", "peft==0.14.0", "accelerate==1.2.0"
+    )
     assert "UNDECIDED (exact)" in text and "failed another way" in text
     assert "no known failure of this scenario applies" not in text
 

@@ -114,8 +114,10 @@ def test_every_way_out_judged_again_leaves_nothing_a_release_can_end() -> None:
             continue
         after = found.judge(Query(query.versions | result["pins"], setup, query.device, query.gpus))
         left = {a["id"] for a in after if a["state"] in FAILING}
-        assert left <= set(result["stays"]) | set(result.get("still", [])), (row.cell, setup, result)
+        declared = set(result["stays"]) | set(result.get("still", [])) | set(result.get("brings", []))
+        assert left <= declared, (row.cell, setup, result)  # nothing applies that the answer did not declare
         before = {a["id"] for a in answers if a["state"] in FAILING}
+        assert set(result.get("brings", [])).isdisjoint(before) and set(result.get("still", [])) <= before
         if not result["none"]:
             assert left <= before, (row.cell, setup, "a way out brings a failure", left - before)
         for package, release in result["pins"].items():

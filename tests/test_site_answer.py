@@ -17,7 +17,7 @@ from harness.publishing.publish import build_matrix, write_site
 from harness.tools.audit import audit, load_tables, query_of
 from harness.tools.user_files import read_pins, read_setup
 from tests.conftest import REPO_ROOT, screenshot_path
-from tests.test_judge_vectors import python_answers, vectors
+from tests.test_judge_vectors import WITH_FIXES, python_answers, vectors
 from tests.test_publish import headless_chromium, open_page
 
 RESULTS = REPO_ROOT / "results"
@@ -88,8 +88,15 @@ def audit_json(tmp_path: Path, name: str, text: str, words: list[str], gpus: int
 
 
 VECTORS = """
-const out = arguments[0].map((q) => { const a = CompatJudge.evaluate(window.COMPAT_JUDGE, q);
-  return { answers: a, way_out: CompatJudge.wayOut(window.COMPAT_JUDGE, q, a) }; });
+const tables = window.COMPAT_JUDGE, withFixes = arguments[1];
+const out = arguments[0].map((q) => { const a = CompatJudge.evaluate(tables, q);
+  const fixes = {};
+  for (const x of a) {
+    if (withFixes.includes(x.state)) {
+      fixes[x.id] = CompatJudge.fixAnswers(tables, tables.failures.find((f) => f.id === x.id), q);
+    }
+  }
+  return { answers: a, way_out: CompatJudge.wayOut(tables, q, a), fixes }; });
 return JSON.stringify(out);
 """
 
@@ -148,7 +155,7 @@ def test_the_page_and_audit_agree_on_the_same_input(tmp_path: Path) -> None:
         # The judge's test vectors, judged by the page's own site_judge.js in the browser: Python's answers.
         tables = load_tables(RESULTS)
         queries = vectors(tables, count=60)
-        got = json.loads(browser.execute_script(VECTORS, queries))
+        got = json.loads(browser.execute_script(VECTORS, queries, list(WITH_FIXES)))
         assert got == python_answers(tables, queries)
     finally:
         browser.quit()

@@ -7,7 +7,7 @@ needs torch at build time. Adding an axis (say `trl`) is one row here plus the p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -27,6 +27,9 @@ class Package:
     build_requires: tuple[str, ...] = ()
     #: Environment variables for its build.
     build_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: The packages it imports whenever it is imported (its install requirements), so that code which imports it
+    #: depends on their releases too: peft imports transformers and accelerate.
+    imports: tuple[str, ...] = ()
 
 
 DEEPSPEED_BUILD = ("setuptools", "wheel", "ninja", "packaging", "psutil", "py-cpuinfo")
@@ -34,9 +37,15 @@ DEEPSPEED_BUILD = ("setuptools", "wheel", "ninja", "packaging", "psutil", "py-cp
 #: In the order cell ids and tables show them.
 PACKAGES: tuple[Package, ...] = (
     Package("torch", "torch", "torch", axis=True),
-    Package("transformers", "tf", "transformers", axis=True),
-    Package("peft", "peft", "peft", axis=True),
-    Package("accelerate", "acc", "accelerate", axis=True),
+    Package("transformers", "tf", "transformers", axis=True, imports=("huggingface-hub", "safetensors", "tokenizers")),
+    Package(
+        "peft",
+        "peft",
+        "peft",
+        axis=True,
+        imports=("torch", "transformers", "accelerate", "safetensors", "huggingface-hub"),
+    ),
+    Package("accelerate", "acc", "accelerate", axis=True, imports=("torch", "safetensors", "huggingface-hub")),
     # An sdist only: with DS_BUILD_OPS=0 it builds a pure-Python wheel, but it imports torch to do so.
     Package(
         "deepspeed",
@@ -46,8 +55,9 @@ PACKAGES: tuple[Package, ...] = (
         no_build_isolation=True,
         build_requires=DEEPSPEED_BUILD,
         build_env=MappingProxyType({"DS_BUILD_OPS": "0"}),
+        imports=("torch",),
     ),
-    Package("bitsandbytes", "bnb", "bitsandbytes", axis=True),
+    Package("bitsandbytes", "bnb", "bitsandbytes", axis=True, imports=("torch",)),
     Package("tokenizers", "tokenizers", "tokenizers", axis=False),
     Package("huggingface-hub", "hub", "huggingface_hub", axis=False),
     Package("safetensors", "safetensors", "safetensors", axis=False),
@@ -57,6 +67,20 @@ PACKAGES: tuple[Package, ...] = (
 )
 
 BY_NAME: Mapping[str, Package] = MappingProxyType({p.name: p for p in PACKAGES})
+
+
+def imported_with(names: Iterable[str]) -> set[str]:
+    """The packages importing `names` imports, them included (peft -> torch, transformers, accelerate, ...)."""
+    found: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name not in found:
+            found.add(name)
+            todo += list(BY_NAME[name].imports) if name in BY_NAME else []
+    return found
+
+
 #: Packages a profile may put on an axis or in a stack, in table order.
 AXIS_PACKAGES: tuple[str, ...] = tuple(p.name for p in PACKAGES if p.axis)
 #: Packages a profile may also pin through `implied` rules or `[install] extra`.
@@ -101,3 +125,16 @@ def build_env(names: list[str]) -> dict[str, str]:
     for name in late_installed(names):
         env.update(BY_NAME[name].build_env)
     return env
+
+
+#: Classes whose methods a package's API is called through, by the package that owns them: an error that names one
+#: ("Accelerator.unwrap_model() got an unexpected keyword argument") is about that package's API.
+API_OWNERS: Mapping[str, str] = MappingProxyType(
+    {
+        "Accelerator": "accelerate", "AcceleratorState": "accelerate", "PartialState": "accelerate",
+        "FullyShardedDataParallelPlugin": "accelerate", "DeepSpeedPlugin": "accelerate",
+        "Trainer": "transformers", "TrainingArguments": "transformers", "PreTrainedModel": "transformers",
+        "PeftModel": "peft", "LoraConfig": "peft", "PeftConfig": "peft",
+        "DeepSpeedEngine": "deepspeed", "Linear4bit": "bitsandbytes", "Params4bit": "bitsandbytes",
+    }
+)  # fmt: skip

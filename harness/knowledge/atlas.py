@@ -7,7 +7,6 @@ walks the records again.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
@@ -15,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.define import setup as vocabulary
-from harness.define.packages import AXIS_PACKAGES
 from harness.define.profile import DATE_AXIS
 from harness.knowledge import flips as flip_model
-from harness.knowledge.evidence import NONE, OTHER, SHOWS, depends_of, device_class, stack_of, state, world_size
+from harness.knowledge.broken import broken_stacks
+from harness.knowledge.evidence import OTHER, SHOWS, depends_of, device_class, stack_of, state, world_size
 from harness.knowledge.failures import KnownFailure, Observation, known_failures, observations
+from harness.knowledge.fixes import FixObservation, fix_observations
 from harness.knowledge.flips import fullest_versions
 from harness.knowledge.judge import Query, evaluate
 from harness.knowledge.pitfalls import Pitfall, pitfalls, without_pitfalls
@@ -27,7 +27,6 @@ from harness.knowledge.selection import Selection, select_runs, selected_flip_ru
 from harness.knowledge.tables import compile_tables
 from harness.paths import DECLARED_FILE
 from harness.recording.flip import Flip
-from harness.recording.verdicts import matches, variant_kinds
 from harness.versions.declared import read_declared
 
 
@@ -127,38 +126,10 @@ class Atlas:
         return known_failures(self.observations, self.changes, self.specs, pitfall_configs, self.fixes_of)
 
     @cached_property
-    def fixes_of(self) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
-        """(scenario, device, config id) -> each change measured passing on a cell where its baseline showed the
-        target there: kind, the setting a user's config can already hold (SPEC `variant_setup`), and whether it
-        passed on every such cell it ran on (`always`: only then does a user's setting clear the failure)."""
-        failing = set()
-        for record in self.table:
-            spec = self.specs.get(record["scenario"]) or {}
-            if record["variant"] == "baseline" and record["outcome"] != "pass":
-                if matches(record.get("signature"), list(spec.get("target") or [])):
-                    failing.add((record["cell"], record["scenario"], record["config_id"]))
-        found: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
-        missed: set[tuple[str, str, str, str]] = set()
-        for record in self.table:
-            if record["variant"] == "baseline":
-                continue
-            if (record["cell"], record["scenario"], record["config_id"]) not in failing:
-                continue
-            key = (record["scenario"], device_class(record), record["config_id"])
-            name = record["variant"]
-            if record["outcome"] != "pass":
-                if state(record, self.specs.get(record["scenario"])) != NONE:
-                    missed.add((*key, name))  # it ran there and did not pass: no fix everywhere
-                continue
-            spec = self.specs.get(record["scenario"]) or {}
-            setting = (spec.get("variant_setup") or {}).get(name)
-            found[key][name] = {"variant": name, "kind": variant_kinds(spec).get(name, "fix")} | (
-                {"setup": dict(setting)} if setting else {}
-            )
-        for key, fixes in found.items():
-            for name, fix in fixes.items():
-                fix["always"] = (*key, name) not in missed
-        return {k: list(v.values()) for k, v in found.items()}
+    def fixes_of(self) -> dict[tuple[str, str, str], list[FixObservation]]:
+        """(scenario, device, config id) -> every record of a fix variant where the config's baseline failed in the
+        same cell, with what it showed there (`fixes.py`): what the judge weighs each fix by, as it weighs failures."""
+        return fix_observations(self.table, self.probes, self.specs)
 
     @cached_property
     def coverage(self) -> dict[str, list[dict[str, str]]]:
@@ -171,22 +142,9 @@ class Atlas:
 
     @cached_property
     def broken(self) -> list[dict[str, Any]]:
-        """The stacks that installed on CPU and did not run at all (every record of the cell env-broken: transformers
-        5.15.0 does not import with torch 2.4.1): a way out never names one of them again. GPU cells are left out
-        (an old torch there fails on the node's driver, not with its neighbours)."""
-        cells: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-        for record in [*self.table, *self.probes]:
-            if device_class(record) == "cpu":
-                cells[(record["run_id"], record["cell"])].append(record)
-        found = {}
-        for records in cells.values():
-            if all(r["outcome"] == "env-broken" for r in records):
-                stack = stack_of(records[0])
-                why = str(records[0].get("message") or records[0].get("signature") or "").splitlines()[:1]
-                found[tuple(sorted(stack.items()))] = {
-                    "versions": stack, "why": (why or ["env-broken"])[0], "packages": _failed_through(records[0]),
-                }  # fmt: skip
-        return [found[k] for k in sorted(found)]
+        """The stacks measured not to run and the pairs whose APIs do not meet (`broken.py`): a way out never names
+        one of them again."""
+        return broken_stacks([*self.table, *self.probes])
 
     @cached_property
     def tables(self) -> dict[str, Any]:
@@ -195,6 +153,14 @@ class Atlas:
             self.failures, list(self.pitfalls.values()), self.specs, self.coverage, self.details, self.broken,
             read_declared(DECLARED_FILE),
         )  # fmt: skip
+
+    @cached_property
+    def configs(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """(scenario, config id) -> the config its records ran (the table's, then the probes')."""
+        found: dict[tuple[str, str], dict[str, Any]] = {}
+        for record in [*self.table, *self.probes]:
+            found.setdefault((record["scenario"], record["config_id"]), record.get("config") or {})
+        return found
 
     @cached_property
     def details(self) -> dict[str, tuple[str, str]]:
@@ -231,11 +197,13 @@ class Atlas:
         return found
 
     def records_at(
-        self, scenario: str, versions: dict[str, str], device: str | None, ranks: int | None = None
-    ) -> list[dict[str, Any]]:
+        self, scenario: str, versions: dict[str, str], device: str | None, ranks: int | None = None,
+        keep_pitfalls: bool = False,
+    ) -> list[dict[str, Any]]:  # fmt: skip
         """The records of a scenario (every variant; pitfall configs left out) at exactly `versions` of every package
         its config depends on, on `device` (a distributed scenario on GPUs at `ranks`): the table's and the probes',
-        one per config and variant, the one that shows the target where one does (what the judge's points hold)."""
+        one per config and variant, the one that shows the target where one does (what the judge's points hold);
+        `keep_pitfalls`: with the pitfall configs' records too."""
         spec = self.specs.get(scenario) or {}
         chosen: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}
         for depends, stack, record in self._by_scenario.get(scenario, []):
@@ -248,7 +216,8 @@ class Atlas:
                 key = (record["config_id"], record["variant"])
                 if key not in chosen or rank > chosen[key][0]:
                     chosen[key] = (rank, record)
-        return self.counted([record for _, record in chosen.values()])[0]
+        found = [record for _, record in chosen.values()]
+        return found if keep_pitfalls else self.counted(found)[0]
 
     @cached_property
     def _by_scenario(self) -> dict[str, list[tuple[list[str], dict[str, str], dict[str, Any]]]]:
@@ -306,21 +275,6 @@ class Row:
     def query(self) -> Query:
         """The judge's question at this row: exactly its releases, on its device (a GPU row at its GPU count)."""
         return Query(dict(self.versions), {}, self.device, self.ranks if self.device == "cuda" else None)
-
-
-def _failed_through(record: dict[str, Any]) -> list[str]:
-    """The axis packages an import failure is between: the last two its first exception went through (the cause
-    a worker records apart, else the traceback) and any its message names ("module 'torch' has no attribute
-    'float8_e8m0fnu'", raised in torch, called from transformers). A way out never names those releases together
-    again, and may move the user's release of either."""
-    text = str(record.get("cause") or record.get("traceback") or "")
-    words = [*text.strip().splitlines()[-1:], str(record.get("message") or "")]
-    found = {p for p in AXIS_PACKAGES if p in set(re.findall(r"'([A-Za-z0-9_]+)'", " ".join(words)))}
-    deepest_first = [n for n in reversed(re.findall(r"site-packages/([A-Za-z0-9_]+)/", text)) if n in AXIS_PACKAGES]
-    for depth, name in enumerate(deepest_first):
-        if depth == 0 or len(found) < 2:  # where it was raised, then its callers until two packages are named
-            found.add(name)
-    return sorted(found)
 
 
 def _split_by_versions(records: list[dict[str, Any]]) -> list[tuple[dict[str, str], list[dict[str, Any]]]]:

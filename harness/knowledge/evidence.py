@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.define import setup as vocabulary
-from harness.define.packages import AXIS_PACKAGES, public_version
+from harness.define.packages import AXIS_PACKAGES, imported_with, public_version
 from harness.recording.outcomes import BAD, UNUSABLE
 from harness.recording.verdicts import matches
 
@@ -58,9 +58,10 @@ def state(record: dict[str, Any], spec: dict[str, Any] | None) -> str:
 
 
 def depends_of(spec: dict[str, Any] | None, setup: dict[str, str]) -> list[str]:
-    """The axis packages a config of this setup can depend on: its scenario's (SPEC `requires`) and those its setup
-    brings (ZeRO-3: deepspeed; QLoRA: bitsandbytes; the Trainer: accelerate), in table order."""
+    """The axis packages a config of this setup can depend on: its scenario's (SPEC `requires`), those its setup
+    brings (ZeRO-3: deepspeed; QLoRA: bitsandbytes; the Trainer: accelerate), and those these import whenever they
+    are imported (peft imports transformers and accelerate), in table order."""
     if not (spec or {}).get("requires"):
         return list(AXIS_PACKAGES)  # a scenario that does not say what it imports depends on every package
-    wanted = set((spec or {}).get("requires") or []) | vocabulary.brought_packages(setup)
+    wanted = imported_with(set((spec or {}).get("requires") or []) | vocabulary.brought_packages(setup))
     return [p for p in AXIS_PACKAGES if p in wanted]

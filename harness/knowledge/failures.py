@@ -24,6 +24,7 @@ from harness.define import setup as vocabulary
 from harness.define.packages import AXIS_PACKAGES
 from harness.knowledge.evidence import NONE, OTHER, PASSES, SHOWS, depends_of, device_class, stack_of, world_size
 from harness.knowledge.evidence import state as record_state
+from harness.knowledge.fixes import FixObservation, fixes_of_failure
 from harness.knowledge.flips import Change
 from harness.knowledge.judge import AFFECTED, CLEAR, MEASURED, UNMEASURED, key
 from harness.versions.matching import release_key
@@ -176,11 +177,11 @@ def known_failures(
     changes: list[Change],
     specs: dict[str, dict[str, Any]],
     pitfall_configs: set[tuple[str, str, str]],
-    fixes_of: dict[tuple[str, str, str], list[dict[str, Any]]],
+    fixes_of: dict[tuple[str, str, str], list[FixObservation]],
 ) -> list[KnownFailure]:
     """Every known failure: the changes' groups first, then each config that shows a failure no change names, by
     setup. `pitfall_configs`: (scenario, device, config id) of the pitfalls, never part of a failure; `fixes_of`:
-    (scenario, device, config id) -> the changes measured passing where its baseline failed."""
+    (scenario, device, config id) -> every fix record where its baseline failed (`fixes.fix_observations`)."""
     by_key: dict[tuple[str, str], list[Observation]] = defaultdict(list)
     for obs in observed:
         if (obs.scenario, obs.device, obs.config_id) not in pitfall_configs:
@@ -290,7 +291,7 @@ def _failure(
     mine: list[Observation],
     changes: list[Change],
     specs: dict[str, dict[str, Any]],
-    fixes_of: dict[tuple[str, str, str], list[dict[str, Any]]],
+    fixes_of: dict[tuple[str, str, str], list[FixObservation]],
 ) -> KnownFailure:
     spec = specs.get(scenario) or {}
     showing = [o for o in mine if o.state_for(family) == SHOWS]
@@ -301,15 +302,10 @@ def _failure(
     conditions = _conditions(changes, mine, family)
     wanted = {c.package for c in conditions}.union(*(depends_of(spec, dict(s)) for s in setups))
     depends = [p for p in AXIS_PACKAGES if p in wanted]
-    fixes: dict[str, dict[str, Any]] = {}
-    for config in configs:
-        for fix in fixes_of.get((scenario, device, config), []):
-            known = fixes.setdefault(fix["variant"], dict(fix))
-            known["always"] = known["always"] and fix["always"]
     return KnownFailure(
         failure_id(scenario, device, family, configs), scenario, device, family, str(signature), configs,
         [dict(s) for s in setups], conditions, mine, depends, int(spec.get("world_size") or 1) > 1,
-        fixes=sorted(fixes.values(), key=lambda f: (f["kind"] != "fix", f["variant"])), changes=changes,
+        fixes=fixes_of_failure(scenario, device, family, configs, fixes_of, spec), changes=changes,
     )  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from harness.knowledge.broken import measured_broken
 from harness.knowledge.judge import key, prefix_bounds
 
 #: How many releases one way out may bring along for what the moved ones declare.
@@ -75,6 +76,7 @@ def complete(tables: Mapping[str, Any], versions: Mapping[str, str], moved: Mapp
             target = needer
         else:
             return None  # two moved releases refuse each other
+        choices = [v for v in choices if not measured_broken(tables, versions, moves | {target: v}, involving=target)]
         if not choices:
             return None
         have = key(versions[target]) if target in versions else None

@@ -158,10 +158,9 @@ def _judge(failure: Mapping[str, Any], query: Query, narrowing: list[str], table
     answer.setdefault("when", "; ".join(failure["setups"][i]["words"] for i in setups))
     when = answer["when"]
     if answer["state"] in ("applies", "undecided", "range"):
-        fix = next((f for f in failure["fixes"] if _has_setting(query.setup, f)), None)
-        if fix is not None:
-            return _answer(failure, "cleared", f"your setup has {fix['words']}, which the records show passing "
-                           "where it failed", answer["sure"], when=when)  # fmt: skip
+        held = next((f for f in failure["fixes"] if _has_setting(query.setup, f)), None)
+        if held is not None:
+            return _with_setting(failure, answer, fix_answer(failure, held, query, setups), when)
     if answer["state"] in ("applies", "clean") and failure["distributed"] and failure["device"] == "cuda":
         sizes = failure["world_sizes"]
         if query.gpus and sizes and query.gpus not in sizes:
@@ -174,10 +173,176 @@ def _judge(failure: Mapping[str, Any], query: Query, narrowing: list[str], table
 
 
 def _has_setting(setup: Mapping[str, str], fix: Mapping[str, Any]) -> bool:
-    """Whether the user's setup already holds a fix's setting (SPEC `variant_setup`: a state-dict type, use_reentrant,
-    ...) that passed on every config and stack where the failure showed and the fix ran."""
+    """Whether the user's setup already holds a fix's setting (SPEC `variant_setup`: a state-dict type,
+    use_reentrant, ...): then the fix's records, not the baseline's, are the evidence about them."""
     setting = fix.get("setup") or {}
-    return bool(setting) and bool(fix.get("always")) and all(setup.get(k) == v for k, v in setting.items())
+    return bool(setting) and all(setup.get(k) == v for k, v in setting.items())
+
+
+def _with_setting(
+    failure: Mapping[str, Any], answer: dict[str, Any], fixed: dict[str, Any], when: str
+) -> dict[str, Any]:
+    """The answer for a user whose setup holds a fix's setting, judged on the fix's own records at their releases,
+    setup and world size: CLEARED only where it fixes it there (exact or bracketed); the failure again applies; another
+    failure, or nothing measured there, leaves it undecided."""
+    said = f"your setup has {fixed['words']}"
+    if fixed["state"] == FIXES:
+        return _answer(failure, "cleared", f"{said}, which fixes it here: {fixed['why']}", fixed["sure"], when=when)
+    if fixed["state"] == NOT_FIXED:
+        return _answer(failure, "applies", f"{said}, which does not fix it here: {fixed['why']}", fixed["sure"],
+                       when=when)  # fmt: skip
+    if fixed["state"] == BRINGS:
+        brought = ", ".join(fixed["brings"])
+        return _answer(failure, "undecided", f"{said}; with it the runs here fail another way ({brought}): no "
+                       "evidence either way", fixed["sure"], when=when)  # fmt: skip
+    return _answer(failure, "undecided", f"{said}, not measured at your releases, setup and GPU count ("
+                   f"{fixed['where'] or 'nowhere else either'}); without it: {answer['why']}", "unmeasured",
+                   when=when)  # fmt: skip
+
+
+# --- fixes, judged like failures ------------------------------------------------------------------------------------
+
+#: What a fix is at the user's releases, setup and world size (in the order an answer lists them within how sure).
+FIXES, BRINGS, NOT_FIXED, FIX_UNMEASURED = "fixes", "brings", "does-not-fix", "unmeasured"
+FIX_STATES = (FIXES, BRINGS, NOT_FIXED, FIX_UNMEASURED)
+SURES = ("exact", "bracketed", "unmeasured")
+_FIX_WORDS = {FIXES: "fixes it", NOT_FIXED: "fails the same way", BRINGS: "fails another way"}
+
+
+def fix_answers(tables: Mapping[str, Any], failure: Mapping[str, Any], query: Query) -> list[dict[str, Any]]:
+    """Every measured fix of a failure judged at the query, most sure first (exact, bracketed, unmeasured), then
+    fixes before those that bring another failure or do not fix it, real fixes before workarounds."""
+    narrowing = list(tables["narrowing"])
+    setups = [i for i, s in enumerate(failure["setups"]) if _agrees(s["keys"], query.setup, narrowing)]
+    found = [fix_answer(failure, fix, query, setups or list(range(len(failure["setups"])))) for fix in failure["fixes"]]
+    return sorted(found, key=lambda f: (SURES.index(f["sure"]), FIX_STATES.index(f["state"]), f["kind"] != "fix"))
+
+
+def fix_answer(failure: Mapping[str, Any], fix: Mapping[str, Any], query: Query, setups: list[int]) -> dict[str, Any]:
+    """One fix at the user's releases, setup and world size: `fixes` it, `does-not-fix` (the failure again),
+    `brings` (another failure: named) or `unmeasured` (with where it was measured), and how sure: exact (a record at
+    exactly these releases of every package the failure depends on, this setup and GPU count), bracketed (measured
+    on both sides with the same outcome and nothing else between) or unmeasured."""
+    sized = failure["distributed"] and failure["device"] == "cuda" and bool(query.gpus)
+    mine = [p for p in fix["points"] if p[1] in setups]
+    points = [p for p in mine if not sized or p[2] == query.gpus]
+    depends = failure["depends"]
+    base = {"variant": fix["variant"], "kind": fix["kind"], "words": fix["words"], "brings": [], "evidence": []}
+    base |= {"setup": fix["setup"]} if fix.get("setup") else {}
+    where = _fix_where(failure, mine)
+    missing = [p for p in depends if p not in query.versions]
+    if missing and (not query.partial or set(missing) & set(failure["conditions"])):
+        why = f"{', '.join(missing)} not given: a fix is judged only where every release it depends on is known"
+        return base | {"state": FIX_UNMEASURED, "sure": "unmeasured", "why": why, "where": where}
+    # A package a requirements file leaves out, on which no release of the failure turns: judged over the others, as
+    # the failure is (never exact: not every release it depends on is known).
+    given = [i for i, p in enumerate(depends) if p in query.versions]
+    view = dict(failure) | {"depends": [depends[i] for i in given]}
+    projected = [[[p[0][i] for i in given], *p[1:]] for p in points]
+    note = f" ({', '.join(missing)} not given)" if missing else ""
+    at_query = [(d, query.versions[d], d in query.prefix) for d in view["depends"]]
+    exact = [p for p in projected if all(_matches(v, *asked[1:]) for asked, v in zip(at_query, p[0], strict=True))]
+    found = _fix_exact(view, exact) if exact else _fix_bracket(view, projected, query)
+    if found is not None:
+        if note and found["sure"] == "exact":
+            found = found | {"sure": "bracketed"}
+        return base | found | {"why": found["why"] + note, "where": where}
+    why = "not measured at these releases" + (f" on {query.gpus} GPUs" if sized else "") + note
+    return base | {"state": FIX_UNMEASURED, "sure": "unmeasured", "why": why, "where": where}
+
+
+def _fix_state(states: set[str]) -> str:
+    found = _stack_state(states)
+    return {SHOWS: NOT_FIXED, PASSES: FIXES}.get(found, BRINGS)
+
+
+def _fix_exact(failure: Mapping[str, Any], exact: list[list[Any]]) -> dict[str, Any]:
+    verdicts = {tuple(p[0]): _fix_state({q[3] for q in exact if q[0] == p[0]}) for p in exact}
+    others = sorted({sig for p in exact for sig in p[4]})
+    at = _stack_words(failure["depends"], min(verdicts, key=lambda s: [key(v) for v in s]))
+    evidence = [failure["refs"][p[5]] for p in exact[:3]]
+    if len(set(verdicts.values())) > 1:
+        words = "; ".join(
+            f"{_stack_words(failure['depends'], s)}: {_FIX_WORDS[v]}" for s, v in sorted(verdicts.items())
+        )
+        return {"state": FIX_UNMEASURED, "sure": "unmeasured", "evidence": evidence,
+                "why": f"the releases asked name stacks where it differs: {words}"}  # fmt: skip
+    state = next(iter(verdicts.values()))
+    why = f"measured: {_FIX_WORDS[state]} at {at}" + (f" ({', '.join(others)})" if state == BRINGS else "")
+    return {"state": state, "sure": "exact", "why": why, "brings": others if state == BRINGS else [],
+            "evidence": evidence}  # fmt: skip
+
+
+def _fix_bracket(failure: Mapping[str, Any], points: list[list[Any]], query: Query) -> dict[str, Any] | None:
+    """Two measured stacks around the user's (each package at or below theirs, at or above theirs) with the same
+    outcome, and no measured stack between them with another: the closest such pair."""
+    depends = failure["depends"]
+    state_at: dict[tuple[str, ...], set[str]] = {}
+    for p in points:
+        state_at.setdefault(tuple(p[0]), set()).add(p[3])
+    verdicts = {s: _fix_state(found) for s, found in state_at.items()}
+
+    def side(stack: tuple[str, ...], below: bool) -> bool:
+        for package, version in zip(depends, stack, strict=True):
+            low, high = prefix_bounds(query.versions[package]) if package in query.prefix else (None, None)
+            at = key(version)
+            if low is None:
+                low = high = key(query.versions[package])
+            if below and not at <= low:
+                return False
+            if not below and not (at >= high if package in query.prefix else at >= low):
+                return False
+        return True
+
+    best = None
+    for lo in (s for s in verdicts if side(s, True)):
+        for hi in (s for s in verdicts if side(s, False) and verdicts[s] == verdicts[lo]):
+            inside = [s for s in verdicts if all(key(a) <= key(b) <= key(c) for a, b, c in zip(lo, s, hi, strict=True))]
+            if any(verdicts[s] != verdicts[lo] for s in inside):
+                continue
+            span = sum(key(c)[0] * 1000 + key(c)[1] - key(a)[0] * 1000 - key(a)[1] for a, c in zip(lo, hi, strict=True))
+            if best is None or span < best[0]:
+                best = (span, lo, hi)
+    if best is None:
+        return None
+    _, lo, hi = best
+    state = verdicts[lo]
+    others = sorted({sig for p in points if tuple(p[0]) in (lo, hi) for sig in p[4]})
+    why = (f"measured: {_FIX_WORDS[state]} at {_stack_words(depends, lo)} and at {_stack_words(depends, hi)}, the "
+           "releases around yours" + (f" ({', '.join(others)})" if state == BRINGS else ""))  # fmt: skip
+    return {"state": state, "sure": "bracketed", "why": why, "brings": others if state == BRINGS else []}
+
+
+def fix_where(failure: Mapping[str, Any], fix: Mapping[str, Any]) -> str:
+    """Where a fix of the failure was measured and what it did there, over every setup and world size (an advisory's
+    words: it is no answer at a user's releases)."""
+    return _fix_where(failure, fix["points"])
+
+
+def _fix_where(failure: Mapping[str, Any], points: list[list[Any]]) -> str:
+    """Where a fix was measured for these setups, in words: its outcome per world size (on GPUs) and stacks."""
+    depends = failure["depends"]
+    gpus = failure["device"] == "cuda"
+    grouped: dict[tuple[int, str], set[tuple[str, ...]]] = {}
+    for p in points:
+        state = _fix_state({p[3]})
+        grouped.setdefault((p[2] if gpus else 0, state), set()).add(tuple(p[0]))
+    said = []
+    for (size, state), stacks in sorted(grouped.items(), key=lambda kv: (kv[0][0], FIX_STATES.index(kv[0][1]))):
+        on = f" on {size} GPU{'s' if size > 1 else ''}" if size else ""
+        ordered = sorted(stacks, key=lambda s: [key(v) for v in s])
+        if len(ordered) == 1:
+            at = _stack_words(depends, ordered[0])
+        else:
+            spans = [sorted({s[i] for s in ordered}, key=key) for i in range(len(depends))]
+            moving = [f"{p} {spans[i][0]} to {spans[i][-1]}" for i, p in enumerate(depends) if len(spans[i]) > 1]
+            at = f"{len(ordered)} stacks ({', '.join(moving)})"
+        said.append(f"{_FIX_WORDS[state]}{on} at {at}")
+    return "; ".join(said)
+
+
+def _stack_words(depends: list[str], stack: Any) -> str:
+    return ", ".join(f"{p} {v}" for p, v in zip(depends, stack, strict=True))
 
 
 def _device_answer(

@@ -81,12 +81,29 @@ def _failure(failure: KnownFailure, spec: dict[str, Any], detail: tuple[str, str
         "points": points,
         "refs": refs,
         "events": {c.package: [_event_json(e) for e in c.events] for c in failure.conditions},
-        "fixes": [
-            {"variant": f["variant"], "kind": f["kind"], "words": fix_words(f["variant"]), "always": f["always"]}
-            | ({"setup": f["setup"]} if f.get("setup") else {})
-            for f in failure.fixes
-        ],
+        "fixes": [_fix(fix, failure, setups, refs) for fix in failure.fixes],
     }
+
+
+def _fix(fix: dict[str, Any], failure: KnownFailure, setups: list[dict[str, str]], refs: list[Any]) -> dict[str, Any]:
+    """A fix of the failure with its points, as the failure's: [stack over `depends`, setup index, world size, what it
+    showed there (PASSES: it fixes it; SHOWS: the failure again; OTHER: another failure; 'mixed'), the other failures'
+    names, ref index] per (stack, setup, world size), one record cited (refs appended to the failure's)."""
+    grouped: dict[tuple[Any, ...], list[Any]] = defaultdict(list)
+    for obs in sorted(fix["observed"], key=lambda o: (o.run_id, o.config_id)):
+        stack = tuple(obs.release(p) for p in failure.depends)
+        if None not in stack and dict(obs.setup) in setups:
+            grouped[(stack, setups.index(dict(obs.setup)), obs.world_size)].append(obs)
+    points = []
+    for (stack, setup, size), found in sorted(grouped.items(), key=lambda kv: ([key(v) for v in kv[0][0]], kv[0][1:])):
+        states = {o.state_for(failure.family) for o in found}
+        others = sorted({str(o.signature) for o in found if o.state_for(failure.family) == OTHER})
+        cited = next((o for o in found if o.state_for(failure.family) != PASSES), found[0])
+        refs.append(cited.ref())
+        points.append([list(stack), setup, size, point_state(states), others, len(refs) - 1])
+    return {"variant": fix["variant"], "kind": fix["kind"], "words": fix_words(fix["variant"]), "points": points} | (
+        {"setup": fix["setup"]} if fix.get("setup") else {}
+    )
 
 
 def _points(failure: KnownFailure, setups: list[dict[str, str]]) -> tuple[list[list[Any]], list[dict[str, Any]]]:

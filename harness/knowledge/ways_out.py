@@ -16,6 +16,7 @@ from dataclasses import replace
 from itertools import combinations, product
 from typing import Any
 
+from harness.knowledge.broken import measured_broken
 from harness.knowledge.installable import complete, distance
 from harness.knowledge.judge import AFFECTED, CLEAR, Query, evaluate, key
 
@@ -30,16 +31,23 @@ BLOCKING = ("applies", "applies-if")
 ENDED = ("clean", "not-applicable", "cleared")
 
 
+#: How many times the search widens its candidates with the releases that end what its moves bring.
+MOST_ROUNDS = 3
+
+
 def way_out(tables: Mapping[str, Any], query: Query, answers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """{'pins': {package: release} (the one recommended set; {} where nothing applies), 'from': the releases they
     replace, 'leaves': ids left undecided, 'ends': ids it ends, 'stays': ids no measured release ends (their way out
-    is a fix of the setup), 'notes': per applying failure what a single move of each of its packages does, 'none':
-    why no set was found (or '')}."""
+    is a fix of the setup), 'still': ids that applied and still apply (or are not measured ended) at the pins,
+    'brings': ids that apply at the pins and did not at the user's releases, 'notes': per applying failure what a
+    single move of each of its packages does, 'searched': what the search covered, 'none': why no set leaves nothing
+    applying (or '')}."""
     answers = evaluate(tables, query) if answers is None else answers
     blocking = [a for a in answers if a["state"] in BLOCKING]
     if not blocking:
         return {"pins": {}, "from": {}, "leaves": [], "ends": [], "stays": [], "notes": {}, "none": ""}
-    by_id = {f["id"]: f for f in tables["failures"] if f["id"] in {a["id"] for a in blocking}}
+    before = {a["id"] for a in blocking}
+    by_id = {f["id"]: f for f in tables["failures"] if f["id"] in before}
     # A failure no measured release decides clear (on every stack, or with no release named) stays whatever moves:
     # its way out is a change of the setup (its fixes), and the search leaves it aside.
     movable = [f for f in by_id.values() if _candidates([f], query)]
@@ -48,25 +56,48 @@ def way_out(tables: Mapping[str, Any], query: Query, answers: list[dict[str, Any
     candidates |= _unblocking(tables, query, candidates)
     notes = {i: _single_moves(tables, query, f, answers) for i, f in by_id.items()}
     ending = {f["id"] for f in movable}
-    found, tried = _search(tables, query, candidates, set(stays), ending) if movable else (None, 0)
+    found, tried = None, 0
+    for _ in range(MOST_ROUNDS if movable else 0):
+        found, tried, brought = _search(tables, query, candidates, set(stays), ending, before, tried)
+        if found is None or found[2] or tried >= MOST_TRIES:
+            break
+        # What the closest sets bring is ended by releases of its own packages: the search widens to them.
+        wider = _widened(candidates, _candidates([f for f in tables["failures"] if f["id"] in brought], query), query)
+        if wider == candidates:
+            break
+        candidates = wider
+    searched = _searched_words(candidates, tried)
     if found is None:
         return {"pins": {}, "from": {}, "leaves": [], "ends": [], "stays": stays, "notes": notes,
-                "none": _none_words(candidates, tried)}  # fmt: skip
+                "searched": searched, "none": _none_words(candidates, tried)}  # fmt: skip
     moved, after, whole = found
     states = {a["id"]: a["state"] for a in after}
-    left = sorted(
-        i for i, s in states.items() if (s in BLOCKING and i not in stays) or (i in ending and s not in ENDED)
-    )
+    blocking_after = {i for i, s in states.items() if s in BLOCKING and i not in stays}
     return {
         "pins": moved,
         "from": {p: query.versions.get(p) for p in moved},
         "leaves": sorted(i for i, s in states.items() if s == "undecided"),
         "ends": sorted(i for i in ending if states.get(i) in ENDED),
         "stays": stays,
-        "still": left,
+        "still": sorted((blocking_after & before) | {i for i in ending if states.get(i) not in ENDED}),
+        "brings": sorted(blocking_after - before),
         "notes": notes,
+        "searched": searched,
         "none": "" if whole else _none_words(candidates, tried) + "; the closest set is given, and what it leaves",
     }
+
+
+def _widened(candidates: dict[str, list[str]], more: dict[str, list[str]], query: Query) -> dict[str, list[str]]:
+    """The candidates with `more` added, each package's releases nearest first."""
+    merged = {p: set(v) for p, v in candidates.items()}
+    for package, releases in more.items():
+        merged.setdefault(package, set()).update(releases)
+    return {p: _nearest_first(p, merged[p], query) for p in sorted(merged)}
+
+
+def _nearest_first(package: str, releases: set[str], query: Query) -> list[str]:
+    have = key(query.versions[package]) if package in query.versions else None
+    return sorted((v for v in sorted(releases) if key(v) != have), key=lambda v: distance(v, have))
 
 
 def _candidates(failures: list[Mapping[str, Any]], query: Query) -> dict[str, list[str]]:
@@ -77,11 +108,7 @@ def _candidates(failures: list[Mapping[str, Any]], query: Query) -> dict[str, li
             for segment in failure["segments"][package]:
                 if segment[4] == CLEAR:
                     found.setdefault(package, set()).update(v for v in (segment[0], segment[2]) if v)
-    have = {p: key(query.versions[p]) for p in found if p in query.versions}
-    return {
-        p: sorted((v for v in sorted(releases) if key(v) != have.get(p)), key=lambda v: distance(v, have.get(p)))
-        for p, releases in sorted(found.items())
-    }
+    return {p: _nearest_first(p, releases, query) for p, releases in sorted(found.items())}
 
 
 #: How many releases of a package a broken stack lets a way out move (the nearest ones).
@@ -103,17 +130,6 @@ def _unblocking(tables: Mapping[str, Any], query: Query, candidates: dict[str, l
     return found
 
 
-def measured_broken(tables: Mapping[str, Any], versions: Mapping[str, str], moved: Mapping[str, str]) -> bool:
-    """Whether the records show the stack after these moves not running: a broken stack whose failing packages
-    (every package where the record names none) hold the same releases here, one of them moved."""
-    stack = dict(versions) | dict(moved)
-    for broken in tables.get("broken", []):
-        between = broken.get("packages") or sorted(broken["versions"])
-        if any(p in moved for p in between) and all(stack.get(p) == broken["versions"].get(p) for p in between):
-            return True
-    return False
-
-
 def unsettled(after: list[dict[str, Any]], ending: set[str], stays: set[str]) -> list[str]:
     """The states after a move that keep it from being a way out: a failure that applies (one no release ends aside),
     and one it had to end that is not measured ended (undecided: moved into releases no record holds)."""
@@ -125,14 +141,21 @@ def unsettled(after: list[dict[str, Any]], ending: set[str], stays: set[str]) ->
 
 
 def _search(
-    tables: Mapping[str, Any], query: Query, candidates: dict[str, list[str]], stays: set[str], ending: set[str]
-) -> tuple[tuple[dict[str, str], list[dict[str, Any]], bool] | None, int]:
-    """(moves, the answers after them, whether they leave nothing blocking but what `stays`) of the best set, and
-    how many stacks were judged. The smallest size that leaves nothing blocking wins; where no size does, the set
-    that leaves the fewest failures applying (then applying if, then undecided) is the closest."""
-    tried = 0
+    tables: Mapping[str, Any],
+    query: Query,
+    candidates: dict[str, list[str]],
+    stays: set[str],
+    ending: set[str],
+    before: set[str],
+    tried: int = 0,
+) -> tuple[tuple[dict[str, str], list[dict[str, Any]], bool] | None, int, set[str]]:
+    """(moves, the answers after them, whether they leave nothing blocking but what `stays`) of the best set, how
+    many stacks were judged so far (`tried` carried over from an earlier round), and the failures the sets judged
+    bring (blocking after, not in `before`). The smallest size that leaves nothing blocking wins; where no size does,
+    the set that leaves the fewest failures applying (then applying if, then undecided) is the closest."""
     packages = sorted(candidates)
     closest: tuple[tuple[Any, ...], dict[str, str], list[dict[str, Any]]] | None = None
+    brought: set[str] = set()
     for size in range(1, min(MOST_MOVES, len(packages)) + 1):
         best: tuple[tuple[Any, ...], dict[str, str], list[dict[str, Any]]] | None = None
         for chosen in combinations(packages, size):
@@ -144,6 +167,7 @@ def _search(
                 if moved is None or measured_broken(tables, query.versions, moved):
                     continue
                 after = evaluate(tables, replace(query, versions=query.versions | moved))
+                brought |= {a["id"] for a in after if a["state"] in BLOCKING and a["id"] not in before | stays}
                 left = unsettled(after, ending, stays)
                 score = (left.count("applies"), left.count("applies-if"), len(left), *_score(moved, query, after))
                 if not left and (best is None or score < best[0]):
@@ -151,8 +175,8 @@ def _search(
                 if closest is None or score < closest[0]:
                     closest = (score, moved, after)
         if best is not None:
-            return (best[1], best[2], True), tried
-    return ((closest[1], closest[2], False) if closest else None), tried
+            return (best[1], best[2], True), tried, brought
+    return ((closest[1], closest[2], False) if closest else None), tried, brought
 
 
 def _score(moved: dict[str, str], query: Query, after: list[dict[str, Any]]) -> tuple[Any, ...]:
@@ -200,9 +224,20 @@ def _no_release_words(package: str, decided: list[list[Any]]) -> str:
     return f"no measured release of {package} ends it"
 
 
+def _searched_words(candidates: dict[str, list[str]], tried: int) -> str:
+    """What the search covered: every set of up to MOST_MOVES packages over these releases, or where it stopped."""
+    releases = sum(len(v) for v in candidates.values())
+    over = (f"{releases} measured release(s) of {', '.join(candidates)} (each ends a failure of yours or one a move "
+            "brings, or unblocks a stack measured not to run)")  # fmt: skip
+    if tried >= MOST_TRIES:
+        return f"stopped after {MOST_TRIES} stacks judged, before every set of up to {MOST_MOVES} moves over {over}"
+    return f"every set of up to {MOST_MOVES} moves over {over}: {tried} stacks judged"
+
+
 def _none_words(candidates: dict[str, list[str]], tried: int) -> str:
     if not candidates:
         return "no measured release ends them: the way out is a change of the setup (their fixes)"
     if tried >= MOST_TRIES:
-        return f"no set of moves found within {MOST_TRIES} stacks judged"
-    return f"no set of up to {MOST_MOVES} release moves leaves every known failure behind"
+        return f"no set of moves found before the search stopped ({MOST_TRIES} stacks judged)"
+    searched = _searched_words(candidates, tried)
+    return f"no set of up to {MOST_MOVES} release moves leaves every known failure behind (searched {searched})"

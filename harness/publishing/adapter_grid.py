@@ -167,7 +167,7 @@ def document(results_dir: Path) -> dict[str, Any] | None:
             "words": feature_words(config, seed),
             "rows": rows,
             "errors": [f"E {sig}: {example}" for sig, example in sorted(errors.items())],
-            "flips": _flip_lines([f for f in found if f.feature == feature], label, swept),
+            "flips": _flip_lines([f for f in found if f.feature == feature], label, swept, config),
         })  # fmt: skip
     return {"run": run.name, "loads": len(pairs), "saves": len(saves), "days": [label[d] for d in days],
             "columns": [d.split("date-")[-1][2:] for d in days], "features": shown}  # fmt: skip
@@ -227,7 +227,12 @@ def read_sweep(run: Path) -> dict[str, dict[str, Any]]:
     return {entry["key"]: entry for entry in json.loads(path.read_text()).get("flips", [])}
 
 
-def _flip_lines(mine: list[Flip], short: dict[str, str], swept: dict[str, dict[str, Any]] | None = None) -> list[str]:
+def _flip_lines(
+    mine: list[Flip],
+    short: dict[str, str],
+    swept: dict[str, dict[str, Any]] | None = None,
+    config: dict[str, Any] | None = None,
+) -> list[str]:
     if not mine:
         return ["No flip: every row and every column measured holds one outcome."]
     swept = swept or {}
@@ -245,7 +250,7 @@ def _flip_lines(mine: list[Flip], short: dict[str, str], swept: dict[str, dict[s
         days = ", ".join(short[d].split(" ")[0] for d in flip.fixed_days)
         entry = swept.get(flip.grid_key)
         changed = "; ".join(flip.changed_words()) or "no package differs"
-        where = sweep_words(entry, flip.older_state, flip.newer_state) if entry else f"({changed})"
+        where = sweep_words(entry, flip.older_state, flip.newer_state, config) if entry else f"({changed})"
         if flip.side == "load":
             out.append(f"- loaded on {short[b]} instead of {short[a]}: {what}, for adapters saved on {days}: {where}")
         else:
@@ -253,7 +258,7 @@ def _flip_lines(mine: list[Flip], short: dict[str, str], swept: dict[str, dict[s
     return out
 
 
-def sweep_words(entry: dict[str, Any], before: str, after: str) -> str:
+def sweep_words(entry: dict[str, Any], before: str, after: str, config: dict[str, Any] | None = None) -> str:
     """What the sweep measured for one flip, in a sentence: the release and the upstream record, or why none."""
     moves = entry.get("moves") or {}
     moved = ", ".join(f"{p} {s}" for p, s in moves.items())
@@ -271,19 +276,21 @@ def sweep_words(entry: dict[str, Any], before: str, after: str) -> str:
     stepped = entry.get("stepped_over") or []
     if stepped:
         said += f"; no evidence at {', '.join(stepped)}"
-    return said + _upstream_words(package, entry["release"], before, after)
+    return said + _upstream_words(package, entry["release"], before, after, config)
 
 
-def _upstream_words(package: str, release: str, before: str, after: str) -> str:
+def _upstream_words(package: str, release: str, before: str, after: str, config: dict[str, Any] | None = None) -> str:
     """The upstream records of the change: the failure that ends (its 'ends' record), the one that shows from then
-    on (its 'appears' record); each agrees where it names the same package and release."""
+    on (its 'appears' record), of the feature the config holds; each agrees where it names the same package and
+    release."""
     from scenarios.failure_names import upstream_change
 
+    configs = [config] if config else None
     found = []
     if before != "pass":
-        found.append(upstream_change(before, "not-reproduced", (package, release)))
+        found.append(upstream_change(before, "not-reproduced", (package, release), configs))
     if after != "pass":
-        found.append(upstream_change(after, "target", (package, release)))
+        found.append(upstream_change(after, "target", (package, release), configs))
     known = [k for k in found if k is not None]
     if not known:
         return "; no upstream record names this change"

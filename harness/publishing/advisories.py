@@ -22,6 +22,7 @@ from typing import Any
 from harness.knowledge.atlas import Atlas
 from harness.knowledge.failures import Condition, KnownFailure
 from harness.knowledge.findings import load_finding
+from harness.knowledge.judge import fix_where
 from scenarios.failure_names import upstream, upstream_change, upstream_packages
 
 SCHEMA_VERSION = "1.7.0"
@@ -34,10 +35,16 @@ SUMMARY_LIMIT = 200
 def build(atlas: Atlas) -> list[dict[str, Any]]:
     """Every known failure of the atlas as an OSV advisory, in the judge's order."""
     tables = {f["id"]: f for f in atlas.tables["failures"]}
-    return [_advisory(failure, tables[failure.id], atlas.results_dir) for failure in atlas.failures]
+    return [
+        _advisory(failure, tables[failure.id], atlas.results_dir, [atlas.configs.get((failure.scenario, c), {})
+                                                                   for c in failure.config_ids])
+        for failure in atlas.failures
+    ]  # fmt: skip
 
 
-def _advisory(failure: KnownFailure, table: dict[str, Any], results_dir: Path) -> dict[str, Any]:
+def _advisory(
+    failure: KnownFailure, table: dict[str, Any], results_dir: Path, configs: list[dict[str, Any]]
+) -> dict[str, Any]:
     where = "on GPUs" if failure.device == "cuda" else "on CPU"
     setups = [s["words"] for s in table["setups"]]
     condition = f"; applies if {table['detail']}" if table["detail"] else ""
@@ -54,7 +61,7 @@ def _advisory(failure: KnownFailure, table: dict[str, Any], results_dir: Path) -
         "summary": summary,
         "details": _details(failure, table, where, off),
         "affected": _affected(failure, table),
-        "references": _references(failure, results_dir),
+        "references": _references(failure, results_dir, configs),
         "database_specific": {
             "scenario": failure.scenario,
             "failure": failure.signature,
@@ -68,13 +75,20 @@ def _advisory(failure: KnownFailure, table: dict[str, Any], results_dir: Path) -
             "config_ids": failure.config_ids,
             "conditions": conditions,
             "conditions_are": "all of: every package's events hold together (OSV's affected[] is any of them)",
-            "workarounds": table["fixes"],
+            "workarounds": [_fix_json(table, fix) for fix in table["fixes"]],
             "off_by": [min(off), max(off)] if off else None,
             "measured": {p: failure.measured(p) for p in failure.depends},
             "evidence": evidence,
             "judge": f"{JUDGE_FILE}#{failure.id}",
         },
     }
+
+
+def _fix_json(table: dict[str, Any], fix: dict[str, Any]) -> dict[str, Any]:
+    """A fix as the advisory states it: what it is and where it was measured doing what (per world size on GPUs); the
+    judge decides at a user's releases (`judge.json`, `audit`), never the advisory."""
+    found = {k: fix[k] for k in ("variant", "kind", "words") if k in fix}
+    return found | ({"setup": fix["setup"]} if fix.get("setup") else {}) | {"measured": fix_where(table, fix)}
 
 
 def clip(text: str, limit: int = SUMMARY_LIMIT) -> str:
@@ -167,8 +181,15 @@ def _details(failure: KnownFailure, table: dict[str, Any], where: str, off: list
         lines.append(f"Applies if: {table['detail']}.")
     if table["measured_with"]:
         lines.append(f"Measured with: {table['measured_with']}.")
+    for condition in failure.conditions:
+        for event in condition.events:
+            if event.masked:
+                lines.append(f"Started with {condition.package} {event.release}: {event.masked}.")
     if off:
         lines.append(f"Off its float64 reference by {min(off):.2g}x to {max(off):.2g}x.")
+    for fix in table["fixes"]:
+        measured = fix_where(table, fix)
+        lines.append(f"- {fix['kind']}: {fix['words']}: {measured} (`compat-matrix audit` judges it at your releases)")
     lines.append("`database_specific.conditions` holds the conjunction; `evidence` the records behind every event.")
     return "\n".join(lines)
 
@@ -176,15 +197,15 @@ def _details(failure: KnownFailure, table: dict[str, Any], where: str, off: list
 _MIXED = "it shows on some stacks and passes on others, and no release is named between: only exact records decide"
 
 
-def _references(failure: KnownFailure, results_dir: Path) -> list[dict[str, str]]:
+def _references(failure: KnownFailure, results_dir: Path, configs: list[dict[str, Any]]) -> list[dict[str, str]]:
     found: list[dict[str, str]] = []
-    for issue in upstream(failure.signature):
+    for issue in upstream(failure.signature, configs):
         repo, _, number = issue.partition("#")
         if number:
             found.append({"type": "REPORT", "url": f"https://github.com/{repo}/issues/{number}"})
     for change in failure.changes:
         state = "target" if change.direction == "started" else "not-reproduced"
-        known = upstream_change(failure.signature, state, (change.package, change.release))
+        known = upstream_change(failure.signature, state, (change.package, change.release), configs)
         if known and known["package"] == change.package:
             found.append({"type": "WEB", "url": f"https://pypi.org/project/{change.package}/{known['release']}/"})
         if change.finding:

@@ -133,12 +133,13 @@ def _stack_label(date: str, versions: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def upstream_verdict(flip: Flip) -> dict[str, Any] | None:
-    """The upstream record of the flip's failure in the flip's direction, and whether the measured package and
-    release agree with it (recomputed whenever the table is made, from scenarios/failure_names.py)."""
+def upstream_verdict(flip: Flip, configs: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The upstream record of the flip's failure in the flip's direction (of the feature its `configs` hold, where a
+    record is about one), and whether the measured package and release agree with it (recomputed whenever the table
+    is made, from scenarios/failure_names.py)."""
     from scenarios.failure_names import upstream_change
 
-    known = upstream_change(flip.signature, flip.newer_state, (flip.package, flip.release))
+    known = upstream_change(flip.signature, flip.newer_state, (flip.package, flip.release), configs)
     if known is None:
         return None
     if not flip.package:
@@ -178,12 +179,13 @@ def flips_markdown(
         if flip.older_state == flip.newer_state:
             # A window: two days that agree, swept over the releases between them (a fix and the break after it).
             if flip.changes:
-                lines.append(_window_line(flip))
+                lines.append(_window_line(flip, configs_of(flip, records or [])))
             elif flip.sweep:
                 quiet.append(f"{md(flip.scenario)}{_series(flip)} {md(flip.older)} .. {md(flip.newer)}"
                              f"{_node_cost_words(flip)}")  # fmt: skip
             continue
-        upstream = upstream_verdict(flip)
+        configs = configs_of(flip, records or [])
+        upstream = upstream_verdict(flip, configs)
         agrees = ""
         if upstream:
             verdict_ = {True: "agrees", False: "differs"}.get(upstream.get("agrees"), "not compared: none named here")
@@ -213,7 +215,7 @@ def flips_markdown(
         if flip.changes and not others:
             # A sweep: every change between the two days, each compared with the upstream record of its direction.
             release = md(flip.changes_words()) + _node_cost_words(flip)
-            agrees = "; ".join(_change_upstream_words(flip, c) for c in flip.changes)
+            agrees = "; ".join(_change_upstream_words(flip, c, configs) for c in flip.changes)
         lines.append(
             f"| {md(flip.scenario)}{_series(flip)} | {code(flip.signature or '-')} | "
             f"{change} | {md(flip.older)} .. {md(flip.newer)} | {package} | {release} | {agrees} |"
@@ -235,17 +237,30 @@ def flips_markdown(
     return "\n".join(lines) + "\n"
 
 
+def configs_of(flip: Flip, records: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The configs of a flip's series as its records ran them (what an upstream record about a feature is matched
+    with); None where none is known."""
+    wanted = set(flip.config_ids)
+    if (flip.family or "").startswith(CONFIG_SERIES):
+        wanted.add(str(flip.family)[len(CONFIG_SERIES) :])
+    found = {r["config_id"]: r.get("config") or {} for r in records
+             if r["scenario"] == flip.scenario and r["config_id"] in wanted}  # fmt: skip
+    return list(found.values()) or None
+
+
 def _series(flip: Flip) -> str:
     """' (config-6827e2abe2)' for one config's series, '' for a scenario's."""
     return f" ({md(flip.family)})" if (flip.family or "").startswith(CONFIG_SERIES) else ""
 
 
-def change_upstream(flip: Flip, change: dict[str, Any]) -> dict[str, Any] | None:
+def change_upstream(
+    flip: Flip, change: dict[str, Any], configs: list[dict[str, Any]] | None = None
+) -> dict[str, Any] | None:
     """The upstream record of one change a sweep found (its own direction), and whether it names this release."""
     from scenarios.failure_names import upstream_change
 
     newer_state = "target" if change["direction"] == "started" else "not-reproduced"
-    known = upstream_change(flip.signature, newer_state, (change["package"], change["release"]))
+    known = upstream_change(flip.signature, newer_state, (change["package"], change["release"]), configs)
     if known is None:
         return None
     same = (change["package"], change["release"]) == (known["package"], known["release"])
@@ -265,8 +280,8 @@ def _release(version: str | None) -> tuple[int, ...]:
         return (0,)
 
 
-def _change_upstream_words(flip: Flip, change: dict[str, Any]) -> str:
-    known = change_upstream(flip, change)
+def _change_upstream_words(flip: Flip, change: dict[str, Any], configs: list[dict[str, Any]] | None = None) -> str:
+    known = change_upstream(flip, change, configs)
     if known is None:
         return f"{md(change['release'])}: no upstream record"
     if known.get("yanked"):
@@ -284,10 +299,10 @@ def _node_cost_words(flip: Flip) -> str:
     return f" (node: {cost['probe_days']} probe days, {cost['records']} records, {cost['job_seconds']:g} s of jobs)"
 
 
-def _window_line(flip: Flip) -> str:
+def _window_line(flip: Flip, configs: list[dict[str, Any]] | None = None) -> str:
     """A window's row: both days agree, the sweep names every change between them and the runs behind each."""
     state = md(flip.older_state)
-    agrees = "; ".join(_change_upstream_words(flip, c) for c in flip.changes)
+    agrees = "; ".join(_change_upstream_words(flip, c, configs) for c in flip.changes)
     note = f" ({md(flip.note)})" if flip.note else ""
     return (
         f"| {md(flip.scenario)}{_series(flip)} | {code(flip.signature or '-')} | {state} on both days, a window "

@@ -14,6 +14,7 @@ from harness.define import setup as vocabulary
 from harness.define.packages import AXIS_PACKAGES, public_version, short_name
 from harness.knowledge import pitfalls as knowledge
 from harness.knowledge.atlas import Atlas
+from harness.knowledge.judge import Query, fix_answers
 from harness.recording.verdicts import first_change, largest_off_by, variant_kinds, verdict
 from harness.textsafe import md, slug
 from scenarios.fix_words import fix_words
@@ -168,14 +169,18 @@ FAILING = ("applies", "applies-if")
 
 def _entry_of(atlas: Atlas, row: Any, scenario: str, answers: list[dict[str, Any]]) -> dict[str, Any]:
     """The entry of a row's scenario: its records at exactly the row's releases of every package the scenario
-    depends on (the row's own, and any other run's at those releases: the judge's points), counted."""
+    depends on (the row's own, and any other run's at those releases: the judge's points), counted over the setups
+    the judge's failure applies to there; its symbol is the judge's."""
     spec = atlas.specs.get(scenario)
-    mine = [r for r in row.records if r["scenario"] == scenario]
-    _, left_out = atlas.counted(mine)
-    counted = atlas.records_at(scenario, row.versions, row.device, row.ranks) if mine else []
-    found = verdict(counted, spec) if counted else None
+    counted, left_out = atlas.counted(atlas.records_at(scenario, row.versions, row.device, row.ranks, True))
     failing = [a for a in answers if a["state"] in FAILING and a["sure"] == "exact"]
+    if failing:  # counted over the setups the failure applies to there: another setup's configs are not its n
+        setups = [s for a in failing for s in a.get("setups", [])]
+        counted = [r for r in counted if atlas.setup_of(r) in setups] or counted
+    found = verdict(counted, spec) if counted else None
     text = entry(found, spec, len(left_out)) if found or left_out else "-"
+    if failing and not text.startswith("✗"):  # the judge decides the symbol: its failure shows at these releases
+        text = f"✗ {text}" if text != "-" else "✗ (records of other runs at these releases)"
     state = found.state if found else "empty"
     return {
         "scenario": scenario,
@@ -185,7 +190,7 @@ def _entry_of(atlas: Atlas, row: Any, scenario: str, answers: list[dict[str, Any
         # Each setup the failure applies to there, and the settings (a fix's) that clear it where a user has them.
         "failing": sorted(
             {
-                json.dumps({"setup": k, "unless": _clearing(atlas, a["id"])}, sort_keys=True)
+                json.dumps({"setup": k, "unless": _clearing(atlas, a["id"], row.query())}, sort_keys=True)
                 for a in failing
                 for k in a.get("setups", [])
             }
@@ -200,10 +205,12 @@ def _title(device: str, ranks: int) -> str:
     return f"CPU, up to {ranks} rank{plural}" if device == "CPU" else f"GPU, {ranks} rank{plural}"
 
 
-def _clearing(atlas: Atlas, failure_id: str) -> list[dict[str, str]]:
-    """The settings a user's setup can hold that the records show passing where this failure showed (its fixes')."""
+def _clearing(atlas: Atlas, failure_id: str, query: Query) -> list[dict[str, str]]:
+    """The settings a user's setup can hold that fix this failure at the row's releases and GPU count, as the judge
+    decides (exact or bracketed): a fix measured only elsewhere clears nothing here."""
     failure = next(f for f in atlas.tables["failures"] if f["id"] == failure_id)
-    return [f["setup"] for f in failure["fixes"] if f.get("setup") and f.get("always")]
+    held = [f for f in fix_answers(atlas.tables, failure, query) if f.get("setup") and f["state"] == "fixes"]
+    return [f["setup"] for f in held]
 
 
 def glance_markdown(atlas: Atlas) -> list[str]:

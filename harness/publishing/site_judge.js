@@ -11,7 +11,7 @@
   const STATES = ["applies", "applies-if", "range", "undecided", "pitfall", "cleared", "clean", "not-applicable"];
   const BLOCKING = ["applies", "applies-if"];
   const ENDED = ["clean", "not-applicable", "cleared"];
-  const MOST_MOVES = 3, MOST_TRIES = 4000, MOST_BROUGHT = 4, MOST_UNBLOCKING = 6;
+  const MOST_MOVES = 3, MOST_TRIES = 4000, MOST_ROUNDS = 3, MOST_BROUGHT = 4, MOST_UNBLOCKING = 6;
   const RELEASE = /^\s*v?(?:\d+!)?(\d+(?:\.\d+)*)/;
 
   // --- versions: the release numbers, padded (judge.key) -----------------------------------------------------------
@@ -94,7 +94,16 @@
   }
   function hasSetting(setup, fix) {
     const setting = fix.setup || {};
-    return Object.keys(setting).length > 0 && !!fix.always && Object.entries(setting).every(([k, v]) => setup[k] === v);
+    return Object.keys(setting).length > 0 && Object.entries(setting).every(([k, v]) => setup[k] === v);
+  }
+  function withSetting(failure, found, fixed, when) {
+    const said = `your setup has ${fixed.words}`;
+    if (fixed.state === FIXES) return answer(failure, "cleared", `${said}, which fixes it here: ${fixed.why}`, fixed.sure, { when });
+    if (fixed.state === NOT_FIXED) return answer(failure, "applies", `${said}, which does not fix it here: ${fixed.why}`, fixed.sure, { when });
+    if (fixed.state === BRINGS) {
+      return answer(failure, "undecided", `${said}; with it the runs here fail another way (${fixed.brings.join(", ")}): no evidence either way`, fixed.sure, { when });
+    }
+    return answer(failure, "undecided", `${said}, not measured at your releases, setup and GPU count (${fixed.where || "nowhere else either"}); without it: ${found.why}`, "unmeasured", { when });
   }
   function judgeOne(failure, q, narrowing, tables) {
     const device = deviceAnswer(failure, q, narrowing, tables);
@@ -107,8 +116,8 @@
     if (!("when" in found)) found.when = setups.map((i) => failure.setups[i].words).join("; ");
     const when = found.when;
     if (["applies", "undecided", "range"].includes(found.state)) {
-      const fix = failure.fixes.find((f) => hasSetting(q.setup, f));
-      if (fix) return answer(failure, "cleared", `your setup has ${fix.words}, which the records show passing where it failed`, found.sure, { when });
+      const held = failure.fixes.find((f) => hasSetting(q.setup, f));
+      if (held) return withSetting(failure, found, fixAnswer(failure, held, q, setups), when);
     }
     if (["applies", "clean"].includes(found.state) && failure.distributed && failure.device === "cuda") {
       const sizes = failure.world_sizes;
@@ -211,6 +220,133 @@
     }
     return answer(failure, "applies", affected.join("; ") + note, "bracketed");
   }
+  // --- fixes, judged like failures (judge.fix_answers) --------------------------------------------------------------
+  const FIXES = "fixes", BRINGS = "brings", NOT_FIXED = "does-not-fix", FIX_UNMEASURED = "unmeasured";
+  const FIX_STATES = [FIXES, BRINGS, NOT_FIXED, FIX_UNMEASURED];
+  const SURES = ["exact", "bracketed", "unmeasured"];
+  const FIX_WORDS = { [FIXES]: "fixes it", [NOT_FIXED]: "fails the same way", [BRINGS]: "fails another way" };
+  function stackWords(depends, stack) { return depends.map((p, i) => `${p} ${stack[i]}`).join(", "); }
+  function fixState(states) {
+    const found = stackState(states);
+    return found === SHOWS ? NOT_FIXED : found === PASSES ? FIXES : BRINGS;
+  }
+  function sortedUnique(items) { return [...new Set(items)].sort(); }
+  function fixAnswers(tables, failure, q) {
+    q = query(q);
+    const narrowing = tables.narrowing;
+    let setups = [];
+    failure.setups.forEach((s, i) => { if (agrees(s.keys, q.setup, narrowing)) setups.push(i); });
+    if (!setups.length) setups = failure.setups.map((_, i) => i);
+    const found = failure.fixes.map((fix) => fixAnswer(failure, fix, q, setups));
+    return found.map((f, i) => [f, i]).sort((a, b) => (SURES.indexOf(a[0].sure) - SURES.indexOf(b[0].sure))
+      || (FIX_STATES.indexOf(a[0].state) - FIX_STATES.indexOf(b[0].state))
+      || ((a[0].kind !== "fix") - (b[0].kind !== "fix")) || (a[1] - b[1])).map(([f]) => f);
+  }
+  function fixAnswer(failure, fix, q, setups) {
+    const sized = failure.distributed && failure.device === "cuda" && !!q.gpus;
+    const mine = fix.points.filter((p) => setups.includes(p[1]));
+    const points = mine.filter((p) => !sized || p[2] === q.gpus);
+    const depends = failure.depends;
+    const base = { variant: fix.variant, kind: fix.kind, words: fix.words, brings: [], evidence: [] };
+    if (fix.setup) base.setup = fix.setup;
+    const where = fixWhere(failure, mine);
+    const missing = depends.filter((p) => !(p in q.versions));
+    if (missing.length && (!q.partial || missing.some((p) => failure.conditions.includes(p)))) {
+      const why = `${missing.join(", ")} not given: a fix is judged only where every release it depends on is known`;
+      return Object.assign(base, { state: FIX_UNMEASURED, sure: "unmeasured", why, where });
+    }
+    const given = [];
+    depends.forEach((p, i) => { if (p in q.versions) given.push(i); });
+    const view = Object.assign({}, failure, { depends: given.map((i) => depends[i]) });
+    const projected = points.map((p) => [given.map((i) => p[0][i]), ...p.slice(1)]);
+    const note = missing.length ? ` (${missing.join(", ")} not given)` : "";
+    const exact = projected.filter((p) => view.depends.every((d, i) => matches(p[0][i], q.versions[d], q.prefix.includes(d))));
+    let found = exact.length ? fixExact(view, exact) : fixBracket(view, projected, q);
+    if (found) {
+      if (note && found.sure === "exact") found = Object.assign({}, found, { sure: "bracketed" });
+      return Object.assign(base, found, { why: found.why + note, where });
+    }
+    const why = "not measured at these releases" + (sized ? ` on ${q.gpus} GPUs` : "") + note;
+    return Object.assign(base, { state: FIX_UNMEASURED, sure: "unmeasured", why, where });
+  }
+  function fixExact(failure, exact) {
+    const verdicts = new Map();  // JSON of the stack -> [stack, verdict], in the order the points come
+    for (const p of exact) {
+      const at = JSON.stringify(p[0]);
+      if (!verdicts.has(at)) verdicts.set(at, [p[0], fixState(exact.filter((q) => JSON.stringify(q[0]) === at).map((q) => q[3]))]);
+    }
+    const others = sortedUnique(exact.flatMap((p) => p[4]));
+    const stacks = [...verdicts.values()];
+    const lowest = stacks.reduce((a, b) => (cmp(b[0].map(key), a[0].map(key)) < 0 ? b : a));
+    const at = stackWords(failure.depends, lowest[0]);
+    const evidence = exact.slice(0, 3).map((p) => failure.refs[p[5]]);
+    if (new Set(stacks.map(([, v]) => v)).size > 1) {
+      const words = stacks.map(([s, v]) => `${stackWords(failure.depends, s)}: ${FIX_WORDS[v]}`).join("; ");
+      return { state: FIX_UNMEASURED, sure: "unmeasured", evidence, why: `the releases asked name stacks where it differs: ${words}` };
+    }
+    const state = stacks[0][1];
+    const why = `measured: ${FIX_WORDS[state]} at ${at}` + (state === BRINGS ? ` (${others.join(", ")})` : "");
+    return { state, sure: "exact", why, brings: state === BRINGS ? others : [], evidence };
+  }
+  function fixBracket(failure, points, q) {
+    const depends = failure.depends;
+    const stateAt = new Map();
+    for (const p of points) {
+      const at = JSON.stringify(p[0]);
+      if (!stateAt.has(at)) stateAt.set(at, [p[0], []]);
+      stateAt.get(at)[1].push(p[3]);
+    }
+    const verdicts = [...stateAt.values()].map(([s, found]) => [s, fixState(found)]);
+    function side(stack, below) {
+      return depends.every((p, i) => {
+        const at = key(stack[i]);
+        const prefix = q.prefix.includes(p);
+        const [low, high] = prefix ? prefixBounds(q.versions[p]) : [key(q.versions[p]), key(q.versions[p])];
+        return below ? cmp(at, low) <= 0 : cmp(at, prefix ? high : low) >= 0;
+      });
+    }
+    let best = null;
+    for (const [lo, vLo] of verdicts.filter(([s]) => side(s, true))) {
+      for (const [hi] of verdicts.filter(([s, v]) => side(s, false) && v === vLo)) {
+        const inside = verdicts.filter(([s]) => s.every((b, i) => cmp(key(lo[i]), key(b)) <= 0 && cmp(key(b), key(hi[i])) <= 0));
+        if (inside.some(([, v]) => v !== vLo)) continue;
+        const span = lo.reduce((n, a, i) => n + key(hi[i])[0] * 1000 + key(hi[i])[1] - key(a)[0] * 1000 - key(a)[1], 0);
+        if (best === null || span < best[0]) best = [span, lo, hi, vLo];
+      }
+    }
+    if (best === null) return null;
+    const [, lo, hi, state] = best;
+    const ends = [JSON.stringify(lo), JSON.stringify(hi)];
+    const others = sortedUnique(points.filter((p) => ends.includes(JSON.stringify(p[0]))).flatMap((p) => p[4]));
+    const why = `measured: ${FIX_WORDS[state]} at ${stackWords(depends, lo)} and at ${stackWords(depends, hi)}, the releases around yours`
+      + (state === BRINGS ? ` (${others.join(", ")})` : "");
+    return { state, sure: "bracketed", why, brings: state === BRINGS ? others : [] };
+  }
+  function fixWhere(failure, points) {
+    const depends = failure.depends;
+    const gpus = failure.device === "cuda";
+    const grouped = new Map();  // "size|state" -> {size, state, stacks: Map(JSON -> stack)}
+    for (const p of points) {
+      const state = fixState([p[3]]);
+      const size = gpus ? p[2] : 0;
+      const at = `${size}|${state}`;
+      if (!grouped.has(at)) grouped.set(at, { size, state, stacks: new Map() });
+      grouped.get(at).stacks.set(JSON.stringify(p[0]), p[0]);
+    }
+    const groups = [...grouped.values()].sort((a, b) => (a.size - b.size) || (FIX_STATES.indexOf(a.state) - FIX_STATES.indexOf(b.state)));
+    return groups.map(({ size, state, stacks }) => {
+      const on = size ? ` on ${size} GPU${size > 1 ? "s" : ""}` : "";
+      const ordered = [...stacks.values()].sort((a, b) => cmp(a.map(key), b.map(key)));
+      let at;
+      if (ordered.length === 1) at = stackWords(depends, ordered[0]);
+      else {
+        const spans = depends.map((_, i) => [...new Set(ordered.map((s) => s[i]))].sort((a, b) => cmp(key(a), key(b))));
+        const moving = depends.map((p, i) => (spans[i].length > 1 ? `${p} ${spans[i][0]} to ${spans[i][spans[i].length - 1]}` : null)).filter((x) => x);
+        at = `${ordered.length} stacks (${moving.join(", ")})`;
+      }
+      return `${FIX_WORDS[state]}${on} at ${at}`;
+    }).join("; ");
+  }
   function pitfall(p, q, narrowing) {
     const named = Object.keys(q.setup).filter((k) => narrowing.includes(k) && k in p.setup);
     const sameDevice = q.device === null || q.device === p.device;
@@ -310,6 +446,7 @@
         choices = (tables.releases[needer] || []).filter((v) => v in mine && admits(mine[v][dep] || "", stack[dep]));
         target = needer;
       } else return null;
+      choices = choices.filter((v) => !measuredBroken(tables, versions, Object.assign({}, moves, { [target]: v }), target));
       if (!choices.length) return null;
       const have = target in versions ? key(versions[target]) : null;
       moves[target] = choices.map((v) => [[distance(v, have), key(v)], v]).sort((a, b) => cmp(a[0], b[0]))[0][1];
@@ -328,18 +465,25 @@
     }
     return found;
   }
-  function measuredBroken(tables, versions, moves) {
+  function measuredBroken(tables, versions, moves, involving) {
     const stack = Object.assign({}, versions, moves);
     return (tables.broken || []).some((b) => {
       const between = (b.packages && b.packages.length) ? b.packages : Object.keys(b.versions).sort();
-      return between.some((p) => p in moves) && between.every((p) => stack[p] === b.versions[p]);
+      if (!between.some((p) => p in moves) || between.some((p) => !(p in stack))) return false;
+      if (involving !== undefined && !between.includes(involving)) return false;
+      if (between.every((p) => stack[p] === b.versions[p])) return true;
+      const caller = b.caller, callee = b.callee;
+      if (!caller || !callee || cmp(key(stack[caller]), key(b.versions[caller])) < 0) return false;
+      if (cmp(key(stack[callee]), key(b.versions[callee])) > 0) return false;
+      return !(b.ran || []).some(([x, y]) => x === stack[caller] && y === stack[callee]);
     });
   }
   function unsettled(after, ending, stays) {
     return after.filter((a) => (BLOCKING.includes(a.state) && !stays.has(a.id)) || (ending.has(a.id) && !ENDED.includes(a.state))).map((a) => a.state);
   }
-  function search(tables, q, cands, stays, ending) {
-    let tried = 0, closest = null;
+  function search(tables, q, cands, stays, ending, before, tried) {
+    let closest = null;
+    const brought = new Set();
     const packages = Object.keys(cands).sort();
     for (let size = 1; size <= Math.min(MOST_MOVES, packages.length); size++) {
       let best = null;
@@ -350,15 +494,35 @@
           const moves = complete(tables, q.versions, Object.fromEntries(chosen.map((p, i) => [p, releases[i]])));
           if (moves === null || measuredBroken(tables, q.versions, moves)) continue;
           const after = evaluate(tables, moved(q, moves));
+          for (const a of after) if (BLOCKING.includes(a.state) && !before.has(a.id) && !stays.has(a.id)) brought.add(a.id);
           const left = unsettled(after, ending, stays);
           const s = [left.filter((x) => x === "applies").length, left.filter((x) => x === "applies-if").length, left.length, ...score(moves, q, after)];
           if (!left.length && (best === null || cmp(s, best[0]) < 0)) best = [s, moves, after];
           if (closest === null || cmp(s, closest[0]) < 0) closest = [s, moves, after];
         }
       }
-      if (best !== null) return [[best[1], best[2], true], tried];
+      if (best !== null) return [[best[1], best[2], true], tried, brought];
     }
-    return [closest ? [closest[1], closest[2], false] : null, tried];
+    return [closest ? [closest[1], closest[2], false] : null, tried, brought];
+  }
+  function nearestFirst(p, releases, q) {
+    const have = p in q.versions ? key(q.versions[p]) : null;
+    return [...releases].sort().filter((v) => have === null || cmp(key(v), have) !== 0)
+      .map((v) => [distance(v, have), v]).sort((a, b) => cmp(a[0], b[0])).map(([, v]) => v);
+  }
+  function widened(cands, more, q) {
+    const merged = {};
+    for (const [p, v] of Object.entries(cands)) merged[p] = new Set(v);
+    for (const [p, v] of Object.entries(more)) { merged[p] = merged[p] || new Set(); for (const x of v) merged[p].add(x); }
+    const out = {};
+    for (const p of Object.keys(merged).sort()) out[p] = nearestFirst(p, merged[p], q);
+    return out;
+  }
+  function searchedWords(cands, tried) {
+    const releases = Object.values(cands).reduce((n, v) => n + v.length, 0);
+    const over = `${releases} measured release(s) of ${Object.keys(cands).join(", ")} (each ends a failure of yours or one a move brings, or unblocks a stack measured not to run)`;
+    if (tried >= MOST_TRIES) return `stopped after ${MOST_TRIES} stacks judged, before every set of up to ${MOST_MOVES} moves over ${over}`;
+    return `every set of up to ${MOST_MOVES} moves over ${over}: ${tried} stacks judged`;
   }
   function noReleaseWords(p, decided) {
     return decided.some((s) => s[4] === CLEAR) ? `no measured release of ${p} ends it without another failure` : `no measured release of ${p} ends it`;
@@ -394,8 +558,8 @@
   }
   function noneWords(cands, tried) {
     if (!Object.keys(cands).length) return "no measured release ends them: the way out is a change of the setup (their fixes)";
-    if (tried >= MOST_TRIES) return `no set of moves found within ${MOST_TRIES} stacks judged`;
-    return `no set of up to ${MOST_MOVES} release moves leaves every known failure behind`;
+    if (tried >= MOST_TRIES) return `no set of moves found before the search stopped (${MOST_TRIES} stacks judged)`;
+    return `no set of up to ${MOST_MOVES} release moves leaves every known failure behind (searched ${searchedWords(cands, tried)})`;
   }
   function wayOut(tables, q, answers) {
     q = query(q);
@@ -406,27 +570,40 @@
     const byId = Object.fromEntries(tables.failures.filter((f) => ids.has(f.id)).map((f) => [f.id, f]));
     const movable = Object.values(byId).filter((f) => Object.keys(candidates([f], q)).length);
     const stays = Object.keys(byId).filter((i) => !movable.some((f) => f.id === i)).sort();
-    const cands = candidates(movable, q);
+    let cands = candidates(movable, q);
     Object.assign(cands, unblocking(tables, q, cands));
     const notes = Object.fromEntries(Object.entries(byId).map(([i, f]) => [i, singleMoves(tables, q, f, answers)]));
     const ending = new Set(movable.map((f) => f.id));
-    const [found, tried] = movable.length ? search(tables, q, cands, new Set(stays), ending) : [null, 0];
-    if (found === null) return { pins: {}, from: {}, leaves: [], ends: [], stays, notes, none: noneWords(cands, tried) };
+    let found = null, tried = 0;
+    for (let round = 0; round < (movable.length ? MOST_ROUNDS : 0); round++) {
+      let brought;
+      [found, tried, brought] = search(tables, q, cands, new Set(stays), ending, ids, tried);
+      if (found === null || found[2] || tried >= MOST_TRIES) break;
+      const wider = widened(cands, candidates(tables.failures.filter((f) => brought.has(f.id)), q), q);
+      const canonical = (c) => JSON.stringify(Object.keys(c).sort().map((p) => [p, c[p]]));
+      if (canonical(wider) === canonical(cands)) break;
+      cands = wider;
+    }
+    const searched = searchedWords(cands, tried);
+    if (found === null) return { pins: {}, from: {}, leaves: [], ends: [], stays, notes, searched, none: noneWords(cands, tried) };
     const [moves, after, whole] = found;
     const states = Object.fromEntries(after.map((a) => [a.id, a.state]));
+    const blockingAfter = Object.keys(states).filter((i) => BLOCKING.includes(states[i]) && !stays.includes(i));
     return {
       pins: moves,
       from: Object.fromEntries(Object.keys(moves).map((p) => [p, p in q.versions ? q.versions[p] : null])),
       leaves: Object.keys(states).filter((i) => states[i] === "undecided").sort(),
       ends: [...ending].filter((i) => ENDED.includes(states[i])).sort(),
       stays,
-      still: Object.keys(states).filter((i) => (BLOCKING.includes(states[i]) && !stays.includes(i)) || (ending.has(i) && !ENDED.includes(states[i]))).sort(),
+      still: [...new Set([...blockingAfter.filter((i) => ids.has(i)), ...[...ending].filter((i) => !ENDED.includes(states[i]))])].sort(),
+      brings: blockingAfter.filter((i) => !ids.has(i)).sort(),
       notes,
+      searched,
       none: whole ? "" : noneWords(cands, tried) + "; the closest set is given, and what it leaves",
     };
   }
 
-  const api = { evaluate, wayOut, key, cmp, matches, admits, complete };
+  const api = { evaluate, wayOut, fixAnswers, key, cmp, matches, admits, complete };
   if (typeof module !== "undefined" && module.exports) module.exports = api;
   else root.CompatJudge = api;
 })(typeof window !== "undefined" ? window : this);

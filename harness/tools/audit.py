@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
-from harness.knowledge.judge import Query, evaluate
+from harness.knowledge.judge import Query, evaluate, fix_answers
 from harness.knowledge.ways_out import way_out
 from harness.paths import MEASURED_FOLDER, RESULTS_DIR
 from harness.publishing.advisories import JUDGE_FILE, read_tables
@@ -62,6 +62,7 @@ class Report:
     requirements: list[Path] = field(default_factory=list)
     #: Print the way out in full (a requirements diff and the install lines), as `--fix` asks.
     fix: bool = False
+    _fixes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @cached_property
     def way_out(self) -> dict[str, Any]:
@@ -69,6 +70,18 @@ class Report:
 
     def failure(self, failure_id: str) -> dict[str, Any]:
         return next(f for f in self.tables["failures"] if f["id"] == failure_id)
+
+    def fixes(self, failure_id: str) -> list[dict[str, Any]]:
+        """The failure's measured fixes, each judged at the user's releases, setup and GPU count (most sure first),
+        with the command that measures it here where it was not."""
+        if failure_id not in self._fixes:
+            failure = self.failure(failure_id)
+            judged = fix_answers(self.tables, failure, self.query)
+            for fix in judged:
+                if fix["state"] == "unmeasured":
+                    fix["measure"] = measure_argv(failure, self.query)
+            self._fixes[failure_id] = judged
+        return self._fixes[failure_id]
 
     def gate(self, strict: bool = False) -> int:
         """pip-audit's exit code: 1 where a failure applies (or applies if, under --strict), else 0."""
@@ -161,7 +174,7 @@ def as_json(report: Report) -> dict[str, Any]:
                 },
                 "setups": [s["words"] for s in failure["setups"]],
                 "applies_if": failure["detail"],
-                "fixes": failure["fixes"],
+                "fixes": report.fixes(answer["id"]),
                 "evidence": answer.get("evidence") or [],
                 "measure": measure_command(failure, report.query),
             }
@@ -244,9 +257,36 @@ def _answer_lines(report: Report, answer: dict[str, Any]) -> list[str]:
         lines.append(f"measure it: {measure_command(failure, report.query)}")
     if state in ("applies", "applies-if"):
         lines += [f"way out: {n}" for n in note_lines(report, answer["id"])]
-        lines += [f"{f['kind']}: {f['words']}" for f in failure["fixes"][:3]]
-        if len(failure["fixes"]) > 3:
-            lines.append(f"{len(failure['fixes']) - 3} more measured changes in {failure['id']}.json")
+        lines += fix_lines(report, answer["id"])
+    return lines
+
+
+#: What a fix is at the user's releases, setup and GPU count, in words.
+FIX_STATE_WORDS = {"fixes": "fixes it here", "does-not-fix": "does not fix it here: it fails the same way",
+                   "brings": "ends it here and brings", "unmeasured": "not measured here"}  # fmt: skip
+FIX_SURE_WORDS = {"exact": "a record at these releases", "bracketed": "bracketed by the releases measured around yours"}
+#: How many fixes an answer lists in the columns (every one is in --format json).
+SHOWN_FIXES = 3
+
+
+def fix_words(fix: dict[str, Any]) -> str:
+    """'FSDP: FSDP2 instead of FSDP1: fixes it here (a record at these releases)'; an unmeasured one says where it
+    was measured instead."""
+    said = FIX_STATE_WORDS[fix["state"]] + (f" {', '.join(fix['brings'])}" if fix["state"] == "brings" else "")
+    if fix["state"] == "unmeasured":
+        return f"{fix['words']}: {said} ({fix['why']}; {fix['where'] or 'measured nowhere else'})"
+    return f"{fix['words']}: {said} ({FIX_SURE_WORDS[fix['sure']]})"
+
+
+def fix_lines(report: Report, failure_id: str, indent: str = "") -> list[str]:
+    """Each fix of the failure judged at the user's releases, most sure first; the command that measures the ones not
+    measured here."""
+    fixes = report.fixes(failure_id)
+    lines = [f"{indent}{f['kind']}: {fix_words(f)}" for f in fixes[:SHOWN_FIXES]]
+    if len(fixes) > SHOWN_FIXES:
+        lines.append(f"{indent}{len(fixes) - SHOWN_FIXES} more fixes judged in --format json")
+    if any(f["state"] == "unmeasured" for f in fixes[:SHOWN_FIXES]):
+        lines.append(f"{indent}measure the fixes here: {measure_command(report.failure(failure_id), report.query)}")
     return lines
 
 
@@ -296,6 +336,9 @@ def way_out_lines(report: Report) -> list[str]:
         lines += [f"  {line}" for line in install_lines(pins)]
     if found.get("still"):
         lines.append(f"  it leaves applying: {', '.join(found['still'])} ({found['none']})")
+    if found.get("brings"):
+        lines.append(f"  it brings (applies at these pins, not at yours): {', '.join(found['brings'])}"
+                     + ("" if found.get("still") else f" ({found['none']})"))  # fmt: skip
     if found.get("leaves"):
         lines.append(f"  it leaves undecided (not measured there): {len(found['leaves'])} failure(s)")
     return lines
@@ -347,16 +390,24 @@ def markdown(report: Report) -> str:
     return "\n".join(lines)
 
 
-def measure_command(failure: dict[str, Any], query: Query) -> str:
-    """The command that measures the user's own releases for this failure: `lookup --measure` on CPU; on a GPU node,
-    `check` inside the user's environment."""
-    asked = " ".join(f"{p}=={query.versions[p]}" for p in failure["depends"] if p in query.versions)
-    setup = ",".join(v for k, v in query.setup.items() if k in ("engine", "adapter", "loop", "state_dict"))
+def measure_argv(failure: dict[str, Any], query: Query) -> dict[str, Any]:
+    """The command that measures the user's own releases for this failure (its baseline and every fix), as an argv and
+    where to run it: `lookup --measure` here on CPU; on GPUs, `check` inside the user's environment on their GPUs."""
     if failure["device"] == "cuda" or query.device == "cuda":
-        return (f"in that environment on {query.gpus or max(failure['world_sizes'] or [1])} GPU(s): "
-                f"`compat-matrix check --scenario {failure['scenario']}`")  # fmt: skip
-    return (f"`compat-matrix lookup {asked + ' ' if asked else ''}--scenario {failure['scenario']}"
-            f"{' --setup ' + setup if setup else ''} --measure`")  # fmt: skip
+        gpus = query.gpus or max(failure["world_sizes"] or [1])
+        return {"argv": ["compat-matrix", "check", "--scenario", failure["scenario"]],
+                "where": f"in that environment on {gpus} GPU(s)"}  # fmt: skip
+    asked = [f"{p}=={query.versions[p]}" for p in failure["depends"] if p in query.versions]
+    setup = ",".join(v for k, v in query.setup.items() if k in ("engine", "adapter", "loop", "state_dict"))
+    argv = ["compat-matrix", "lookup", *asked, "--scenario", failure["scenario"]]
+    return {"argv": argv + (["--setup", setup] if setup else []) + ["--measure"], "where": "here, on CPU"}
+
+
+def measure_command(failure: dict[str, Any], query: Query) -> str:
+    """`measure_argv` in words: '`compat-matrix lookup ... --measure`', or on GPUs where to run `check`."""
+    found = measure_argv(failure, query)
+    line = f"`{' '.join(found['argv'])}`"
+    return line if found["where"] == "here, on CPU" else f"{found['where']}: {line}"
 
 
 def command(args: Any) -> Report:

@@ -41,38 +41,59 @@ def applying(report: Report) -> list[dict[str, Any]]:
     return [a for a in report.answers if a["state"] in BLOCKING]
 
 
-#: How many ways out one `--measure` builds: a stack measured not to run is left out by the judge from then on, and
-#: the next way out is built in its place.
-MOST_ATTEMPTS = 2
+#: How many stacks one `--measure` builds: a way out measured not to run is left out by the judge from then on and the
+#: next one is built in its place; a way out whose runs failed through a pair of the stack whose APIs do not meet is
+#: built again with the nearest release that may meet it.
+MOST_ATTEMPTS = 3
 
 
-def prove(report: Report, results_dir: Path, say: Any = print) -> tuple[list[str], int]:
+def prove(report: Report, results_dir: Path, say: Any = print, strict: bool = False) -> tuple[list[str], int]:
     """Measure the way out here (unless a record already holds it) and judge every failure that applied again.
     Returns the lines to print and the exit code: 0 when every failure that applied is measured clean at exactly
-    these releases (or ended by the setup), 1 otherwise."""
+    these releases (or ended by the setup), 1 otherwise. A failure that applies only if the user's model has a
+    condition (applies if) is reported apart and does not block the proof, unless `strict`."""
     from harness.define.registry import discover
     from harness.tools.audit import audit
 
-    before = applying(report)
+    applied = applying(report)
+    before = [a for a in applied if strict or a["state"] == "applies"]
+    conditional = [a for a in applied if a not in before]
     if not before:
+        if conditional:
+            return [f"nothing applies unless your model has a condition no lockfile shows ({len(conditional)} "
+                    "APPLIES IF): nothing to prove (--strict proves those too)"], 0  # fmt: skip
         return ["nothing applies: no way out to measure"], 0
     specs = {s.id: s.spec for s in discover()}
     here = sorted({a["scenario"] for a in before if a["device"] == "cpu"})
     lines: list[str] = []
+    pins: dict[str, str] | None = None
     for attempt in range(1, MOST_ATTEMPTS + 1):
-        if not report.way_out.get("pins"):
-            return [*lines, f"not proven: no way out to build ({report.way_out.get('none') or 'none found'})"], 1
-        pins = target_pins(report)
+        if pins is None:
+            if not report.way_out.get("pins"):
+                return [*lines, f"not proven: no way out to build ({report.way_out.get('none') or 'none found'})"], 1
+            pins = target_pins(report)
         lines.append(f"the way out measured ({attempt} of at most {MOST_ATTEMPTS}): "
                      + ", ".join(f"{p}=={v}" for p, v in sorted(pins.items())))  # fmt: skip
         atlas, why = _measured(results_dir, specs, report, pins, here, lines, say)
         if why is None:
-            break
+            refused = refused_pairs(atlas, pins, here)
+            if not refused:
+                break
+            lines += [f"  its runs fail through a pair whose APIs do not meet: {_pair_words(b)}" for b in refused]
+            around = way_round(atlas.tables, pins, refused[0])
+            if around is None or attempt == MOST_ATTEMPTS:
+                lines.append("  no measured release of either is known to meet the other: not measured further"
+                             if around is None else "  no attempt left to measure a way round")  # fmt: skip
+                break
+            lines.append("  a way round, measured next: " + ", ".join(f"{p}=={v}" for p, v in around.items()))
+            pins = pins | around
+            continue
         lines.append(f"  it does not run here ({why}): the judge leaves it out from now on")
         if why.startswith("does not install"):
             return [*lines, "not proven: the recommended releases do not install together"], 1
         report = audit(atlas.tables, report.query)
         report.fix = True
+        pins = None
     else:
         return [*lines, f"not proven: none of {MOST_ATTEMPTS} ways out ran here"], 1
     after = {a["id"]: a for a in evaluate(atlas.tables, replace(report.query, versions=pins, ranges={}))}
@@ -84,16 +105,59 @@ def prove(report: Report, results_dir: Path, say: Any = print) -> tuple[list[str
         if now is not None and now["state"] == "undecided" and answer["scenario"] in other:
             lines.append(f"           its records there fail with: {other[answer['scenario']]}")
         proven &= now is not None and now["state"] in ENDED and (now["state"] != "clean" or now["sure"] == "exact")
-    brought = [a for i, a in after.items() if a["state"] in BLOCKING and i not in {b["id"] for b in before}]
+    for answer in conditional:
+        now = after.get(answer["id"]) or _same_failure(after, answer)
+        lines.append("(if your model has it) " + _after_line(answer, now, report))
+    earlier = {b["id"] for b in applied}
+    brought = [a for i, a in after.items() if a["state"] in BLOCKING and i not in earlier]
     for answer in brought:
-        lines.append(f"BROUGHT    {answer['id']} ({answer['scenario']}): {answer['why']}")
-    proven &= not brought
+        label = "BROUGHT" if strict or answer["state"] == "applies" else "BROUGHT IF"
+        lines.append(f"{label:10} {answer['id']} ({answer['scenario']}): {answer['why']}")
+    proven &= not [a for a in brought if strict or a["state"] == "applies"]
+    if conditional:
+        lines.append(f"{len(conditional)} failure(s) apply only if your model has their condition: reported above, "
+                     "not part of the proof (--strict makes them part)")  # fmt: skip
     lines.append(
         "every failure that applied is measured clean at these exact releases or ended by the setup"
         if proven
         else "not proven: the lines above say which failure is not measured clean at these exact releases"
     )
     return lines, 0 if proven else 1
+
+
+def refused_pairs(atlas: Any, pins: dict[str, str], scenarios: list[str]) -> list[dict[str, Any]]:
+    """The pairs of these releases whose APIs the records at exactly them showed not meeting (a call one package made
+    that another refused), among the scenarios run: what kept the run from deciding a failure either way."""
+    stack = {p: v for p, v in pins.items()}
+    found = []
+    for broken in atlas.tables.get("broken", []):
+        if broken.get("caller") and all(stack.get(p) == v for p, v in broken["versions"].items()):
+            found.append(broken)
+    return found
+
+
+def _pair_words(broken: dict[str, Any]) -> str:
+    caller, callee = broken["caller"], broken["callee"]
+    return (f"{caller} {broken['versions'][caller]} calls {callee} {broken['versions'][callee]}, which refuses it "
+            f"({broken['why']})")  # fmt: skip
+
+
+def way_round(tables: dict[str, Any], pins: dict[str, str], broken: dict[str, Any]) -> dict[str, str] | None:
+    """The nearest newer measured release of the refusing package (the API the caller wants came later), else of the
+    caller the nearest older one, that the records do not show refusing, with what it declares it needs: a stack to
+    measure next, never a claim that it meets."""
+    from harness.knowledge.broken import measured_broken
+    from harness.knowledge.installable import complete
+    from harness.knowledge.judge import key
+
+    for package, newer in ((broken["callee"], True), (broken["caller"], False)):
+        have = key(pins[package])
+        releases = [v for v in tables["releases"].get(package, []) if (key(v) > have) == newer and key(v) != have]
+        for release in sorted(releases, key=key, reverse=not newer):
+            moved = complete(tables, pins, {package: release})
+            if moved is not None and not measured_broken(tables, pins, moved):
+                return moved
+    return None
 
 
 def _measured(

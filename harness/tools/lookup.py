@@ -29,7 +29,7 @@ from harness.knowledge.atlas import Atlas
 from harness.knowledge.evidence import depends_of
 from harness.knowledge.failures import Observation
 from harness.knowledge.judge import Query
-from harness.tools.audit import SURE_WORDS, Report, measure_command, note_lines, way_out_lines
+from harness.tools.audit import SURE_WORDS, Report, fix_lines, measure_command, note_lines, way_out_lines
 
 #: The answers a lookup shows (clean and not applicable ones are summed up in one line).
 SHOWN = ("applies", "applies-if", "range", "undecided", "pitfall", "cleared")
@@ -163,10 +163,17 @@ def scenario_lines(
     lines.append("  " + records_line(observed, spec, pitfalls))
     for answer in (a for a in answers if a["state"] in SHOWN):
         lines += answer_lines(report, answer)
-    cleared = [a for a in answers if a["state"] == "clean"]
+    clean = [a for a in answers if a["state"] == "clean"]
+    for answer in (a for a in clean if a["sure"] == "exact"):  # a measured answer is shown whatever else applies
+        failure = report.failure(answer["id"])
+        lines.append(f"  CLEAN (exact): {answer.get('when') or 'any setup'} [{failure['failure']}] ({answer['id']})")
+        lines.append(f"    why: {answer['why']}")
+    bracketed = [a for a in clean if a["sure"] != "exact"]
     if not any(a["state"] in SHOWN for a in answers):
         lines.append("  no known failure of this scenario applies here"
-                     + (f" ({len(cleared)} measured clean)" if cleared else ""))  # fmt: skip
+                     + (f" ({len(clean)} measured clean)" if clean else ""))  # fmt: skip
+    elif bracketed:
+        lines.append(f"  clean, bracketed by the releases measured around these: {len(bracketed)} known failure(s)")
     return lines
 
 
@@ -219,8 +226,5 @@ def answer_lines(report: Report, answer: dict[str, Any]) -> list[str]:
         lines.append(f"    measure it: {measure_command(failure, report.query)}")
     if state in ("applies", "applies-if"):
         lines += [f"    way out: {line}" for line in note_lines(report, answer["id"])]
-        fixes = failure["fixes"]
-        if fixes:
-            lines.append("    fixes measured: " + " · ".join(f"{f['words']} ({f['kind']})" for f in fixes[:3])
-                         + (f" and {len(fixes) - 3} more" if len(fixes) > 3 else ""))  # fmt: skip
+        lines += fix_lines(report, answer["id"], indent="    ")
     return lines
