@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from harness.cli import main
 from harness.errors import UsageError
-from harness.tools import user_files
+from harness.tools import user_configs, user_files
 from tests.conftest import REPO_ROOT
 
 CORPUS = REPO_ROOT / "tests" / "audit_inputs"
@@ -81,19 +81,19 @@ def test_a_config_s_fix_clears_what_it_fixes(tmp_path: Path, capsys: pytest.Capt
 def test_num_processes_is_the_gpu_count_and_a_trainer_config_names_the_setup(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    accelerate = user_files.read_accelerate(CORPUS / "acc-fsdp2-sharded.yaml")
+    accelerate = user_configs.read_accelerate(CORPUS / "acc-fsdp2-sharded.yaml")
     assert accelerate.gpus == 2 and accelerate.setup == {
         "precision": "bf16", "engine": "fsdp2", "state_dict": "sharded_state_dict"
     }  # fmt: skip
-    followed = user_files.read_accelerate(CORPUS / "acc-deepspeed-file.yaml")
+    followed = user_configs.read_accelerate(CORPUS / "acc-deepspeed-file.yaml")
     assert followed.setup == {"engine": "zero3", "zero3_gather_16bit": "true"} and followed.gpus == 2
-    trainer = user_files.read_trainer(CORPUS / "trainer-axolotl.yaml")
+    trainer = user_configs.read_trainer(CORPUS / "trainer-axolotl.yaml")
     assert trainer.setup == {"loop": "trainer", "engine": "fsdp2", "use_reentrant": "false", "adapter": "qlora"}
     # No FSDP version given: transformers' own default for the pinned release (FSDP2 from 5.0).
     bare = tmp_path / "trainer.yaml"
     bare.write_text("fsdp: full_shard auto_wrap\nper_device_train_batch_size: 1\n")
-    assert user_files.read_trainer(bare, {"transformers": "5.14.1"}).setup["engine"] == "fsdp2"
-    assert user_files.read_trainer(bare, {"transformers": "4.57.1"}).setup["engine"] == "fsdp1"
+    assert user_configs.read_trainer(bare, {"transformers": "5.14.1"}).setup["engine"] == "fsdp2"
+    assert user_configs.read_trainer(bare, {"transformers": "4.57.1"}).setup["engine"] == "fsdp1"
 
 
 def test_an_environment_without_the_packages_is_no_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -119,9 +119,9 @@ SEEDS = {
 READERS = {
     "requirements.txt": user_files.read_pins,
     "uv.lock": user_files.read_pins,
-    "accelerate.yaml": user_files.read_accelerate,
-    "deepspeed.json": user_files.read_deepspeed,
-    "trainer.yaml": user_files.read_trainer,
+    "accelerate.yaml": user_configs.read_accelerate,
+    "deepspeed.json": user_configs.read_deepspeed,
+    "trainer.yaml": user_configs.read_trainer,
 }
 
 

@@ -17,25 +17,23 @@ from __future__ import annotations
 
 import difflib
 import json
+import shlex
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from harness.define.packages import AXIS_PACKAGES
 from harness.errors import UsageError
 from harness.knowledge.judge import Query, evaluate
 from harness.knowledge.ways_out import way_out
 from harness.paths import MEASURED_FOLDER, RESULTS_DIR
 from harness.publishing.advisories import JUDGE_FILE, read_tables
-from harness.tools.user_files import (
-    Pins,
-    environment_pins,
-    loose_ranges,
-    read_pins,
-    read_setup,
-    read_text,
-    requirement_name,
-)
+from harness.tools.target import target_of
+from harness.tools.user_configs import UserSetup, read_setup
+from harness.tools.user_configs import line as config_line
+from harness.tools.user_files import Pins, environment_pins, loose_ranges, read_all, requirement_name
+from harness.tools.user_text import read_text
 
 FORMATS = ("columns", "json", "markdown")
 
@@ -62,6 +60,10 @@ class Report:
     requirements: list[Path] = field(default_factory=list)
     #: Print the way out in full (a requirements diff and the install lines), as `--fix` asks.
     fix: bool = False
+    #: What was read: each file (`FileRead.as_json`), each config (`UserSetup.configs`), the target machine.
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    configs: list[dict[str, Any]] = field(default_factory=list)
+    target: dict[str, str] = field(default_factory=dict)
 
     @cached_property
     def way_out(self) -> dict[str, Any]:
@@ -142,9 +144,17 @@ def render(report: Report, fmt: str) -> str:
     return "\n".join(columns(report))
 
 
+#: The version of `--format json`'s shape (harness/tools/audit.schema.json): a new field is a minor step, a field that
+#: changes or goes a major one.
+SCHEMA_VERSION = "1.0"
+SCHEMA_FILE = Path(__file__).with_name("audit.schema.json")
+
+
 def as_json(report: Report) -> dict[str, Any]:
-    """Structured, for tools: each answer with its failure's packages, affected segments, fixed-in releases, setups,
-    how sure, the evidence, and the one way out."""
+    """Structured, for tools (its shape: audit.schema.json, documented in docs/advisories-and-audit.md): what was read
+    (each file's releases, each config's setup, the target machine), each answer with its failure's packages, labelled
+    affected ranges, fixed-in releases, setups, how sure, the evidence and the command that measures it (an argv),
+    the one way out and the totals."""
     found = []
     for answer in report.answers:
         entry = {k: answer.get(k) for k in ("id", "scenario", "device", "state", "why", "sure", "when")}
@@ -157,13 +167,15 @@ def as_json(report: Report) -> dict[str, Any]:
                     p: [e["release"] for e in events if e["kind"] == "fixed"] for p, events in failure["events"].items()
                 },
                 "affected": {
-                    p: [s for s in failure["segments"][p] if s[4] == "affected"] for p in failure["conditions"]
+                    p: [_labelled(s) for s in failure["segments"][p] if s[4] == "affected"]
+                    for p in failure["conditions"]
                 },
                 "setups": [s["words"] for s in failure["setups"]],
                 "applies_if": failure["detail"],
                 "fixes": failure["fixes"],
                 "evidence": answer.get("evidence") or [],
-                "measure": measure_command(failure, report.query),
+                "measure": measure_argv(failure, report.query),
+                "measure_on": measure_place(failure, report.query),
             }
         else:
             entry |= {"way_out": answer.get("way_out")}
@@ -172,8 +184,20 @@ def as_json(report: Report) -> dict[str, Any]:
     install = dict(zip(("uv", "pip"), install_lines(pins), strict=True)) if pins else {}
     if pins:
         install["diff"] = [line[2:] for line in _diff(report, pins)]
-    return {"answers": found, "way_out": report.way_out | {"install": install}, "totals": _totals(report),
+    query = report.query
+    return {"schema_version": SCHEMA_VERSION, "target": report.target, "inputs": report.inputs,
+            "configs": report.configs, "asked": {"versions": dict(query.versions), "setup": dict(query.setup),
+                                                 "device": query.device, "gpus": query.gpus, "partial": query.partial},
+            "answers": found, "way_out": report.way_out | {"install": install}, "totals": _totals(report),
             "not_judged": report.loose}  # fmt: skip
+
+
+def _labelled(segment: list[Any]) -> dict[str, Any]:
+    """A segment of a failure's release line as an object: from `low` to `high` (None: unbounded), each end included
+    or not, its state and why."""
+    low, low_in, high, high_in, state, why = segment[:6]
+    return {"from": low, "from_included": bool(low_in), "to": high, "to_included": bool(high_in), "state": state,
+            "why": why}  # fmt: skip
 
 
 def _summary(failure: dict[str, Any]) -> str:
@@ -191,8 +215,24 @@ def totals_line(report: Report) -> str:
     return "; ".join(said) if said else "no known failure concerns these releases and this setup"
 
 
-def columns(report: Report) -> list[str]:
+def read_lines(report: Report) -> list[str]:
+    """What was read, one line per file and per config: the releases a file installs on the target (and what it
+    says of the rest), each config's setup in the vocabulary (as the page says it)."""
     lines = []
+    for one in report.inputs:
+        judged = [f"{p['name']} {p['version']}" for p in one["packages"] if p["judged"]]
+        said = ", ".join(judged + [f"{x} (a range)" for x in one["loose"] if x.split("<")[0].split(">")[0] in
+                                   AXIS_PACKAGES]) or "none of the judged packages"  # fmt: skip
+        missing = f"; not installed: {', '.join(one['not_installed'])}" if one["not_installed"] else ""
+        notes = f" ({'; '.join(one['notes'])})" if one["notes"] else ""
+        where = f" for {report.target['words']}" if report.target else ""
+        lines.append(f"read {one['file']} as {one['kind']}{where}: {said}{missing}{notes}")
+    lines += [config_line(c) for c in report.configs]
+    return lines
+
+
+def columns(report: Report) -> list[str]:
+    lines = read_lines(report)
     for group in _grouped(report.answers):
         answer = group[0]
         if len(group) == 1:
@@ -329,7 +369,9 @@ def _diff(report: Report, pins: dict[str, str]) -> list[str]:
 
 
 def markdown(report: Report) -> str:
-    lines = ["| advisory | state | what | setups | how sure | way out |", "|---|---|---|---|---|---|"]
+    said = [f"- {line}" for line in read_lines(report)]
+    lines = [*said, *([""] if said else []), "| advisory | state | what | setups | how sure | way out |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
     for answer in report.answers:
         link = (
             f"[{answer['id']}](results/advisories/{answer['id']}.json)"
@@ -347,16 +389,32 @@ def markdown(report: Report) -> str:
     return "\n".join(lines)
 
 
-def measure_command(failure: dict[str, Any], query: Query) -> str:
-    """The command that measures the user's own releases for this failure: `lookup --measure` on CPU; on a GPU node,
-    `check` inside the user's environment."""
-    asked = " ".join(f"{p}=={query.versions[p]}" for p in failure["depends"] if p in query.versions)
-    setup = ",".join(v for k, v in query.setup.items() if k in ("engine", "adapter", "loop", "state_dict"))
+def measure_argv(failure: dict[str, Any], query: Query) -> list[str]:
+    """The command that measures the user's own releases for this failure, as an argv: `lookup --measure` here on
+    CPU; on a GPU node, `check` inside the user's environment (where: `measure_place`)."""
     if failure["device"] == "cuda" or query.device == "cuda":
-        return (f"in that environment on {query.gpus or max(failure['world_sizes'] or [1])} GPU(s): "
-                f"`compat-matrix check --scenario {failure['scenario']}`")  # fmt: skip
-    return (f"`compat-matrix lookup {asked + ' ' if asked else ''}--scenario {failure['scenario']}"
-            f"{' --setup ' + setup if setup else ''} --measure`")  # fmt: skip
+        return ["compat-matrix", "check", "--scenario", failure["scenario"]]
+    asked = [f"{p}=={query.versions[p]}" for p in failure["depends"] if p in query.versions]
+    setup = ",".join(v for k, v in query.setup.items() if k in ("engine", "adapter", "loop", "state_dict"))
+    said = ["--setup", setup] if setup else []
+    return ["compat-matrix", "lookup", *asked, "--scenario", failure["scenario"], *said, "--measure"]
+
+
+def measure_place(failure: dict[str, Any], query: Query) -> dict[str, Any]:
+    """Where `measure_argv` runs: here (CPU), or in the audited environment on a node with N GPUs."""
+    if failure["device"] == "cuda" or query.device == "cuda":
+        return {"where": "the audited environment, on a GPU node", "device": "cuda",
+                "gpus": query.gpus or max(failure["world_sizes"] or [1])}  # fmt: skip
+    return {"where": "here", "device": "cpu", "gpus": 0}
+
+
+def measure_command(failure: dict[str, Any], query: Query) -> str:
+    """`measure_argv` in words, as the columns print it."""
+    argv = " ".join(shlex.quote(a) for a in measure_argv(failure, query))
+    place = measure_place(failure, query)
+    if place["device"] == "cuda":
+        return f"in that environment on {place['gpus']} GPU(s): `{argv}`"
+    return f"`{argv}`"
 
 
 def command(args: Any) -> Report:
@@ -367,16 +425,13 @@ def command(args: Any) -> Report:
         raise UsageError(f"--gpus {args.gpus}: give 0 (a CPU run) or how many GPUs you train on")
     if args.measure and not args.fix:
         raise UsageError("--measure proves the way out --fix prints: give --fix --measure")
-    found = Pins()
+    target = target_of(getattr(args, "platform", None), getattr(args, "python_version", None))
     if args.files:
-        for path in args.files:
-            more = read_pins(Path(path))
-            found.pins |= more.pins
-            found.loose += more.loose
-            found.partial = found.partial or more.partial
-            found.requirements += more.requirements
+        found = read_all([Path(p) for p in args.files], target)
+        inputs = [f.as_json() for f in found.files]
     else:
-        found.pins = environment_pins(args.python)
+        found = Pins(pins=environment_pins(args.python))
+        inputs = [_environment_input(args.python, found.pins)]
     user = read_setup(args.accelerate_config, args.deepspeed_config, args.setup or [], args.trainer_config, found.pins)
     gpus = args.gpus if args.gpus is not None else user.gpus
     tables = load_tables(args.results_dir)
@@ -384,6 +439,20 @@ def command(args: Any) -> Report:
         tables, found.pins, user.setup, found.loose, found.partial, gpus, args.device, args.ignore_id or []
     )
     report = audit(tables, query)
-    report.loose, report.requirements, report.fix = found.loose, found.requirements, args.fix
+    report.loose, report.requirements, report.fix = found.loose + found.unnamed, found.requirements, args.fix
+    report.inputs, report.configs = inputs, _configs(user)
+    report.target = target.as_json() | {"words": target.words()} if args.files else {}
     print(render(report, args.format))
     return report
+
+
+def _environment_input(python: str | None, pins: dict[str, str]) -> dict[str, Any]:
+    return {"file": python or "this environment", "kind": "environment", "complete": True,
+            "packages": [{"name": p, "version": v, "judged": p in AXIS_PACKAGES} for p, v in sorted(pins.items())
+                         if p in AXIS_PACKAGES],
+            "loose": [], "not_judged": [], "notes": [],
+            "not_installed": sorted(p for p in AXIS_PACKAGES if p not in pins)}  # fmt: skip
+
+
+def _configs(user: UserSetup) -> list[dict[str, Any]]:
+    return [c | {"line": config_line(c)} for c in user.configs]
