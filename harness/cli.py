@@ -84,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {one_line(exc, ERROR_LINE)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `audit ... | head`: the reader went away; no traceback, the shell's own code for it
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt as exc:
         print("interrupted", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130

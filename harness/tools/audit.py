@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import shlex
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -215,18 +216,26 @@ def totals_line(report: Report) -> str:
     return "; ".join(said) if said else "no known failure concerns these releases and this setup"
 
 
+#: Each kind of input, in words.
+INPUT_WORDS = {"requirements": "a requirements file", "uv.lock": "a uv.lock", "pylock.toml": "a PEP 751 pylock.toml",
+               "poetry.lock": "a poetry.lock", "conda environment": "a conda environment.yml",
+               "environment": "an installed environment"}  # fmt: skip
+
+
 def read_lines(report: Report) -> list[str]:
     """What was read, one line per file and per config: the releases a file installs on the target (and what it
     says of the rest), each config's setup in the vocabulary (as the page says it)."""
     lines = []
     for one in report.inputs:
         judged = [f"{p['name']} {p['version']}" for p in one["packages"] if p["judged"]]
-        said = ", ".join(judged + [f"{x} (a range)" for x in one["loose"] if x.split("<")[0].split(">")[0] in
-                                   AXIS_PACKAGES]) or "none of the judged packages"  # fmt: skip
+        ranged = [f"{x} (a range)" for x in one["loose"] if re.split(r"[<>=!~;\[ ]", x, maxsplit=1)[0] in AXIS_PACKAGES]
+        said = ", ".join(judged + ranged) or "none of the judged packages"
         missing = f"; not installed: {', '.join(one['not_installed'])}" if one["not_installed"] else ""
         notes = f" ({'; '.join(one['notes'])})" if one["notes"] else ""
+        kind = INPUT_WORDS[one["kind"]] + (" naming a complete environment" if one["complete"] and one["kind"] ==
+                                           "requirements" else "")  # fmt: skip
         where = f" for {report.target['words']}" if report.target else ""
-        lines.append(f"read {one['file']} as {one['kind']}{where}: {said}{missing}{notes}")
+        lines.append(f"read {one['file']} as {kind}{where}: {said}{missing}{notes}")
     lines += [config_line(c) for c in report.configs]
     return lines
 

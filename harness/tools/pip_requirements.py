@@ -31,10 +31,14 @@ from harness.tools.user_text import read_text, shown
 MOST_INCLUDES = 8
 #: At most this many logical lines (a `pip freeze` has hundreds; more is no requirements file, and would be slow).
 MOST_LINES = 20_000
-#: A logical line (continuations joined) longer than this is no requirement.
-LONGEST_LINE = 8192
+#: A logical line (continuations joined) longer than this is no requirement (a line of hashes of a package with many
+#: wheels runs to tens of thousands of characters).
+LONGEST_LINE = 1024 * 1024
 
 COMMENT = re.compile(r"(^|\s+)#.*$")
+#: Where pip's COMMENT.sub cuts a line, found without its backtracking over a long run of spaces: the first `#` at the
+#: start or after whitespace (what stands between is whitespace, which the strip after it drops too).
+COMMENT_START = re.compile(r"(?:^|(?<=\s))#")
 ENV_VAR = re.compile(r"(?P<var>\$\{(?P<name>[A-Z0-9_]+)\})")
 #: pip's URL schemes (`is_url`): the web, files and the version control systems pip installs from.
 VCS = ("git", "hg", "svn", "bzr")
@@ -137,10 +141,10 @@ def logical_lines(path: Path, text: str) -> list[tuple[int, str]]:
         joined.append((first, "".join(pending)))
     lines = []
     for number, raw in joined:
-        if len(raw) > LONGEST_LINE:  # before the comment's pattern, which backtracks over a long run of spaces
+        if len(raw) > LONGEST_LINE:
             raise UsageError(f"{path}:{number}: a line of {len(raw):,} characters: not a requirement "
                              f"({shown(raw.strip(), 60)})")  # fmt: skip
-        line = COMMENT.sub("", raw).strip()
+        line = without_comment(raw)
         if not line:
             continue
         for var, name in ENV_VAR.findall(line):
@@ -149,6 +153,12 @@ def logical_lines(path: Path, text: str) -> list[tuple[int, str]]:
                 line = line.replace(var, value)
         lines.append((number, line))
     return lines
+
+
+def without_comment(raw: str) -> str:
+    """pip's `COMMENT.sub("", line).strip()`, in linear time."""
+    found = COMMENT_START.search(raw)
+    return (raw[: found.start()] if found else raw).strip()
 
 
 def break_args_options(line: str) -> tuple[str, str]:

@@ -31,16 +31,16 @@ from harness.define.packages import AXIS_PACKAGES
 from harness.errors import UsageError
 from harness.tools.conda_env import looks_like_conda, read_conda
 from harness.tools.pip_requirements import (
-    COMMENT,
     Line,
     break_args_options,
     is_url,
     read_requirements,
     requirement_line,
+    without_comment,
 )
 from harness.tools.target import Target, here
 from harness.tools.user_locks import read_lock
-from harness.tools.user_text import read_text, shown
+from harness.tools.user_text import read_text
 
 #: Packages every release of a judged package installs with it: a requirements file that lists one beside each
 #: judged package it pins is a `pip freeze` or a compiled file (a complete environment), not a hand-written list.
@@ -118,9 +118,9 @@ def _requirements(path: Path, target: Target) -> FileRead:
     read = read_requirements(path, target.environment())
     found = _fold(path, "requirements", read.lines, target)
     if _complete(found, read.lines):
-        found.complete, found.kind = True, "pip freeze"
-        found.notes.append("a complete environment (every line pins one release, with what the judged packages "
-                           "install beside them): a package it does not list is not installed")  # fmt: skip
+        found.complete = True
+        found.notes.append("as pip freeze or a compiled file writes it: every line pins one release, beside what the "
+                           "judged packages install; a package it does not list is not installed")  # fmt: skip
     return found
 
 
@@ -129,7 +129,7 @@ def _conda(path: Path, text: str, target: Target) -> FileRead:
     environment = target.environment()
     lines = []
     for where, said in conda.pip_lines:
-        args, _ = break_args_options(COMMENT.sub("", said).strip())
+        args, _ = break_args_options(without_comment(said))
         if args:
             lines.append(requirement_line(where, args, environment, False))
     found = _fold(path, "conda environment", lines, target)
@@ -151,7 +151,7 @@ def _fold(path: Path, kind: str, lines: list[Line], target: Target) -> FileRead:
     said: dict[str, list[Line]] = {}
     for line in (line for line in lines if line.holds):
         if line.name is None or (line.release is None and (line.url or line.editable)):
-            found.unnamed.append(shown(line.text, 120)[1:-1])
+            found.unnamed.append(line.text[:120])
             continue
         said.setdefault(line.name, []).append(line)
         if line.release is not None:
@@ -214,7 +214,7 @@ def read_all(paths: list[Path], target: Target | None = None) -> Pins:
             where.setdefault(package, str(one.path))
         found.loose += one.loose
         found.unnamed += one.unnamed
-        if one.kind in ("requirements", "pip freeze", "conda environment"):
+        if one.kind in ("requirements", "conda environment"):
             found.requirements.append(path)
     found.partial = not any(f.complete for f in found.files)
     _check_loose_against_pins(found)
@@ -249,7 +249,7 @@ def _check_loose_against_pins(found: Pins) -> None:
 def requirement_name(raw: str) -> str | None:
     """The package a requirements line names (canonical), or None for a comment, an option, an include or a direct
     reference: the lines a way out's diff rewrites."""
-    args, _ = break_args_options(COMMENT.sub("", raw).strip().rstrip("\\").strip())
+    args, _ = break_args_options(without_comment(raw).rstrip("\\").strip())
     name = args.split(";", 1)[0].strip()
     if not name or is_url(name) or "@" in name or "/" in name or name.startswith("."):
         return None

@@ -15,6 +15,7 @@ from packaging.markers import InvalidMarker, Marker, UndefinedComparison, Undefi
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from harness.define.packages import AXIS_PACKAGES
 from harness.errors import UsageError
 from harness.tools.user_text import load_toml, shown
 
@@ -74,12 +75,15 @@ def read_lock(path: Path, text: str, environment: dict[str, str], words: str) ->
                              f"--python-version, or audit an export of the lock for your machine")  # fmt: skip
         if picked:
             found.pins[name] = next(iter(picked))
-        elif len(set(releases)) >= 1:
-            found.notes.append(f"{name} {'/'.join(sorted(set(releases), key=Version))} is locked for other targets "
-                               f"only: not installed on {words}")  # fmt: skip
+        elif name in AXIS_PACKAGES:
+            found.notes.append(f"{name} {'/'.join(sorted(set(releases), key=Version))} is locked for other machines "
+                               f"or extras only: not installed on {words}")  # fmt: skip
     for name, releases in found.forks.items():
-        if name in found.pins:
+        if name in found.pins and name in AXIS_PACKAGES:
             found.notes.append(f"{name}: locked per platform ({', '.join(releases)}); {found.pins[name]} on {words}")
+    others = [n for n in found.forks if n not in AXIS_PACKAGES]
+    if others:
+        found.notes.append(f"{len(others)} other package(s) locked per platform, read for {words}")
     return found
 
 
