@@ -62,6 +62,7 @@
     const out = [];
     text.split(/\r\n|\r|\n/).forEach((raw, n) => {
       const line = withoutComment(raw).replace(/\s+$/, "");
+      if (/^(---|\.\.\.)$/.test(line.trim()) && out.length) throw new NotRead(`line ${n + 1}: more than one YAML document`);
       if (!line.trim() || /^(---|\.\.\.)$/.test(line.trim())) return;
       const indent = line.length - line.replace(/^ +/, "").length;
       if (line[indent] === "\t") throw new NotRead(`line ${n + 1}: a tab in the indentation`);
@@ -126,6 +127,14 @@
       throw new NotRead(`not ${kinds}: ${exc.message}`);
     }
     if (data === null || data === undefined) throw new NotRead("read as nothing: an empty config");
+    // nested at most 64 deep (user_text.MOST_DEPTH)
+    const todo = [[data, 0]];
+    while (todo.length) {
+      const [value, depth] = todo.pop();
+      if (value === null || typeof value !== "object") continue;
+      if (depth >= 64) throw new NotRead(`not ${kinds}: nested deeper than 64 levels`);
+      for (const v of Object.values(value)) todo.push([v, depth + 1]);
+    }
     if (typeof data !== "object" || Array.isArray(data)) throw new NotRead(`not ${kinds}: its top level is not a mapping`);
     return data;
   }

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from harness.define.packages import AXIS_PACKAGES
 from harness.errors import UsageError
@@ -111,7 +111,7 @@ def _range(where: str, said: str, package: str, spec: str, found: CondaRead) -> 
 def _release_parts(version: str) -> int:
     try:
         return len(Version(version).release)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a number of more digits than int() converts
         return 0
 
 

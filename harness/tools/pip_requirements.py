@@ -22,7 +22,7 @@ from packaging.markers import InvalidMarker, Marker, UndefinedComparison, Undefi
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from harness.errors import UsageError
 from harness.tools.user_text import read_text, shown
@@ -270,6 +270,12 @@ def requirement_line(where: str, text: str, environment: dict[str, str], constra
                          f"({str(exc).splitlines()[0][:120]})") from None  # fmt: skip
     line.name = str(canonicalize_name(requirement.name))
     line.specifier = requirement.specifier
+    for spec in requirement.specifier:  # each version as packaging reads it when it compares (a 5,000-digit number
+        if spec.operator != "===":  # is no version it can read)
+            try:
+                Version(spec.version.removesuffix(".*"))
+            except ValueError:
+                raise UsageError(f"{where}: {shown(spec.version, 60)} is not a version packaging reads") from None
     line.extras = bool(requirement.extras)
     if requirement.url:
         line.url = requirement.url
@@ -316,7 +322,7 @@ def _wheel(where: str, filename: str) -> tuple[str, str] | None:
 
     try:
         name, version, _, _ = parse_wheel_filename(filename)
-    except (InvalidWheelFilename, InvalidVersion):
+    except (InvalidWheelFilename, ValueError):
         raise UsageError(f"{where}: {shown(filename)} is not a wheel's file name") from None
     return str(name), str(version)
 
@@ -333,7 +339,7 @@ def _by_sdist(line: Line, filename: str) -> None:
         return
     try:
         release = str(Version(version))
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a number of more digits than int() converts
         return
     said = str(canonicalize_name(name))
     if line.name is None or line.name == said:

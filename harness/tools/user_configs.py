@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from harness.define import setup as vocabulary
 from harness.errors import UsageError
@@ -350,7 +350,7 @@ def _axolotl_fsdp(path: Path, data: dict[str, Any], found: UserSetup, notes: lis
 def _major(version: str) -> int:
     try:
         return Version(version).major
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a number of more digits than int() converts
         return 0
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from harness.define.packages import AXIS_PACKAGES
 from harness.errors import UsageError
@@ -112,6 +112,6 @@ def _holds(path: Path, number: int, said: str, environment: dict[str, str], kind
 def _is_version(value: str) -> bool:
     try:
         Version(value)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a number of more digits than int() converts
         return False
     return True
