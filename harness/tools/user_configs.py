@@ -91,7 +91,7 @@ def named_file(path: Path, said: str, key: str) -> tuple[Path, str | None]:
     or the nearest folder above it that holds it (a note says so); else bad input naming where it looked."""
     given = Path(said)
     if given.is_absolute() or (Path.cwd() / given).exists():
-        return (given if given.is_absolute() else Path.cwd() / given), None
+        return given, None
     for folder in (path.parent, *path.parent.resolve().parents):
         if (folder / given).exists():
             return folder / given, f"{key} {said}: not in the working directory; read from {folder}"
