@@ -273,6 +273,39 @@ def test_at_1400_px_every_column_is_on_the_first_screen_and_the_identities_open(
         browser.quit()
 
 
+#: The detail grid as a reader sees it: its box's overflow, and each cell name's lines.
+DETAIL_GRID = """
+const grid = document.getElementById("grid"), box = grid.parentElement;
+const line = parseFloat(getComputedStyle(grid).fontSize) * 1.6;
+const names = [...grid.querySelectorAll("tr.cellname th")];
+return JSON.stringify({
+  width: Math.round(grid.getBoundingClientRect().width), box: box.clientWidth, scroll: box.scrollWidth,
+  names: names.length, entries: grid.querySelectorAll("td.entry").length,
+  tall: names.filter((n) => n.getBoundingClientRect().height > 2 * line || n.scrollWidth > n.clientWidth + 1)
+    .map((n) => n.textContent).slice(0, 3),
+  page: document.documentElement.scrollWidth, viewport: document.documentElement.clientWidth,
+});
+"""
+
+
+def test_at_1400_px_the_detail_grid_has_no_sideways_scroll_and_names_on_one_line(tmp_path: Path) -> None:
+    """Every entry, every record: at 1,400 px the grid of cells by scenarios fits its box (it was 1,822 px wide inside
+    1,321, its cell column 30 px wide, a name one character a line), each cell's name on one line."""
+    page = site(tmp_path)
+    browser = headless_chromium()
+    try:
+        open_page(browser, page.as_uri(), 1400, "__recordsRenderedAt", 120)
+        found = json.loads(browser.execute_script(DETAIL_GRID))
+        assert found["names"] >= 20 and found["entries"] >= 20 * 10, found
+        assert found["scroll"] <= found["box"] and found["width"] <= found["box"], found
+        assert not found["tall"], found
+        assert found["page"] <= found["viewport"], found
+        browser.execute_script("document.getElementById('grid').scrollIntoView()")
+        browser.save_screenshot(str(screenshot_path("detail-grid-1400.png")))
+    finally:
+        browser.quit()
+
+
 WIDER_THAN_THE_VIEWPORT = """
 const width = document.documentElement.clientWidth;
 return [...document.querySelectorAll('body *')].filter(e => {
