@@ -267,3 +267,21 @@ def test_files_hypothesis_writes_are_read_alike_by_pip_python_and_the_page(
             if entry["url"]:
                 entry["name"] = entry["specifier"] = None
         assert mine == theirs, text
+
+
+FORKED = REPO_ROOT / "examples" / "audit" / "forked"
+
+
+@pytest.mark.parametrize("name", ["uv.lock", "pylock.toml", "requirements.txt"])
+def test_a_forked_project_reads_per_platform_in_every_form_and_on_the_page(name: str, tmp_path: Path) -> None:
+    """examples/audit/forked/: one project that pins torch 2.4.1 on Linux, 2.6.0 on Windows and 2.5.1 on macOS, as
+    `uv lock`, `uv export --format pylock.toml` and `uv export --format requirements-txt` wrote it: each form gives
+    each machine its own torch, a complete environment, and the page reads it the same."""
+    text = (FORKED / name).read_text()
+    expected = {"linux": "2.4.1", "windows": "2.6.0", "macos": "2.5.1"}
+    cases = [(text, target) for target in TARGETS]
+    python = [python_side(tmp_path, text, target) for text, target in cases]
+    for (_, target), found in zip(cases, python, strict=True):
+        assert found["pins"]["torch"] == expected[target.system] and found["complete"], (name, target, found)
+        assert found["pins"]["transformers"] == "4.46.3" and found["pins"]["peft"] == "0.13.2", found
+    assert node_side(tmp_path, cases) == python

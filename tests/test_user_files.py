@@ -290,3 +290,28 @@ def test_no_file_breaks_the_gate(
         assert code in (0, 1), (name, err)
     else:
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (name, err)
+
+
+def test_an_environment_s_answer_keeps_the_json_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--python` of an environment (its installed distributions, as importlib.metadata lists them) in JSON: one input
+    of kind environment, a complete one, valid against the schema."""
+    import subprocess
+    import sys
+
+    import jsonschema
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    for name, version in (("torch", "2.11.0"), ("peft", "0.20.0")):
+        info = Path(site) / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    code, out, err = audit(capsys, "--python", str(python), "--format", "json")
+    assert code in (0, 1), err
+    document = json.loads(out)
+    jsonschema.validate(document, json.loads(SCHEMA_FILE.read_text()))
+    (read,) = document["inputs"]
+    assert read["kind"] == "environment" and read["complete"], read
+    assert {p["name"]: p["version"] for p in read["packages"]} == {"torch": "2.11.0", "peft": "0.20.0"}
