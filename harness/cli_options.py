@@ -590,6 +590,14 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(("--ignore-id",), action="append", metavar="ID", help="an advisory to leave out (repeatable)"),
             Option(
+                ("--unrelated-ok",),
+                action="store_true",
+                help=(
+                    "files that name none of the judged packages: one line on stderr and exit 0, not 2 (the "
+                    "pre-commit hook passes it: a commit of requirements-dev.txt is no stack to judge)"
+                ),
+            ),
+            Option(
                 ("--strict",),
                 action="store_true",
                 help=(

@@ -315,3 +315,20 @@ def test_an_environment_s_answer_keeps_the_json_contract(tmp_path: Path, capsys:
     (read,) = document["inputs"]
     assert read["kind"] == "environment" and read["complete"], read
     assert {p["name"]: p["version"] for p in read["packages"]} == {"torch": "2.11.0", "peft": "0.20.0"}
+
+
+def test_a_hook_on_a_file_unrelated_to_the_stack_says_so_and_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file naming none of the judged packages is bad input for the gate (exit 2); the pre-commit hook passes
+    --unrelated-ok (its entry), so a commit of requirements-dev.txt says so in one line and passes."""
+    dev = tmp_path / "requirements-dev.txt"
+    dev.write_text("pytest==8.3.3\nruff==0.8.0\n")
+    code, out, err = audit(capsys, str(dev))
+    assert code == 2 and "nothing to judge" in err and out == "", err
+    code, out, err = audit(capsys, str(dev), "--unrelated-ok")
+    assert code == 0 and out == "" and len(err.strip().splitlines()) == 1 and "nothing to judge" in err, err
+    code, _, _ = audit(capsys, str(dev), str(CORPUS / "include-ok.txt"), "--unrelated-ok")
+    assert code == 1  # a stack beside it is judged as ever
+    hook = (REPO_ROOT / ".pre-commit-hooks.yaml").read_text()
+    assert "entry: compat-matrix audit --unrelated-ok" in hook

@@ -28,7 +28,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from harness.define.packages import AXIS_PACKAGES
-from harness.errors import UsageError
+from harness.errors import NothingToJudge, UsageError
 from harness.tools.conda_env import looks_like_conda, read_conda
 from harness.tools.pip_requirements import (
     Line,
@@ -222,7 +222,7 @@ def read_all(paths: list[Path], target: Target | None = None) -> Pins:
     if not named & set(AXIS_PACKAGES):
         files = ", ".join(str(p) for p in paths)
         extra = f" ({len(found.unnamed)} line(s) name no release: {found.unnamed[0]}, ...)" if found.unnamed else ""
-        raise UsageError(f"{files}: names none of {', '.join(AXIS_PACKAGES)}{extra}: nothing to judge")
+        raise NothingToJudge(f"{files}: names none of {', '.join(AXIS_PACKAGES)}{extra}: nothing to judge")
     return found
 
 
