@@ -59,6 +59,8 @@ CASES = {
     "local-version": "torch==2.4.1+cpu\ntorchvision==0.19.1+cpu\n",
     "crlf": "torch==2.4.1\r\npeft==0.13.0\r\n",
     "blank-and-spaces": "\n\n   torch==2.4.1   \n\t\npeft==0.13.0\n",
+    "conda-freeze": "accelerate==1.0.1\nfilelock==3.16.1\npeft @ file:///croot/peft_1/work\n"
+    "torch @ file:///croot/pytorch_1700000000/work\ntyping_extensions==4.12.2\n",
     "freeze": "accelerate==1.0.1\nfilelock==3.16.1\nfsspec==2024.10.0\nhuggingface-hub==0.26.2\njinja2==3.1.4\n"
     "networkx==3.4.2\nnumpy==2.1.3\npeft==0.13.2\npsutil==6.1.0\npyyaml==6.0.2\nregex==2024.11.6\nsafetensors==0.4.5\n"
     "sympy==1.13.1\ntokenizers==0.20.3\ntorch==2.4.1\ntqdm==4.67.0\ntransformers==4.46.3\ntyping_extensions==4.12.2\n",
@@ -153,6 +155,12 @@ def test_a_freeze_is_a_complete_environment_and_a_hand_list_is_not(tmp_path: Pat
     hand = tmp_path / "requirements.txt"
     hand.write_text(CASES["pins"])
     assert not read_file(hand, TARGETS[0]).complete
+    # a conda environment's freeze names torch by where it was built: torch is there, its release unknown, so the
+    # file says nothing of what is not installed
+    conda = tmp_path / "conda-freeze.txt"
+    conda.write_text(CASES["freeze"].replace("torch==2.4.1", "torch @ file:///croot/pytorch_1700000000/work"))
+    found = read_file(conda, TARGETS[0])
+    assert not found.complete and "torch" not in found.pins and found.unnamed, found
 
 
 def test_two_releases_for_one_machine_is_an_error_naming_both(tmp_path: Path) -> None:

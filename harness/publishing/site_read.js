@@ -479,6 +479,7 @@
     const listed = new Set(Object.keys(found.pins).concat(lines.filter((l) => l.name).map((l) => l.name)));
     found.complete = !found.loose.length && JUDGED.some((p) => p in found.pins)
       && !lines.some((l) => l.holds && l.release === null && !(l.url || l.editable))
+      && !lines.some((l) => l.holds && l.release === null && JUDGED.includes(l.name))  // torch @ file:///...: release unknown
       && JUDGED.filter((p) => p in found.pins).every((p) => ALWAYS_WITH[p].some((d) => listed.has(d)));
     return found;
   }

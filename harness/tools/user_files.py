@@ -185,6 +185,8 @@ def _complete(found: FileRead, lines: list[Line]) -> bool:
         return False
     if any(line.holds and line.release is None and not (line.url or line.editable) for line in lines):
         return False
+    if any(line.holds and line.release is None and line.name in AXIS_PACKAGES for line in lines):
+        return False  # a judged package installed from a URL or a folder (`torch @ file:///...`): release unknown
     listed = set(found.pins) | {line.name for line in lines if line.name}
     return all(any(d in listed for d in ALWAYS_WITH[p]) for p in AXIS_PACKAGES if p in found.pins)
 
