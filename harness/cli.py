@@ -13,6 +13,10 @@ import sys
 from harness import cli_commands
 from harness.cli_options import BY_NAME, COMMANDS, first_problem, flag_of
 from harness.errors import OptionError, Terminated, UsageError
+from harness.textsafe import one_line
+
+#: An error is one line of at most this many characters (a reader quotes less of the user's text than this).
+ERROR_LINE = 1000
 
 #: Commands with parsers of their own: name -> (module with main(argv), help line).
 DELEGATED = {
@@ -75,11 +79,16 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(problem)
         return int(getattr(cli_commands, command.handler)(args))
     except OptionError as exc:  # raised below the CLI, naming settings: worded here as their flags
-        print(f"error: {exc.worded(flag_of)}", file=sys.stderr)
+        print(f"error: {one_line(exc.worded(flag_of), ERROR_LINE)}", file=sys.stderr)
         return 2
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc, ERROR_LINE)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `audit ... | head`: the reader went away; no traceback, the shell's own code for it
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt as exc:
         print("interrupted", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130

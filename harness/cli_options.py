@@ -514,7 +514,8 @@ COMMANDS: tuple[Command, ...] = (
         help="the known failures that apply to a lockfile and a setup (a CI gate: exit 1 when one applies)",
         description=(
             "Reads exact releases from a requirements file or pip freeze, uv.lock, pylock.toml (PEP 751), "
-            "poetry.lock, or an environment (--env: this one; --python: another), and a setup from an accelerate "
+            "poetry.lock, a conda environment.yml, or an environment (--env: this one; --python: another), read for "
+            "one machine (--platform, --python-version; default: this one), and a setup from an accelerate "
             "config YAML, a DeepSpeed JSON or --setup; asks the one judge (the tables beside results/advisories/, made "
             "with the table) about every known failure and prints each that concerns you: APPLIES, APPLIES IF (a "
             "condition on your model), RANGE, UNDECIDED (your releases were not measured: never clean; with the "
@@ -529,12 +530,27 @@ COMMANDS: tuple[Command, ...] = (
                 type=Path,
                 metavar="FILE",
                 help=(
-                    "requirements.txt / pip freeze output, uv.lock, pylock.toml or poetry.lock (several: read "
-                    "together, as a pre-commit hook passes them)"
+                    "requirements.txt / pip freeze output, uv.lock, pylock.toml, poetry.lock or a conda "
+                    "environment.yml (several: read together, as a pre-commit hook passes them; two releases of one "
+                    "package across them is an error naming both)"
                 ),
             ),
             Option(("--env",), action="store_true", help="read this interpreter's installed packages"),
             Option(("--python",), metavar="PATH", help="read another environment's packages (its interpreter)"),
+            Option(
+                ("--platform",),
+                metavar="SYSTEM[-MACHINE]",
+                help=(
+                    "the machine the files are read for: linux, windows or macos, optionally with its CPU "
+                    "(linux-aarch64, macos-x86_64); environment markers and a forked uv.lock or pylock.toml are "
+                    "evaluated there (default: this machine)"
+                ),
+            ),
+            Option(
+                ("--python-version",),
+                metavar="X.Y",
+                help="the Python the files are read for (markers such as python_version < '3.12'; default: this one)",
+            ),
             Option(("--accelerate-config",), type=Path, metavar="YAML", help="the file `accelerate config` wrote"),
             Option(
                 ("--deepspeed-config",),
@@ -574,6 +590,14 @@ COMMANDS: tuple[Command, ...] = (
             ),
             Option(("--ignore-id",), action="append", metavar="ID", help="an advisory to leave out (repeatable)"),
             Option(
+                ("--unrelated-ok",),
+                action="store_true",
+                help=(
+                    "files that name none of the judged packages: one line on stderr and exit 0, not 2 (the "
+                    "pre-commit hook passes it: a commit of requirements-dev.txt is no stack to judge)"
+                ),
+            ),
+            Option(
                 ("--strict",),
                 action="store_true",
                 help=(
@@ -587,6 +611,15 @@ COMMANDS: tuple[Command, ...] = (
                 help=(
                     "print the one recommended set of pins as a requirements diff (of the requirements file read) "
                     "and as `uv add` / `pip install` lines"
+                ),
+            ),
+            Option(
+                ("--write",),
+                action="store_true",
+                help=(
+                    "with --fix: write the requirements file read with the recommended pins in place (its extras, "
+                    "markers, hashes, continuations, comments, local version labels, encoding and line ends kept; "
+                    "what cannot be moved in place is said)"
                 ),
             ),
             Option(

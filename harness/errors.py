@@ -10,6 +10,11 @@ class UsageError(Exception):
     """Bad input from the user (profile, CLI argument, results path). Nothing has run yet."""
 
 
+class NothingToJudge(UsageError):
+    """The user's files name none of the packages the atlas judges: bad input for a gate (exit 2), unless the caller
+    says such files are expected (a pre-commit hook on a requirements-dev.txt)."""
+
+
 class ProfileError(UsageError):
     """A profile file is malformed; the message names the file and the key."""
 

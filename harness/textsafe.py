@@ -31,3 +31,10 @@ def code(text: object) -> str:
     `->` stays readable), so only what could end the span or the cell is replaced: backticks and `|`."""
     flat = " ".join(str(text if text is not None else "").split()).replace("`", "'")
     return "`" + flat.replace("|", "\\|") + "`" if flat else ""
+
+
+def one_line(text: object, limit: int = 400) -> str:
+    """Text for one line of a terminal: whitespace and newlines folded, cut to `limit` characters (an error that
+    quotes a user's 50 MB line prints its start, not the line)."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

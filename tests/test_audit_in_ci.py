@@ -48,6 +48,8 @@ def test_the_documented_actions_step_fails_the_job_and_writes_the_summary(tmp_pa
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr  # an advisory applies: the step, and the job, fail
     table = summary.read_text()
+    said, _, table = table.partition("\n\n")  # what was read, one line a file and a config, then the table
+    assert said.startswith("- read uv.lock as a uv.lock") and "- read accelerate_config.yaml as an accelerate" in said
     assert table.startswith("| advisory | state |") and RESUME_FSDP2 in table
     assert "upgrade accelerate to 1.15.0" in table and "FSDP1 · LoRA" not in table
     (tmp_path / "uv.lock").write_text(LOCK.replace('"1.14.0"', '"1.15.0"').replace('"5.14.1"', '"5.15.0"'))

@@ -73,7 +73,8 @@ def test_audit_shows_each_fix_with_its_own_judgment_in_text_and_json(tmp_path: A
     states = {f["variant"]: (f["state"], f["sure"]) for f in entry["fixes"]}
     assert states["fsdp2"] == ("fixes", "exact") and states["flip_use_orig_params"] == ("unmeasured", "unmeasured")
     unmeasured = next(f for f in entry["fixes"] if f["variant"] == "flip_use_orig_params")
-    assert unmeasured["measure"]["argv"][:3] == ["compat-matrix", "check", "--scenario"]
+    assert unmeasured["measure"][:3] == ["compat-matrix", "check", "--scenario"]
+    assert unmeasured["measure_on"]["gpus"] == 2
     assert all("always" not in f for f in entry["fixes"])
 
 

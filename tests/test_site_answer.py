@@ -15,7 +15,8 @@ import pytest
 
 from harness.publishing.publish import build_matrix, write_site
 from harness.tools.audit import audit, load_tables, query_of
-from harness.tools.user_files import read_pins, read_setup
+from harness.tools.user_configs import read_setup
+from harness.tools.user_files import read_pins
 from tests.conftest import REPO_ROOT, screenshot_path
 from tests.test_judge_vectors import WITH_FIXES, python_answers, vectors
 from tests.test_publish import headless_chromium, open_page
@@ -189,6 +190,10 @@ def test_the_page_reads_a_pasted_config_as_audit_reads_the_file(tmp_path: Path) 
         for source in json.loads((configs / "SOURCES.json").read_text()):
             path = configs / source["file"]
             kind = source["kind"]
+            if source.get("follows"):  # a config naming another file: the page says it cannot open it
+                _, error = json.loads(browser.execute_script(PAGE_CONFIG_ANSWER, pins_text, path.read_text()))
+                assert "a file this page cannot open" in error, source["file"]
+                continue
             user = read_setup(path if kind == "accelerate" else None, path if kind == "deepspeed" else None, [],
                               path if kind == "trainer" else None, found.pins)  # fmt: skip
             query = query_of(tables, found.pins, user.setup, found.loose, found.partial, user.gpus, None, [])
@@ -271,6 +276,39 @@ def test_at_1400_px_every_column_is_on_the_first_screen_and_the_identities_open(
         text = browser.find_element(By.ID, "glance").text
         assert "flip_use_orig_params" not in text and "use_orig_params flipped, wrap each decoder layer" in text
         browser.save_screenshot(str(screenshot_path("glance-1400.png")))
+    finally:
+        browser.quit()
+
+
+#: The detail grid as a reader sees it: its box's overflow, and each cell name's lines.
+DETAIL_GRID = """
+const grid = document.getElementById("grid"), box = grid.parentElement;
+const line = parseFloat(getComputedStyle(grid).fontSize) * 1.6;
+const names = [...grid.querySelectorAll("tr.cellname th")];
+return JSON.stringify({
+  width: Math.round(grid.getBoundingClientRect().width), box: box.clientWidth, scroll: box.scrollWidth,
+  names: names.length, entries: grid.querySelectorAll("td.entry").length,
+  tall: names.filter((n) => n.getBoundingClientRect().height > 2 * line || n.scrollWidth > n.clientWidth + 1)
+    .map((n) => n.textContent).slice(0, 3),
+  page: document.documentElement.scrollWidth, viewport: document.documentElement.clientWidth,
+});
+"""
+
+
+def test_at_1400_px_the_detail_grid_has_no_sideways_scroll_and_names_on_one_line(tmp_path: Path) -> None:
+    """Every entry, every record: at 1,400 px the grid of cells by scenarios fits its box (it was 1,822 px wide inside
+    1,321, its cell column 30 px wide, a name one character a line), each cell's name on one line."""
+    page = site(tmp_path)
+    browser = headless_chromium()
+    try:
+        open_page(browser, page.as_uri(), 1400, "__recordsRenderedAt", 120)
+        found = json.loads(browser.execute_script(DETAIL_GRID))
+        assert found["names"] >= 20 and found["entries"] >= 20 * 10, found
+        assert found["scroll"] <= found["box"] and found["width"] <= found["box"], found
+        assert not found["tall"], found
+        assert found["page"] <= found["viewport"], found
+        browser.execute_script("document.getElementById('grid').scrollIntoView()")
+        browser.save_screenshot(str(screenshot_path("detail-grid-1400.png")))
     finally:
         browser.quit()
 

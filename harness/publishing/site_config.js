@@ -62,6 +62,7 @@
     const out = [];
     text.split(/\r\n|\r|\n/).forEach((raw, n) => {
       const line = withoutComment(raw).replace(/\s+$/, "");
+      if (/^(---|\.\.\.)$/.test(line.trim()) && out.length) throw new NotRead(`line ${n + 1}: more than one YAML document`);
       if (!line.trim() || /^(---|\.\.\.)$/.test(line.trim())) return;
       const indent = line.length - line.replace(/^ +/, "").length;
       if (line[indent] === "\t") throw new NotRead(`line ${n + 1}: a tab in the indentation`);
@@ -126,6 +127,14 @@
       throw new NotRead(`not ${kinds}: ${exc.message}`);
     }
     if (data === null || data === undefined) throw new NotRead("read as nothing: an empty config");
+    // nested at most 64 deep (user_text.MOST_DEPTH)
+    const todo = [[data, 0]];
+    while (todo.length) {
+      const [value, depth] = todo.pop();
+      if (value === null || typeof value !== "object") continue;
+      if (depth >= 64) throw new NotRead(`not ${kinds}: nested deeper than 64 levels`);
+      for (const v of Object.values(value)) todo.push([v, depth + 1]);
+    }
     if (typeof data !== "object" || Array.isArray(data)) throw new NotRead(`not ${kinds}: its top level is not a mapping`);
     return data;
   }
@@ -141,6 +150,7 @@
   function boolean(key, value) {
     if (value === null || value === undefined || value === "auto") return null;
     if (typeof value === "boolean") return value ? "true" : "false";
+    if (typeof value === "object") throw new NotRead(`${key} is ${JSON.stringify(value)}: expected true or false`);
     const said = String(value).trim().toLowerCase();
     if (["true", "yes", "1", "on"].includes(said)) return "true";
     if (["false", "no", "0", "off"].includes(said)) return "false";
@@ -181,13 +191,25 @@
     else if (kind === "NO") found.setup.engine = "single";
     return found;
   }
-  function readDeepspeed(text, given) {
-    const data = given || load(text, "a DeepSpeed JSON config", true);
-    const zero = mapping(data, "zero_optimization");
+  // DeepSpeed's ZeRO field for gathering 16-bit weights on save: its name, its alias, its deprecated name
+  // (user_configs.GATHER; DeepSpeed's config models populate a field by name or alias and refuse both at once).
+  const GATHER = ["gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"];
+  function deepspeedSettings(data, setup) {
+    let zero = data.zero_optimization;
+    if (typeof zero === "boolean") zero = { stage: zero ? 1 : 0 };  // DeepSpeed's old form
+    zero = mapping({ zero_optimization: zero }, "zero_optimization");
+    if (zero.stage !== undefined && zero.stage !== null) setup.engine = "zero" + oneOf("zero_optimization.stage", stage(zero.stage), [0, 1, 2, 3]);
+    const given = GATHER.filter((k) => k in zero && zero[k] !== "auto");
+    if (given.length > 1) throw new NotRead(`zero_optimization sets both ${given[0]} and ${given[1]}: one field under two names, which DeepSpeed refuses`);
+    if (!given.length) return [];
+    const gather = boolean("zero_optimization." + given[0], zero[given[0]]);
+    if (gather) setup.zero3_gather_16bit = gather;
+    return given[0] === GATHER[1] ? [] : [`${given[0]}: DeepSpeed's ${given[0] === GATHER[0] ? "name" : "deprecated name"} of ${GATHER[1]}`];
+  }
+  function readDeepspeed(text) {
+    const data = load(text, "a DeepSpeed JSON config", true);
     const found = { setup: {}, gpus: null, read: ["DeepSpeed"] };
-    if (zero.stage !== undefined && zero.stage !== null) found.setup.engine = "zero" + oneOf("zero_optimization.stage", stage(zero.stage), [0, 1, 2, 3]);
-    const gather = boolean("zero_optimization.stage3_gather_16bit_weights_on_model_save", zero.stage3_gather_16bit_weights_on_model_save);
-    if (gather) found.setup.zero3_gather_16bit = gather;
+    found.read.push(...deepspeedSettings(data, found.setup));
     return found;
   }
   function majorOf(version) { const m = /^\s*v?(\d+)/.exec(String(version || "")); return m ? Number(m[1]) : null; }
@@ -202,19 +224,40 @@
     const fourBit = said === "qlora" || boolean("load_in_4bit", data.load_in_4bit) === "true" || String(data.quantization_bit === undefined || data.quantization_bit === null ? "" : data.quantization_bit) === "4";
     return dora ? (fourBit ? "qdora" : "dora") : (fourBit ? "qlora" : "lora");
   }
+  // axolotl's config: base_model (axolotl's required key), or its own top-level fsdp_version (user_configs.is_axolotl).
+  function isAxolotl(data) { return "base_model" in data || "fsdp_version" in data; }
+  const isOff = (v) => v === null || v === undefined || v === false || v === 0 || v === "" || (Array.isArray(v) && !v.length);
+  function fsdpConfig(data) {
+    const config = truthy(data.fsdp_config) ? data.fsdp_config : {};
+    if (typeof config === "string") throw new NotRead(`fsdp_config ${config}: a file this page cannot open: paste its settings instead`);
+    if (!isMap(config)) throw new NotRead(`fsdp_config is ${JSON.stringify(config)}, not a mapping of settings`);
+    return config;
+  }
   function readTrainer(text, pins) {
     const data = load(text, "a Trainer config (YAML or JSON)");
-    const found = { setup: { loop: "trainer" }, gpus: null, read: ["the Trainer's arguments"] };
+    const axolotl = isAxolotl(data);
+    const found = { setup: { loop: "trainer" }, gpus: null, read: [axolotl ? "an axolotl config" : "the Trainer's arguments"] };
     const deepspeed = data.deepspeed, fsdp = data.fsdp;
-    if (truthy(deepspeed) && truthy(fsdp)) throw new NotRead("both deepspeed and fsdp are set: the Trainer runs one of them");
-    if (isMap(deepspeed)) Object.assign(found.setup, readDeepspeed(null, deepspeed).setup);
+    if (truthy(deepspeed) && (truthy(fsdp) || (axolotl && truthy(data.fsdp_config)))) throw new NotRead("both deepspeed and fsdp are set: the Trainer runs one of them");
+    if (isMap(deepspeed)) found.read.push(...deepspeedSettings(deepspeed, found.setup));
     else if (typeof deepspeed === "string" && deepspeed) throw new NotRead(`deepspeed ${deepspeed}: a file this page cannot open: paste that DeepSpeed JSON instead`);
     else if (!(deepspeed === null || deepspeed === undefined || deepspeed === false || deepspeed === "" || deepspeed === 0)) throw new NotRead(`deepspeed is ${JSON.stringify(deepspeed)}: expected a DeepSpeed JSON's path or its settings`);
-    if (!(fsdp === null || fsdp === undefined || fsdp === false || fsdp === "" || fsdp === 0 || (Array.isArray(fsdp) && !fsdp.length))) {
+    if (axolotl) {
+      // axolotl: FSDP where fsdp or fsdp_config is set; the top-level fsdp_version, else fsdp_config's, else FSDP1.
+      if (isOff(fsdp) && !truthy(data.fsdp_config)) {
+        if (data.fsdp_version !== undefined && data.fsdp_version !== null) found.read.push("fsdp_version without fsdp or fsdp_config: no FSDP");
+      } else {
+        if (!isOff(fsdp) && !(typeof fsdp === "string" || Array.isArray(fsdp) || typeof fsdp === "boolean")) throw new NotRead(`fsdp is ${JSON.stringify(fsdp)}: expected the Trainer's fsdp options (a string or a list)`);
+        const config = fsdpConfig(data);
+        let version = truthy(data.fsdp_version) ? data.fsdp_version : truthy(config.fsdp_version) ? config.fsdp_version : truthy(config.version) ? config.version : null;
+        const key = truthy(data.fsdp_version) ? "fsdp_version" : "fsdp_config.fsdp_version";
+        if (version === null) { version = 1; found.read.push("no fsdp_version: axolotl's FSDP1"); }
+        found.setup.engine = "fsdp" + oneOf(key, stage(version), [1, 2]);
+        stateDict("fsdp_config.state_dict_type", "state_dict_type" in config ? config.state_dict_type : config.fsdp_state_dict_type, found.setup);
+      }
+    } else if (!isOff(fsdp)) {
       if (!(typeof fsdp === "string" || Array.isArray(fsdp) || typeof fsdp === "boolean")) throw new NotRead(`fsdp is ${JSON.stringify(fsdp)}: expected the Trainer's fsdp options (a string or a list)`);
-      const config = truthy(data.fsdp_config) ? data.fsdp_config : {};
-      if (typeof config === "string") throw new NotRead(`fsdp_config ${config}: a file this page cannot open: paste its settings instead`);
-      if (!isMap(config)) throw new NotRead(`fsdp_config is ${JSON.stringify(config)}, not a mapping of settings`);
+      const config = fsdpConfig(data);
       let version = "version" in config ? config.version : config.fsdp_version;
       if (version === undefined || version === null) {
         const major = majorOf((pins || {}).transformers);

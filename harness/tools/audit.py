@@ -15,27 +15,27 @@ over every failure, and per failure what one move of each of its packages ends a
 
 from __future__ import annotations
 
-import difflib
 import json
+import re
+import shlex
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from harness.define.packages import AXIS_PACKAGES
 from harness.errors import UsageError
 from harness.knowledge.judge import Query, evaluate, fix_answers
 from harness.knowledge.ways_out import way_out
 from harness.paths import MEASURED_FOLDER, RESULTS_DIR
 from harness.publishing.advisories import JUDGE_FILE, read_tables
-from harness.tools.user_files import (
-    Pins,
-    environment_pins,
-    loose_ranges,
-    read_pins,
-    read_setup,
-    read_text,
-    requirement_name,
-)
+from harness.tools.requirements_edit import Moved, move
+from harness.tools.target import here, target_of
+from harness.tools.user_configs import UserSetup, read_setup
+from harness.tools.user_configs import line as config_line
+from harness.tools.user_files import Pins, environment_pins, loose_ranges, read_all, requirement_name
+from harness.tools.user_text import read_text
 
 FORMATS = ("columns", "json", "markdown")
 
@@ -62,6 +62,12 @@ class Report:
     requirements: list[Path] = field(default_factory=list)
     #: Print the way out in full (a requirements diff and the install lines), as `--fix` asks.
     fix: bool = False
+    #: What was read: each file (`FileRead.as_json`), each config (`UserSetup.configs`), the target machine.
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    configs: list[dict[str, Any]] = field(default_factory=list)
+    target: dict[str, str] = field(default_factory=dict)
+    #: The target machine's marker variables (a requirement whose marker does not hold there is not moved).
+    markers: dict[str, str] = field(default_factory=dict)
     _fixes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @cached_property
@@ -80,6 +86,7 @@ class Report:
             for fix in judged:
                 if fix["state"] == "unmeasured":
                     fix["measure"] = measure_argv(failure, self.query)
+                    fix["measure_on"] = measure_place(failure, self.query)
             self._fixes[failure_id] = judged
         return self._fixes[failure_id]
 
@@ -155,9 +162,17 @@ def render(report: Report, fmt: str) -> str:
     return "\n".join(columns(report))
 
 
+#: The version of `--format json`'s shape (harness/tools/audit.schema.json): a new field is a minor step, a field that
+#: changes or goes a major one.
+SCHEMA_VERSION = "1.0"
+SCHEMA_FILE = Path(__file__).with_name("audit.schema.json")
+
+
 def as_json(report: Report) -> dict[str, Any]:
-    """Structured, for tools: each answer with its failure's packages, affected segments, fixed-in releases, setups,
-    how sure, the evidence, and the one way out."""
+    """Structured, for tools (its shape: audit.schema.json, documented in docs/advisories-and-audit.md): what was read
+    (each file's releases, each config's setup, the target machine), each answer with its failure's packages, labelled
+    affected ranges, fixed-in releases, setups, how sure, the evidence and the command that measures it (an argv),
+    the one way out and the totals."""
     found = []
     for answer in report.answers:
         entry = {k: answer.get(k) for k in ("id", "scenario", "device", "state", "why", "sure", "when")}
@@ -170,13 +185,15 @@ def as_json(report: Report) -> dict[str, Any]:
                     p: [e["release"] for e in events if e["kind"] == "fixed"] for p, events in failure["events"].items()
                 },
                 "affected": {
-                    p: [s for s in failure["segments"][p] if s[4] == "affected"] for p in failure["conditions"]
+                    p: [_labelled(s) for s in failure["segments"][p] if s[4] == "affected"]
+                    for p in failure["conditions"]
                 },
                 "setups": [s["words"] for s in failure["setups"]],
                 "applies_if": failure["detail"],
                 "fixes": report.fixes(answer["id"]),
                 "evidence": answer.get("evidence") or [],
-                "measure": measure_command(failure, report.query),
+                "measure": measure_argv(failure, report.query),
+                "measure_on": measure_place(failure, report.query),
             }
         else:
             entry |= {"way_out": answer.get("way_out")}
@@ -185,8 +202,20 @@ def as_json(report: Report) -> dict[str, Any]:
     install = dict(zip(("uv", "pip"), install_lines(pins), strict=True)) if pins else {}
     if pins:
         install["diff"] = [line[2:] for line in _diff(report, pins)]
-    return {"answers": found, "way_out": report.way_out | {"install": install}, "totals": _totals(report),
+    query = report.query
+    return {"schema_version": SCHEMA_VERSION, "target": report.target, "inputs": report.inputs,
+            "configs": report.configs, "asked": {"versions": dict(query.versions), "setup": dict(query.setup),
+                                                 "device": query.device, "gpus": query.gpus, "partial": query.partial},
+            "answers": found, "way_out": report.way_out | {"install": install}, "totals": _totals(report),
             "not_judged": report.loose}  # fmt: skip
+
+
+def _labelled(segment: list[Any]) -> dict[str, Any]:
+    """A segment of a failure's release line as an object: from `low` to `high` (None: unbounded), each end included
+    or not, its state and why."""
+    low, low_in, high, high_in, state, why = segment[:6]
+    return {"from": low, "from_included": bool(low_in), "to": high, "to_included": bool(high_in), "state": state,
+            "why": why}  # fmt: skip
 
 
 def _summary(failure: dict[str, Any]) -> str:
@@ -204,8 +233,32 @@ def totals_line(report: Report) -> str:
     return "; ".join(said) if said else "no known failure concerns these releases and this setup"
 
 
-def columns(report: Report) -> list[str]:
+#: Each kind of input, in words.
+INPUT_WORDS = {"requirements": "a requirements file", "uv.lock": "a uv.lock", "pylock.toml": "a PEP 751 pylock.toml",
+               "poetry.lock": "a poetry.lock", "conda environment": "a conda environment.yml",
+               "environment": "an installed environment"}  # fmt: skip
+
+
+def read_lines(report: Report) -> list[str]:
+    """What was read, one line per file and per config: the releases a file installs on the target (and what it
+    says of the rest), each config's setup in the vocabulary (as the page says it)."""
     lines = []
+    for one in report.inputs:
+        judged = [f"{p['name']} {p['version']}" for p in one["packages"] if p["judged"]]
+        ranged = [f"{x} (a range)" for x in one["loose"] if re.split(r"[<>=!~;\[ ]", x, maxsplit=1)[0] in AXIS_PACKAGES]
+        said = ", ".join(judged + ranged) or "none of the judged packages"
+        missing = f"; not installed: {', '.join(one['not_installed'])}" if one["not_installed"] else ""
+        notes = f" ({'; '.join(one['notes'])})" if one["notes"] else ""
+        kind = INPUT_WORDS[one["kind"]] + (" naming a complete environment" if one["complete"] and one["kind"] ==
+                                           "requirements" else "")  # fmt: skip
+        where = f" for {report.target['words']}" if report.target else ""
+        lines.append(f"read {one['file']} as {kind}{where}: {said}{missing}{notes}")
+    lines += [config_line(c) for c in report.configs]
+    return lines
+
+
+def columns(report: Report) -> list[str]:
+    lines = read_lines(report)
     for group in _grouped(report.answers):
         answer = group[0]
         if len(group) == 1:
@@ -350,29 +403,31 @@ def install_lines(pins: dict[str, str]) -> tuple[str, str]:
     return f"uv add {quoted}", f"pip install {quoted}"
 
 
-def _diff(report: Report, pins: dict[str, str]) -> list[str]:
-    """A unified diff of the requirements file that pins the moved packages (empty where none was read: a lockfile
-    is changed by `uv add`, not by hand)."""
+def moved_file(report: Report, pins: dict[str, str]) -> Moved | None:
+    """The requirements file that names the moved packages (the first read where none does), moved to the pins with
+    every other byte kept; None where no requirements file was read (a lockfile is changed by `uv add`)."""
     if not report.requirements:
-        return []
+        return None
     naming = [p for p in report.requirements if set(pins) & set(map(requirement_name, read_text(p).splitlines()))]
-    source = (naming or report.requirements)[0]
-    before = read_text(source).splitlines()
-    after, done = [], set()
-    for line in before:
-        name = requirement_name(line)
-        if name in pins:
-            after.append(f"{name}=={pins[name]}")
-            done.add(name)
-        else:
-            after.append(line)
-    after += [f"{p}=={v}" for p, v in pins.items() if p not in done]
-    diff = difflib.unified_diff(before, after, str(source), str(source), lineterm="", n=1)
-    return [f"  {line}" for line in diff]
+    return move((naming or report.requirements)[0], pins, report.markers or here().environment())
+
+
+def _diff(report: Report, pins: dict[str, str]) -> list[str]:
+    """The unified diff of the moved requirements file, and what could not be moved in place (empty where no
+    requirements file was read)."""
+    moved = moved_file(report, pins)
+    if moved is None:
+        return []
+    lines = [f"  {line}" for line in moved.diff()]
+    if moved.mark[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        lines.append(f"  {moved.path} is UTF-16: this diff is of its text; --fix --write writes the file itself")
+    return lines + [f"  note: {note}" for note in moved.notes]
 
 
 def markdown(report: Report) -> str:
-    lines = ["| advisory | state | what | setups | how sure | way out |", "|---|---|---|---|---|---|"]
+    said = [f"- {line}" for line in read_lines(report)]
+    lines = [*said, *([""] if said else []), "| advisory | state | what | setups | how sure | way out |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
     for answer in report.answers:
         link = (
             f"[{answer['id']}](results/advisories/{answer['id']}.json)"
@@ -390,24 +445,32 @@ def markdown(report: Report) -> str:
     return "\n".join(lines)
 
 
-def measure_argv(failure: dict[str, Any], query: Query) -> dict[str, Any]:
-    """The command that measures the user's own releases for this failure (its baseline and every fix), as an argv and
-    where to run it: `lookup --measure` here on CPU; on GPUs, `check` inside the user's environment on their GPUs."""
+def measure_argv(failure: dict[str, Any], query: Query) -> list[str]:
+    """The command that measures the user's own releases for this failure, as an argv: `lookup --measure` here on
+    CPU; on a GPU node, `check` inside the user's environment (where: `measure_place`)."""
     if failure["device"] == "cuda" or query.device == "cuda":
-        gpus = query.gpus or max(failure["world_sizes"] or [1])
-        return {"argv": ["compat-matrix", "check", "--scenario", failure["scenario"]],
-                "where": f"in that environment on {gpus} GPU(s)"}  # fmt: skip
+        return ["compat-matrix", "check", "--scenario", failure["scenario"]]
     asked = [f"{p}=={query.versions[p]}" for p in failure["depends"] if p in query.versions]
     setup = ",".join(v for k, v in query.setup.items() if k in ("engine", "adapter", "loop", "state_dict"))
-    argv = ["compat-matrix", "lookup", *asked, "--scenario", failure["scenario"]]
-    return {"argv": argv + (["--setup", setup] if setup else []) + ["--measure"], "where": "here, on CPU"}
+    said = ["--setup", setup] if setup else []
+    return ["compat-matrix", "lookup", *asked, "--scenario", failure["scenario"], *said, "--measure"]
+
+
+def measure_place(failure: dict[str, Any], query: Query) -> dict[str, Any]:
+    """Where `measure_argv` runs: here (CPU), or in the audited environment on a node with N GPUs."""
+    if failure["device"] == "cuda" or query.device == "cuda":
+        return {"where": "the audited environment, on a GPU node", "device": "cuda",
+                "gpus": query.gpus or max(failure["world_sizes"] or [1])}  # fmt: skip
+    return {"where": "here", "device": "cpu", "gpus": 0}
 
 
 def measure_command(failure: dict[str, Any], query: Query) -> str:
-    """`measure_argv` in words: '`compat-matrix lookup ... --measure`', or on GPUs where to run `check`."""
-    found = measure_argv(failure, query)
-    line = f"`{' '.join(found['argv'])}`"
-    return line if found["where"] == "here, on CPU" else f"{found['where']}: {line}"
+    """`measure_argv` in words, as the columns print it."""
+    argv = " ".join(shlex.quote(a) for a in measure_argv(failure, query))
+    place = measure_place(failure, query)
+    if place["device"] == "cuda":
+        return f"in that environment on {place['gpus']} GPU(s): `{argv}`"
+    return f"`{argv}`"
 
 
 def command(args: Any) -> Report:
@@ -418,16 +481,15 @@ def command(args: Any) -> Report:
         raise UsageError(f"--gpus {args.gpus}: give 0 (a CPU run) or how many GPUs you train on")
     if args.measure and not args.fix:
         raise UsageError("--measure proves the way out --fix prints: give --fix --measure")
-    found = Pins()
+    if getattr(args, "write", False) and not args.fix:
+        raise UsageError("--write writes the way out --fix prints: give --fix --write")
+    target = target_of(getattr(args, "platform", None), getattr(args, "python_version", None))
     if args.files:
-        for path in args.files:
-            more = read_pins(Path(path))
-            found.pins |= more.pins
-            found.loose += more.loose
-            found.partial = found.partial or more.partial
-            found.requirements += more.requirements
+        found = read_all([Path(p) for p in args.files], target)
+        inputs = [f.as_json() for f in found.files]
     else:
-        found.pins = environment_pins(args.python)
+        found = Pins(pins=environment_pins(args.python))
+        inputs = [_environment_input(args.python, found.pins)]
     user = read_setup(args.accelerate_config, args.deepspeed_config, args.setup or [], args.trainer_config, found.pins)
     gpus = args.gpus if args.gpus is not None else user.gpus
     tables = load_tables(args.results_dir)
@@ -435,6 +497,35 @@ def command(args: Any) -> Report:
         tables, found.pins, user.setup, found.loose, found.partial, gpus, args.device, args.ignore_id or []
     )
     report = audit(tables, query)
-    report.loose, report.requirements, report.fix = found.loose, found.requirements, args.fix
+    report.loose, report.requirements, report.fix = found.loose + found.unnamed, found.requirements, args.fix
+    report.inputs, report.configs = inputs, _configs(user)
+    report.target = target.as_json() | {"words": target.words()} if args.files else {}
+    report.markers = target.environment()
     print(render(report, args.format))
+    if getattr(args, "write", False):
+        print(write_fix(report), file=sys.stderr)
     return report
+
+
+def write_fix(report: Report) -> str:
+    """`--fix --write`: the requirements file rewritten to the way out's pins, in its own encoding and line ends."""
+    pins = report.way_out.get("pins") or {}
+    moved = moved_file(report, pins) if pins else None
+    if moved is None:
+        return "--write: nothing written (" + ("no way out to write" if not pins else "no requirements file read: "
+                                             "a lockfile is changed by `uv add`") + ")"  # fmt: skip
+    moved.write()
+    return f"--write: wrote {moved.path} ({len(pins)} pin(s) moved" + (f"; {len(moved.notes)} note(s) above)"
+                                                                       if moved.notes else ")")  # fmt: skip
+
+
+def _environment_input(python: str | None, pins: dict[str, str]) -> dict[str, Any]:
+    return {"file": python or "this environment", "kind": "environment", "complete": True,
+            "packages": [{"name": p, "version": v, "judged": p in AXIS_PACKAGES} for p, v in sorted(pins.items())
+                         if p in AXIS_PACKAGES],
+            "loose": [], "not_judged": [], "notes": [],
+            "not_installed": sorted(p for p in AXIS_PACKAGES if p not in pins)}  # fmt: skip
+
+
+def _configs(user: UserSetup) -> list[dict[str, Any]]:
+    return [c | {"line": config_line(c)} for c in user.configs]

@@ -1,209 +1,276 @@
-"""What a user has, read the way the tools that write it read it: requirements files and `pip freeze` output (pip),
-`uv.lock`, `pylock.toml` and `poetry.lock` (TOML), the YAML `accelerate config` writes, a DeepSpeed JSON, and the
-Trainer's own arguments as axolotl, LLaMA-Factory and TRL configs write them (YAML or JSON). `audit` reads through
-here; the page's `site_read.js` reads requirements and locks the same way.
+"""What a user has installed, read from the files their tools write, as those tools read them: requirements files and
+`pip freeze` output with pip's grammar (`pip_requirements.py`), `uv.lock`, `pylock.toml` and `poetry.lock`
+(`user_locks.py`), a conda `environment.yml` (`conda_env.py`), or an environment itself. Markers and forks are read for
+one target (`target.py`; default: this machine). `audit` reads through here; the page's `site_read.js` reads pasted
+files the same way, held to this on shared test vectors.
 
-Every file is decoded as pip decodes a requirements file: UTF-8, UTF-8 with a byte-order mark (Notepad), UTF-16 with
-one (what `pip freeze > req.txt` writes in Windows PowerShell). Anything that is not text, not the format, or holds a
-value this tool does not know (`fsdp_version: 3`, `"stage": "three"`) is one line naming the file and the key, and
-exit 2: never a traceback, never an exit 0 or 1 from a file that could not be read. An input read as nothing (an empty
-requirements file, an environment with none of the packages) is exit 2 too.
+Each file says what it holds: exact releases, requirements that pin none (judged by the releases the atlas measured in
+their range), lines that name no release (a URL of a branch, a directory, `-e`), and whether it names a complete
+environment. A lock does; so does a `pip freeze` or a compiled requirements file, told by its form: every requirement
+pins one release exactly, and beside each judged package it lists one of the packages that package always installs
+(torch's filelock, transformers' huggingface-hub, ...), which a hand-written file does not. In a complete environment
+a package it does not list is not installed; elsewhere it is "not given" (torch is often installed apart).
+
+Bad input is one line naming the file and exit 2, never a traceback and never an exit 0 or 1: anything unreadable
+(`user_text.py`), two releases of one package for the same target (in one file or in two), a file that names none of
+the packages the atlas judges, an input read as nothing.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
 
-from harness.define import setup as vocabulary
 from harness.define.packages import AXIS_PACKAGES
-from harness.errors import UsageError
+from harness.errors import NothingToJudge, UsageError
+from harness.tools.conda_env import looks_like_conda, read_conda
+from harness.tools.pip_requirements import (
+    Line,
+    break_args_options,
+    is_url,
+    read_requirements,
+    requirement_line,
+    without_comment,
+)
+from harness.tools.target import Target, here
+from harness.tools.user_locks import read_lock
+from harness.tools.user_text import read_text
 
-#: How deep `-r other.txt` includes are followed (a loop of includes is bad input).
-MOST_INCLUDES = 8
-#: What `accelerate config` may write as distributed_type.
-DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
-                     "MULTI_HPU", "FSDP", "DEEPSPEED", "XLA", "MEGATRON_LM", "TP")  # fmt: skip
-STATE_DICT_TYPES = {"FULL_STATE_DICT": "full_state_dict", "SHARDED_STATE_DICT": "sharded_state_dict",
-                    "LOCAL_STATE_DICT": None}  # fmt: skip
+#: Packages every release of a judged package installs with it: a requirements file that lists one beside each
+#: judged package it pins is a `pip freeze` or a compiled file (a complete environment), not a hand-written list.
+ALWAYS_WITH = {
+    "torch": ("filelock", "typing-extensions", "sympy", "networkx", "jinja2", "fsspec"),
+    "transformers": ("huggingface-hub", "tokenizers", "safetensors", "regex", "tqdm", "filelock", "pyyaml"),
+    "peft": ("psutil", "safetensors", "huggingface-hub", "tqdm", "pyyaml", "accelerate"),
+    "accelerate": ("psutil", "huggingface-hub", "safetensors", "pyyaml", "numpy"),
+    "deepspeed": ("hjson", "ninja", "psutil", "py-cpuinfo", "pydantic", "tqdm"),
+    "bitsandbytes": ("numpy",),
+}
+
+
+@dataclass
+class FileRead:
+    """One file: which kind it was read as, the releases it installs on the target, its loose requirements, the lines
+    that name no release, whether it is a complete environment, and notes in words (markers, forks, file names)."""
+
+    path: Path
+    kind: str
+    pins: dict[str, str] = field(default_factory=dict)
+    loose: list[str] = field(default_factory=list)
+    unnamed: list[str] = field(default_factory=list)
+    complete: bool = False
+    notes: list[str] = field(default_factory=list)
+    #: package -> where its release was read (a line, a lock entry, a file name)
+    where: dict[str, str] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        judged = {p: v for p, v in self.pins.items()}
+        return {
+            "file": str(self.path), "kind": self.kind, "complete": self.complete,
+            "packages": [{"name": p, "version": v, "judged": p in AXIS_PACKAGES} for p, v in sorted(judged.items())],
+            "loose": list(self.loose), "not_judged": list(self.unnamed), "notes": list(self.notes),
+            "not_installed": sorted(p for p in AXIS_PACKAGES if self.complete and p not in self.pins),
+        }  # fmt: skip
 
 
 @dataclass
 class Pins:
     """Exact releases, the requirements that pin none, and whether the input need not name every package installed (a
-    requirements file: torch is often installed apart)."""
+    requirements file: torch is often installed apart); each file as it was read, and the target it was read for."""
 
     pins: dict[str, str] = field(default_factory=dict)
     loose: list[str] = field(default_factory=list)
     partial: bool = False
     #: The requirements files read (a way out is printed as a diff of them).
     requirements: list[Path] = field(default_factory=list)
+    files: list[FileRead] = field(default_factory=list)
+    target: Target | None = None
+    unnamed: list[str] = field(default_factory=list)
 
 
-@dataclass
-class UserSetup:
-    """The setup a user's configs say, in the vocabulary's keys (settings such as use_reentrant included), how many
-    GPUs (world size) where a config says it, and what was read, in words."""
-
-    setup: dict[str, str] = field(default_factory=dict)
-    gpus: int | None = None
-    read: list[str] = field(default_factory=list)
-
-    def merge(self, other: UserSetup, where: str) -> None:
-        for key, value in other.setup.items():
-            if key in self.setup and self.setup[key] != value:
-                raise UsageError(f"{where}: {key} is {value!r} there and {self.setup[key]!r} in another file")
-            self.setup[key] = value
-        self.gpus = other.gpus if other.gpus is not None else self.gpus
-        self.read += other.read
+# --- reading one file ----------------------------------------------------------------------------------------------
 
 
-# --- text ----------------------------------------------------------------------------------------------------------
-
-
-def read_text(path: Path) -> str:
-    """The file's text: UTF-8, or UTF-8 / UTF-16 with a byte-order mark; anything else is bad input."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from None
-    try:
-        if data.startswith(b"\xef\xbb\xbf"):
-            text = data.decode("utf-8-sig")
-        elif data.startswith((b"\xff\xfe", b"\xfe\xff")):
-            text = data.decode("utf-16")
-        else:
-            text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: not a text file (neither UTF-8 nor UTF-16 with a byte-order mark)") from None
-    if "\x00" in text:
-        raise UsageError(f"{path}: not a text file (it holds NUL bytes)")
-    return text
-
-
-# --- releases ------------------------------------------------------------------------------------------------------
-
-
-def read_pins(path: Path) -> Pins:
-    """Exact releases from a lockfile or a requirements file / pip freeze; read as nothing is bad input."""
+def read_file(path: Path, target: Target | None = None) -> FileRead:
+    """One file, as the tool that wrote it reads it, for the target (default: this machine)."""
+    target = target or here()
     text = read_text(path)
     if path.suffix in (".lock", ".toml") or re.search(r"^\s*\[\[(package|packages)\]\]\s*$", text, re.M):
-        found = Pins(_toml_pins(path, text), [], partial=False)
+        lock = read_lock(path, text, target.environment(), target.words())
+        found = FileRead(path, lock.kind, dict(lock.pins), complete=True, notes=lock.notes)
+        found.where = {p: f"{path.name}: [[package]] {p}" for p in found.pins}
+    elif looks_like_conda(path, text):
+        found = _conda(path, text, target)
     else:
-        found = _requirement_pins(path, text, depth=0)
-        found.partial = True
-        found.requirements = [path]
-    if not found.pins and not found.loose:
+        found = _requirements(path, target)
+    if not found.pins and not found.loose and not found.unnamed:
         raise UsageError(f"{path}: read as nothing: no requirement and no locked package in it")
     return found
 
 
-def _toml_pins(path: Path, text: str) -> dict[str, str]:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not a lockfile: {exc}") from None
-    entries = data.get("package") or data.get("packages")  # uv.lock, poetry.lock: [[package]]; PEP 751: [[packages]]
-    if not isinstance(entries, list):
-        raise UsageError(f"{path}: no [[package]] or [[packages]] table: not a uv, poetry or PEP 751 lock")
-    pins = {}
-    for number, entry in enumerate(entries, 1):
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise UsageError(f"{path}: package entry {number} has no name")
-        version = entry.get("version")
-        if version is None:
-            continue  # a workspace member or a path dependency: no release
-        if not isinstance(version, str) or not _is_version(version):
-            raise UsageError(f"{path}: package entry {number} ({entry['name']}): version {version!r} is not a version")
-        pins[str(canonicalize_name(entry["name"]))] = version
-    return pins
-
-
-#: A requirement that names no release to look up: a URL or a path (pip's direct references).
-_DIRECT = re.compile(r"^(git\+|hg\+|svn\+|bzr\+|https?://|file:|\.{1,2}/|/|[A-Za-z]:[\\/])")
-
-
-def _requirement_pins(path: Path, text: str, depth: int) -> Pins:
-    found = Pins(partial=True)
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = _without_comment(raw)
-        if not line or line.startswith("#"):
-            continue
-        include = re.match(r"^(-r|--requirement|-c|--constraint)\s*=?\s*(\S+)$", line)
-        if include:
-            _include(path, include.group(2), depth, found)
-            continue
-        if line.startswith("-"):
-            continue  # options: -e, --index-url, --hash continuations, --extra-index-url
-        if " @ " in line or _DIRECT.match(line):
-            found.loose.append(line)  # a direct reference: no release to look up
-            continue
-        try:
-            requirement = Requirement(line.rstrip("\\").strip())
-        except InvalidRequirement as exc:
-            why = str(exc).splitlines()[0]
-            raise UsageError(f"{path}:{number}: {raw.strip()!r} is not a requirement ({why})") from None
-        exact = [s for s in requirement.specifier if s.operator in ("==", "===") and "*" not in s.version]
-        if exact:
-            found.pins[str(canonicalize_name(requirement.name))] = exact[0].version
-        else:
-            found.loose.append(str(requirement))
+def _requirements(path: Path, target: Target) -> FileRead:
+    read = read_requirements(path, target.environment())
+    found = _fold(path, "requirements", read.lines, target)
+    if _complete(found, read.lines):
+        found.complete = True
+        found.notes.append("as pip freeze or a compiled file writes it: every line pins one release, beside what the "
+                           "judged packages install; a package it does not list is not installed")  # fmt: skip
     return found
 
 
-def _without_comment(raw: str) -> str:
-    return re.split(r"\s+#", raw, maxsplit=1)[0].strip()
+def _conda(path: Path, text: str, target: Target) -> FileRead:
+    conda = read_conda(path, text)
+    environment = target.environment()
+    lines = []
+    for where, said in conda.pip_lines:
+        args, _ = break_args_options(without_comment(said))
+        if args:
+            lines.append(requirement_line(where, args, environment, False))
+    found = _fold(path, "conda environment", lines, target)
+    for package, version in conda.pins.items():
+        _add_pin(found, package, version, f"{path.name}: conda {package}")
+    found.loose += conda.loose
+    found.notes += [f"not read: {n}" for n in conda.not_read]
+    return found
+
+
+def _fold(path: Path, kind: str, lines: list[Line], target: Target) -> FileRead:
+    """The lines that hold on the target, one release per package: two different ones, or a pin outside another
+    line's range, is what pip refuses to install (the order of lines decides nothing)."""
+    found = FileRead(path, kind)
+    skipped = [line for line in lines if not line.holds]
+    if skipped:
+        found.notes.append(f"{len(skipped)} line(s) not for {target.words()} (their markers): "
+                           + ", ".join(line.where for line in skipped[:5]))  # fmt: skip
+    said: dict[str, list[Line]] = {}
+    for line in (line for line in lines if line.holds):
+        if line.name is None or (line.release is None and (line.url or line.editable)):
+            found.unnamed.append(line.text[:120])
+            continue
+        said.setdefault(line.name, []).append(line)
+        if line.release is not None:
+            _add_pin(found, line.name, line.release, line.where)
+            if line.named_by:
+                found.notes.append(f"{line.name} {line.release}: from its {line.named_by} ({line.where})")
+    for name, named in said.items():
+        if name not in found.pins:
+            found.loose.append(name + str(SpecifierSet(",".join(str(x.specifier) for x in named if x.specifier))))
+            continue
+        outside = next((x for x in named if not x.specifier.contains(found.pins[name], prereleases=True)), None)
+        if outside:
+            raise UsageError(f"{outside.where}: {name}{outside.specifier} excludes {name} {found.pins[name]} "
+                             f"({found.where[name]}): pip installs neither")  # fmt: skip
+    return found
+
+
+def _add_pin(found: FileRead, name: str, version: str, where: str) -> None:
+    if name in found.pins and found.pins[name] != version:
+        raise UsageError(f"{where}: {name} {version}, and {name} {found.pins[name]} at {found.where[name]}: two "
+                         "releases of one package for the same machine (pip installs neither; the order of lines "
+                         "decides nothing)")  # fmt: skip
+    found.pins[name] = version
+    found.where.setdefault(name, where)
+
+
+def _complete(found: FileRead, lines: list[Line]) -> bool:
+    """A `pip freeze` or a compiled file: every line pins one release (or names one by URL, as freeze writes an
+    install from a URL), and beside each judged package it pins one of what that package always installs."""
+    if found.loose or not any(p in found.pins for p in AXIS_PACKAGES):
+        return False
+    if any(line.holds and line.release is None and not (line.url or line.editable) for line in lines):
+        return False
+    if any(line.holds and line.release is None and line.name in AXIS_PACKAGES for line in lines):
+        return False  # a judged package installed from a URL or a folder (`torch @ file:///...`): release unknown
+    listed = set(found.pins) | {line.name for line in lines if line.name}
+    return all(any(d in listed for d in ALWAYS_WITH[p]) for p in AXIS_PACKAGES if p in found.pins)
+
+
+# --- several files -------------------------------------------------------------------------------------------------
+
+
+def read_pins(path: Path, target: Target | None = None) -> Pins:
+    """One file's releases (see `read_all`)."""
+    return read_all([path], target)
+
+
+def read_all(paths: list[Path], target: Target | None = None) -> Pins:
+    """Every file's releases together, for the target: one release per package across the files (two different ones
+    is an error naming both files), complete where any file is, and at least one judged package named."""
+    target = target or here()
+    found = Pins(target=target)
+    where: dict[str, str] = {}
+    for path in paths:
+        one = read_file(path, target)
+        found.files.append(one)
+        for package, version in one.pins.items():
+            if package in found.pins and found.pins[package] != version:
+                raise UsageError(f"{path}: {package} {version} there, and {package} {found.pins[package]} in "
+                                 f"{where[package]}: the files disagree (pip installs one release)")  # fmt: skip
+            found.pins[package] = version
+            where.setdefault(package, str(one.path))
+        found.loose += one.loose
+        found.unnamed += one.unnamed
+        if one.kind in ("requirements", "conda environment"):
+            found.requirements.append(path)
+    found.partial = not any(f.complete for f in found.files)
+    _check_loose_against_pins(found)
+    named = {p for p in found.pins} | {_loose_name(line) for line in found.loose}
+    if not named & set(AXIS_PACKAGES):
+        files = ", ".join(str(p) for p in paths)
+        extra = f" ({len(found.unnamed)} line(s) name no release: {found.unnamed[0]}, ...)" if found.unnamed else ""
+        raise NothingToJudge(f"{files}: names none of {', '.join(AXIS_PACKAGES)}{extra}: nothing to judge")
+    return found
+
+
+def _loose_name(line: str) -> str:
+    try:
+        return str(canonicalize_name(Requirement(line).name))
+    except InvalidRequirement:
+        return ""
+
+
+def _check_loose_against_pins(found: Pins) -> None:
+    for one in found.files:
+        for line in one.loose:
+            try:
+                requirement = Requirement(line)
+            except InvalidRequirement:
+                continue
+            name = str(canonicalize_name(requirement.name))
+            if name in found.pins and not requirement.specifier.contains(found.pins[name], prereleases=True):
+                raise UsageError(f"{one.path}: {line} excludes {name} {found.pins[name]}, which another file "
+                                 "installs: the files disagree")  # fmt: skip
 
 
 def requirement_name(raw: str) -> str | None:
     """The package a requirements line names (canonical), or None for a comment, an option, an include or a direct
     reference: the lines a way out's diff rewrites."""
-    line = _without_comment(raw).rstrip("\\").strip()
-    if not line or line.startswith(("#", "-")) or " @ " in line or _DIRECT.match(line):
+    args, _ = break_args_options(without_comment(raw).rstrip("\\").strip())
+    name = args.split(";", 1)[0].strip()
+    if not name or is_url(name) or "@" in name or "/" in name or name.startswith("."):
         return None
     try:
-        return str(canonicalize_name(Requirement(line).name))
+        return str(canonicalize_name(Requirement(name).name))
     except InvalidRequirement:
         return None
 
 
-def _include(path: Path, name: str, depth: int, found: Pins) -> None:
-    """`-r other.txt`: read it too, relative to the including file, as pip does."""
-    if depth >= MOST_INCLUDES:
-        raise UsageError(f"{path}: -r {name}: includes nested deeper than {MOST_INCLUDES} (a loop?)")
-    included = (path.parent / name).resolve()
-    if not included.is_file():
-        raise UsageError(f"{path}: -r {name}: no such file ({included})")
-    more = _requirement_pins(included, read_text(included), depth + 1)
-    found.pins |= more.pins
-    found.loose += more.loose
-
-
-def _is_version(value: str) -> bool:
-    try:
-        Version(value)
-    except InvalidVersion:
-        return False
-    return True
-
-
 def loose_ranges(loose: list[str]) -> dict[str, Any]:
-    """package -> the SpecifierSet a requirement that pins no release allows ('transformers>=4.41,<=4.45.2')."""
-    found = {}
+    """package -> the SpecifierSet the requirements that pin no release allow together ('transformers>=4.41,<4.46')."""
+    found: dict[str, SpecifierSet] = {}
     for line in loose:
         try:
             requirement = Requirement(line)
         except InvalidRequirement:
             continue
-        found[str(canonicalize_name(requirement.name))] = requirement.specifier
+        name = str(canonicalize_name(requirement.name))
+        found[name] = found[name] & requirement.specifier if name in found else requirement.specifier
     return found
 
 
@@ -213,8 +280,8 @@ def environment_pins(python: str | None = None) -> dict[str, str]:
     if python:
         from harness.environments.envs import installed_versions
 
-        found = installed_versions(Path(python))
-        pins = {str(canonicalize_name(k)): str(v) for k, v in found.items() if k != "python"}
+        installed = installed_versions(Path(python))
+        pins = {str(canonicalize_name(k)): str(v) for k, v in installed.items() if k != "python"}
     else:
         from importlib import metadata
 
@@ -227,230 +294,3 @@ def environment_pins(python: str | None = None) -> dict[str, str]:
         where = python or "this environment"
         raise UsageError(f"{where}: none of {', '.join(AXIS_PACKAGES)} is installed there: nothing to judge")
     return pins
-
-
-# --- configs -------------------------------------------------------------------------------------------------------
-
-
-def _load(path: Path, kinds: str) -> Any:
-    """A YAML or JSON file's data (JSON is YAML too); a syntax error is bad input naming the file."""
-    import yaml
-
-    text = read_text(path)
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UsageError(f"{path}: not {kinds}: {first}") from None
-    if data is None:
-        raise UsageError(f"{path}: read as nothing: an empty file")
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: not {kinds}: its top level is a {type(data).__name__}, not a mapping")
-    return data
-
-
-def _mapping(path: Path, data: dict[str, Any], key: str) -> dict[str, Any]:
-    value = data.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise UsageError(f"{path}: {key} is {value!r}, not a mapping of settings")
-    return value
-
-
-def _boolean(path: Path, key: str, value: Any) -> str | None:
-    """'true' / 'false' for a yes or a no ('auto' and null decide nothing); anything else names the key."""
-    if value is None or value == "auto":
-        return None
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    said = str(value).strip().lower()
-    if said in ("true", "yes", "1", "on"):
-        return "true"
-    if said in ("false", "no", "0", "off"):
-        return "false"
-    raise UsageError(f"{path}: {key} is {value!r}: expected true or false")
-
-
-def _choice(path: Path, key: str, value: Any, allowed: Any) -> Any:
-    if isinstance(value, bool) or value not in allowed:  # `fsdp_version: true` is not 1
-        raise UsageError(f"{path}: {key} is {value!r}: expected one of {', '.join(map(str, allowed))}")
-    return value
-
-
-def _count(path: Path, key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).isdigit() or int(value) < 1:
-        raise UsageError(f"{path}: {key} is {value!r}: expected a whole number of at least 1")
-    return int(value)
-
-
-def read_accelerate(path: Path) -> UserSetup:
-    """The YAML `accelerate config` writes: distributed_type, fsdp_config (fsdp_version, fsdp_state_dict_type), the
-    DeepSpeed part (zero_stage, zero3_save_16bit_model, a deepspeed_config_file followed), num_processes as the world
-    size, mixed_precision."""
-    data = _load(path, "an accelerate config YAML")
-    kind = str(_choice(path, "distributed_type", str(data.get("distributed_type", "")).upper(), DISTRIBUTED_TYPES))
-    found = UserSetup(read=[f"{path.name}: distributed_type {kind}"])
-    if data.get("num_processes") is not None and kind != "NO":
-        found.gpus = _count(path, "num_processes", data["num_processes"])
-    precision = data.get("mixed_precision")
-    if precision not in (None, "no"):
-        found.setup["precision"] = _choice(path, "mixed_precision", precision, ("bf16", "fp16", "fp8"))
-    if kind == "FSDP":
-        fsdp = _mapping(path, data, "fsdp_config")
-        version = _choice(path, "fsdp_config.fsdp_version", _stage(fsdp.get("fsdp_version") or 1), (1, 2))
-        found.setup["engine"] = f"fsdp{version}"
-        state_dict = fsdp.get("fsdp_state_dict_type")
-        if state_dict is not None:
-            said = _choice(path, "fsdp_config.fsdp_state_dict_type", str(state_dict).upper(), STATE_DICT_TYPES)
-            if STATE_DICT_TYPES[said]:
-                found.setup["state_dict"] = STATE_DICT_TYPES[said]
-    elif kind == "DEEPSPEED":
-        _accelerate_deepspeed(path, _mapping(path, data, "deepspeed_config"), found)
-    elif kind in ("MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU"):
-        found.setup["engine"] = "ddp"
-    elif kind == "NO":
-        found.setup["engine"] = "single"
-    return found
-
-
-def _accelerate_deepspeed(path: Path, deepspeed: dict[str, Any], found: UserSetup) -> None:
-    file = deepspeed.get("deepspeed_config_file")
-    if file:
-        target = (path.parent / str(file)).resolve()
-        if not target.is_file():
-            raise UsageError(f"{path}: deepspeed_config.deepspeed_config_file {file}: no such file ({target})")
-        found.merge(read_deepspeed(target), str(path))
-        return
-    stage = deepspeed.get("zero_stage")
-    if stage is not None:
-        found.setup["engine"] = f"zero{_choice(path, 'deepspeed_config.zero_stage', _stage(stage), (0, 1, 2, 3))}"
-    gather = _boolean(path, "deepspeed_config.zero3_save_16bit_model", deepspeed.get("zero3_save_16bit_model"))
-    if gather:
-        found.setup["zero3_gather_16bit"] = gather
-
-
-def _stage(value: Any) -> Any:
-    return int(value) if isinstance(value, str) and value.isdigit() else value
-
-
-def read_deepspeed(path: Path, data: dict[str, Any] | None = None) -> UserSetup:
-    """A DeepSpeed JSON (or the dict a Trainer config holds in its place): the ZeRO stage and whether ZeRO-3 gathers
-    16-bit weights on save."""
-    data = _load(path, "a DeepSpeed JSON config") if data is None else data
-    zero = _mapping(path, data, "zero_optimization")
-    found = UserSetup(read=[f"{path.name}: DeepSpeed"])
-    stage = zero.get("stage")
-    if stage is not None:
-        found.setup["engine"] = f"zero{_choice(path, 'zero_optimization.stage', _stage(stage), (0, 1, 2, 3))}"
-    gather = _boolean(path, "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                      zero.get("stage3_gather_16bit_weights_on_model_save"))  # fmt: skip
-    if gather:
-        found.setup["zero3_gather_16bit"] = gather
-    return found
-
-
-def read_trainer(path: Path, pins: dict[str, str] | None = None) -> UserSetup:
-    """The Trainer's arguments as a YAML or JSON config writes them (TrainingArguments' own names, and axolotl's,
-    LLaMA-Factory's and TRL's for the adapter): the Trainer as the loop, FSDP (its version, from fsdp_config, else
-    transformers' default for the release the user pins: FSDP2 from 5.0), DeepSpeed (a path followed, or inline),
-    use_reentrant, average_tokens_across_devices, gradient accumulation, the adapter and a 4-bit base."""
-    data = _load(path, "a Trainer config (YAML or JSON)")
-    found = UserSetup(setup={"loop": "trainer"}, read=[f"{path.name}: the Trainer's arguments"])
-    _trainer_engine(path, data, pins or {}, found)
-    kwargs = _mapping(path, data, "gradient_checkpointing_kwargs")
-    reentrant = _boolean(path, "gradient_checkpointing_kwargs.use_reentrant", kwargs.get("use_reentrant"))
-    if reentrant:
-        found.setup["use_reentrant"] = reentrant
-    average = _boolean(path, "average_tokens_across_devices", data.get("average_tokens_across_devices"))
-    if average:
-        found.setup["average_tokens"] = average
-    steps = data.get("gradient_accumulation_steps")
-    if steps is not None:
-        found.setup["accumulation"] = "none" if _count(path, "gradient_accumulation_steps", steps) == 1 else "several"
-    adapter = _trainer_adapter(path, data)
-    if adapter:
-        found.setup["adapter"] = adapter
-    for flag, precision in (("bf16", "bf16"), ("fp16", "fp16")):
-        if _boolean(path, flag, data.get(flag)) == "true":
-            found.setup["precision"] = precision
-    return found
-
-
-def _trainer_engine(path: Path, data: dict[str, Any], pins: dict[str, str], found: UserSetup) -> None:
-    deepspeed = data.get("deepspeed")
-    fsdp = data.get("fsdp")
-    if deepspeed and fsdp:
-        raise UsageError(f"{path}: both deepspeed and fsdp are set: the Trainer runs one of them")
-    if isinstance(deepspeed, dict):
-        found.merge(read_deepspeed(path, deepspeed), str(path))
-    elif isinstance(deepspeed, str) and deepspeed:
-        target = (path.parent / deepspeed).resolve()
-        if not target.is_file():
-            raise UsageError(f"{path}: deepspeed {deepspeed}: no such file ({target})")
-        found.merge(read_deepspeed(target), str(path))
-    elif deepspeed not in (None, False, ""):
-        raise UsageError(f"{path}: deepspeed is {deepspeed!r}: expected a DeepSpeed JSON's path or its settings")
-    if fsdp in (None, False, "", []):
-        return
-    if not isinstance(fsdp, str | list | bool):
-        raise UsageError(f"{path}: fsdp is {fsdp!r}: expected the Trainer's fsdp options (a string or a list)")
-    config = data.get("fsdp_config") or {}
-    if isinstance(config, str):
-        target = (path.parent / config).resolve()
-        config = _load(target, "an FSDP config") if target.is_file() else {}
-    if not isinstance(config, dict):
-        raise UsageError(f"{path}: fsdp_config is {config!r}, not a mapping of settings")
-    version = config.get("version", config.get("fsdp_version"))
-    if version is None:  # transformers' own default: FSDP2 from 5.0 (training_args.py), FSDP1 before
-        transformers = pins.get("transformers")
-        version = 2 if transformers and _is_version(transformers) and Version(transformers).major >= 5 else 1
-        found.read.append(f"{path.name}: no FSDP version: transformers {transformers or '(not given)'}'s default")
-    found.setup["engine"] = f"fsdp{_choice(path, 'fsdp_config.version', _stage(version), (1, 2))}"
-    state_dict = config.get("state_dict_type", config.get("fsdp_state_dict_type"))
-    if state_dict is not None:
-        said = _choice(path, "fsdp_config.state_dict_type", str(state_dict).upper(), STATE_DICT_TYPES)
-        if STATE_DICT_TYPES[said]:
-            found.setup["state_dict"] = STATE_DICT_TYPES[said]
-
-
-def _trainer_adapter(path: Path, data: dict[str, Any]) -> str | None:
-    """LoRA, DoRA, QLoRA or a full fine-tune, as axolotl (`adapter`, `peft_use_dora`, `load_in_4bit`), LLaMA-Factory
-    (`finetuning_type`, `use_dora`, `quantization_bit`) and TRL (`use_peft`, `load_in_4bit`) say it."""
-    said = data.get("adapter") or data.get("finetuning_type")
-    if said is None and data.get("use_peft") is not None:
-        said = "lora" if _boolean(path, "use_peft", data.get("use_peft")) == "true" else "full"
-    if said is None:
-        return None
-    said = str(said).lower()
-    if said not in ("lora", "qlora", "full", "freeze"):
-        raise UsageError(f"{path}: adapter {said!r}: expected lora, qlora or full")
-    if said in ("full", "freeze"):
-        return "none"
-    dora = any(_boolean(path, k, data.get(k)) == "true" for k in ("peft_use_dora", "use_dora"))
-    four_bit = (
-        said == "qlora"
-        or _boolean(path, "load_in_4bit", data.get("load_in_4bit")) == "true"
-        or str(data.get("quantization_bit") or "") == "4"
-    )
-    return {(False, False): "lora", (True, False): "dora", (False, True): "qlora", (True, True): "qdora"}[
-        (dora, four_bit)
-    ]
-
-
-def read_setup(
-    accelerate: Path | None,
-    deepspeed: Path | None,
-    words: list[str],
-    trainer: Path | None = None,
-    pins: dict[str, str] | None = None,
-) -> UserSetup:
-    """The user's setup from their configs, then `--setup` words over them (the words win)."""
-    found = UserSetup()
-    for path, reader in ((accelerate, read_accelerate), (deepspeed, read_deepspeed)):
-        if path is not None:
-            found.merge(reader(path), str(path))
-    if trainer is not None:
-        found.merge(read_trainer(trainer, pins), str(trainer))
-    found.setup |= vocabulary.parse_words(words)
-    return found
