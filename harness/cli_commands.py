@@ -512,7 +512,9 @@ def upstream_report(args: argparse.Namespace) -> int:
     if (folder / "verdict.json").is_file():
         print(script_report(folder))
     else:
-        print(report_body(args.results_dir, find_entry(args.results_dir, args.reproducer)))
+        from harness.knowledge.atlas import Atlas
+
+        print(report_body(Atlas(args.results_dir), find_entry(args.results_dir, args.reproducer)))
     return 0
 
 

@@ -75,6 +75,21 @@ def test_the_glance_lookup_check_and_audit_agree_on_every_measured_stack_and_set
     assert asked >= 378
 
 
+def test_every_glance_symbol_is_the_judges() -> None:
+    """Every entry of every glance row, not only the rows' own scenarios: ✗ exactly where the judge says a failure of
+    the scenario applies, measured at exactly the row's releases (issue 73: 43 entries showed '-' there)."""
+    found = atlas()
+    rows = {(r.cell, json.dumps(r.versions, sort_keys=True)): r for r in found.rows}
+    checked = 0
+    for table in glance_tables(found):
+        for row in table["rows"]:
+            answers = found.judge(rows[(row["cell"], json.dumps(row["versions"], sort_keys=True))].query())
+            for entry in row["entries"]:
+                assert entry["text"].startswith("✗") == bool(failing(answers, entry["scenario"])), (row["label"], entry)
+                checked += 1
+    assert checked > 1000
+
+
 def _holds(setup: dict[str, str], setting: dict[str, str]) -> bool:
     return all(setup.get(k) == v for k, v in setting.items())
 

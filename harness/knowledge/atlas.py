@@ -155,6 +155,23 @@ class Atlas:
         )  # fmt: skip
 
     @cached_property
+    def records_by_key(self) -> dict[tuple[str, str, str, str, str], dict[str, Any]]:
+        """(run id, cell as the table names it, scenario, variant, config id) -> the record: what a reproducer of the
+        report (results/repros/index.json) was made from, a shared cell named `<cell>@<profile>` as the table names
+        it."""
+        found: dict[tuple[str, str, str, str, str], dict[str, Any]] = {}
+        for record in [*self.table, *self.selection.records, *self.probes]:
+            key = (str(record.get("run_id")), str(record["cell"]), record["scenario"], record["variant"],
+                   str(record["config_id"]))  # fmt: skip
+            found.setdefault(key, record)
+        return found
+
+    @cached_property
+    def bisect_verdicts(self) -> list[Flip]:
+        """The `bisect` command's verdicts (results/bisect/*/verdict.json): the release a bisect named."""
+        return flip_model.bisect_verdicts(self.results_dir)
+
+    @cached_property
     def configs(self) -> dict[tuple[str, str], dict[str, Any]]:
         """(scenario, config id) -> the config its records ran (the table's, then the probes')."""
         found: dict[tuple[str, str], dict[str, Any]] = {}

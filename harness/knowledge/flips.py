@@ -246,3 +246,8 @@ def named_packages(targets: list[str]) -> set[str]:
     from scenarios.failure_names import upstream_packages
 
     return set().union(*(upstream_packages(t) for t in targets)) if targets else set()
+
+
+def bisect_verdicts(results_dir: Path) -> list[Flip]:
+    """Each `compat-matrix bisect` verdict (results/bisect/<name>/verdict.json), in its folders' order."""
+    return [Flip.from_json(json.loads(p.read_text())) for p in sorted((results_dir / "bisect").glob("*/verdict.json"))]

@@ -13,8 +13,8 @@ from typing import Any
 
 from harness.define.packages import PINNED_PACKAGES
 from harness.errors import UsageError
+from harness.knowledge.atlas import Atlas
 from harness.recording.flip import Flip
-from harness.recording.records import read_records, record_key
 
 
 def find_entry(results_dir: Path, which: str) -> dict[str, Any]:
@@ -30,14 +30,15 @@ def find_entry(results_dir: Path, which: str) -> dict[str, Any]:
     raise UsageError(f"{which}: no such reproducer in {index_path}")
 
 
-def report_body(results_dir: Path, entry: dict[str, Any]) -> str:
-    """The issue body (Markdown) for the failure behind `entry`."""
-    key = (entry["cell"], entry["scenario"], entry["variant"], entry["config_id"])
-    records = read_records(results_dir / "runs" / str(entry.get("run_id")) / "records.jsonl", warn=False)
-    record = next((r for r in records if record_key(r) == key), None)
+def report_body(atlas: Atlas, entry: dict[str, Any], repros: Path | None = None) -> str:
+    """The issue body (Markdown) for the failure behind `entry`: its record as the table holds it (a shared cell is
+    `<cell>@<profile>` there, as in the index), the flips of the runs the table shows."""
+    results_dir = atlas.results_dir
+    key = (str(entry.get("run_id")), entry["cell"], entry["scenario"], entry["variant"], str(entry["config_id"]))
+    record = atlas.records_by_key.get(key)
     if record is None:
-        raise UsageError(f"run {entry.get('run_id')}: no record for {entry['file']}")
-    source = (results_dir / "repros" / entry["file"]).read_text()
+        raise UsageError(f"run {entry.get('run_id')}: no record for {entry['file']} in the table")
+    source = ((repros or results_dir / "repros") / entry["file"]).read_text()
     versions = record.get("versions") or {}
     hw = record.get("hardware") or {}
     device = hw.get("device", "cpu") + (
@@ -82,7 +83,7 @@ def report_body(results_dir: Path, entry: dict[str, Any]) -> str:
             f"(`uv run {entry['file']} --variant <name>`).",
             "",
         ]
-    flips = _flips(results_dir, entry["scenario"])
+    flips = _flips(atlas, entry["scenario"])
     if flips:
         lines += ["First release where the outcome flips (bisected by the harness):", *flips, ""]
     if record.get("known_issue"):
@@ -90,21 +91,15 @@ def report_body(results_dir: Path, entry: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _flips(results_dir: Path, scenario: str) -> list[str]:
-    found = []
-    for path in sorted((results_dir / "bisect").glob("*/verdict.json")):
-        verdict = Flip.from_json(json.loads(path.read_text()))
-        if verdict.scenario == scenario and verdict.release:
-            found.append(f"- {verdict.package} {verdict.release} ({path.parent.name})")
-    # The history run's named flips: where the failure began or ended between two install dates.
-    for path in sorted((results_dir / "flips").glob("*/flips.json")):
-        for flip in (Flip.from_json(x) for x in json.loads(path.read_text())):
-            if flip.scenario == scenario and flip.package and flip.release:
-                change = "appears" if flip.newer_state == "target" else "ends"
-                found.append(
-                    f"- {flip.package} {flip.release}: the failure {change} there (history flip between "
-                    f"{flip.older} and {flip.newer}, {path.parent.name})"
-                )
+def _flips(atlas: Atlas, scenario: str) -> list[str]:
+    """The releases a bisect named, then the flips of the runs the table shows (never a superseded run's)."""
+    found = [f"- {v.package} {v.release} (bisect)" for v in atlas.bisect_verdicts if v.scenario == scenario
+             and v.release]  # fmt: skip
+    for flip in atlas.flips:
+        if flip.scenario == scenario and flip.package and flip.release:
+            change = "appears" if flip.newer_state == "target" else "ends"
+            found.append(f"- {flip.package} {flip.release}: the failure {change} there (history flip between "
+                         f"{flip.older} and {flip.newer})")  # fmt: skip
     return found
 
 
