@@ -122,6 +122,12 @@ def prove(report: Report, results_dir: Path, say: Any = print, strict: bool = Fa
         if proven
         else "not proven: the lines above say which failure is not measured clean at these exact releases"
     )
+    moved = {p: v for p, v in pins.items() if report.query.versions.get(p) != v}
+    if moved:
+        from harness.tools.audit import install_lines
+
+        lines.append("the releases measured, to move to: " + " ".join(f"{p}=={v}" for p, v in sorted(moved.items()))
+                     + f" ({install_lines(dict(sorted(moved.items())))[1]})")  # fmt: skip
     return lines, 0 if proven else 1
 
 

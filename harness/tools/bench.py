@@ -25,7 +25,7 @@ from harness.define.registry import select
 from harness.environments import envs
 from harness.execution import hardware
 from harness.execution.launcher import Job, LaunchSpec, run_jobs
-from harness.paths import REPO_ROOT
+from harness.paths import MEASURED_FOLDER, REPO_ROOT
 from harness.planning.plan import build_plan, plan_scenarios
 
 BENCH_REQUIREMENTS = ["torch==2.13.0", "transformers", "peft", "accelerate"]
@@ -275,6 +275,40 @@ def bench_history_cell(workdir: Path, run_id: str, day: str) -> dict[str, object
     }
 
 
+def bench_fix_measure(workdir: Path, requirements: str, setup: str) -> dict[str, object]:
+    """`audit FILE --setup SETUP --fix --measure` from nothing: an empty HOME (no uv cache, no environments, no torch
+    extensions), on a copy of the committed results without the earlier `--measure` runs (what it measures is recorded
+    in the copy). Proven (exit 0) or not (exit 1): both are answers; anything else fails the benchmark."""
+    home = workdir / "home"
+    home.mkdir()
+    results = workdir / "results"
+    tracked = subprocess.run(["git", "ls-files", "results"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    for name in tracked.stdout.splitlines():  # what a clone holds, without earlier --measure runs (they would answer)
+        if not name.startswith(f"results/{MEASURED_FOLDER}/"):
+            (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(REPO_ROOT / name, workdir / name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_CACHE", "COMPAT_MATRIX_ENVS", "TORCH_EXT"))}
+    env |= {"HOME": str(home)}
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "audit", str(Path(requirements).resolve()), "--setup", setup, "--fix",
+         "--measure", "--results-dir", str(results)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    wall = time.perf_counter() - start
+    if proc.returncode not in (0, 1):
+        raise SystemExit(
+            f"audit --fix --measure failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
+    lines = proc.stdout.splitlines()
+    return {
+        "requirements": requirements, "setup": setup, "wall_s": round(wall, 1), "exit": proc.returncode,
+        "stacks_measured": sum(line.startswith("the way out measured") for line in lines),
+        "verdict": next((line for line in lines if line.startswith(("every failure", "not proven"))), ""),
+        "home_mb": round(sum(f.stat().st_size for f in home.rglob("*") if f.is_file()) / 1e6),
+    }  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command's options (also read by the test that runs every documented command as written)."""
     parser = argparse.ArgumentParser(prog="compat-matrix bench", description=__doc__.splitlines()[0])
@@ -302,6 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="only: the marginal cost of one more history cell (a copy of RUN_ID grown by DAY)",
     )
     parser.add_argument(
+        "--fix-measure",
+        nargs=2,
+        metavar=("REQUIREMENTS", "SETUP"),
+        help="only: `audit REQUIREMENTS --setup SETUP --fix --measure` from an empty HOME (cold caches)",
+    )
+    parser.add_argument(
         "--site",
         metavar="LOADS",
         nargs="?",
@@ -315,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.first_run or args.history_cell or args.site:
+    if args.first_run or args.history_cell or args.site or args.fix_measure:
         return _only(args)
     if args.configs < 2:
         parser.error("--configs must be at least 2")
@@ -370,6 +410,9 @@ def _only(args: argparse.Namespace) -> int:
 
             print(f"site: first render in headless Chromium, {args.site} loads of each layout ...", flush=True)
             report["site"] = bench_site(REPO_ROOT / "results", Path(tmp), args.site)
+        if args.fix_measure:
+            print(f"audit --fix --measure from an empty HOME: {' '.join(args.fix_measure)} ...", flush=True)
+            report["fix_measure"] = bench_fix_measure(Path(tmp), *args.fix_measure)
         if args.history_cell:
             print(f"history: one more day ({args.history_cell[1]}) on a copy of {args.history_cell[0]} ...", flush=True)
             report["history_cell"] = bench_history_cell(Path(tmp), *args.history_cell)
@@ -474,7 +517,16 @@ def _growth_rows(g: dict) -> list[Row]:
 
 
 #: Each section of a report, in the order the table prints them, and how it becomes rows.
+def _fix_measure_rows(m: dict) -> list[Row]:
+    verdict = "proven" if m["exit"] == 0 else "not proven"
+    return [
+        ("audit --fix --measure, cold (empty HOME)", f"{m['wall_s']:.0f} s",
+         f"{verdict}; {m['stacks_measured']} stack(s) built; HOME grew to {m['home_mb']} MB; goal: < 300 s"),
+    ]  # fmt: skip
+
+
 _SECTIONS = (
+    ("fix_measure", _fix_measure_rows),
     ("site", _site_rows),
     ("first_run", _first_run_rows),
     ("history_cell", _history_cell_rows),
