@@ -8,6 +8,8 @@ crash, OOM, our own bugs, unclassified) and asks this module first. Standard lib
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 #: name (or the family before `[`) -> upstream threads.
@@ -445,128 +447,154 @@ NATIVE_LOAD = re.compile(
 )
 
 
-def name(exc_type: str, message: str, traceback: str = "") -> str | None:
-    """The name of a known failure of the stack, or None (the harness then names it unclassified)."""
-    short = exc_type.rsplit(".", 1)[-1]
-    if "CUDA Setup failed despite GPU being available" in message:
-        return "bnb-no-library-for-this-cuda"  # bitsandbytes < 0.43 ships no library for torch's CUDA (13.0)
-    if "Configured CUDA binary not found at" in message + traceback and "libbitsandbytes_cuda" in message + traceback:
-        return "bnb-no-library-for-this-cuda"  # bitsandbytes 0.46-0.47: no libbitsandbytes_cuda130.so to call
-    if "Forgot to compile the bitsandbytes library" in message:
-        return "bnb-no-library-for-this-cuda"  # bitsandbytes >= 0.46's banner when its native library is missing
-    if re.search(r"libbitsandbytes_cpu\.\w+: undefined symbol: c\w*quantize", message):
-        return "bnb-no-library-for-this-cuda"  # bitsandbytes 0.45 fell back to its CPU library for CUDA tensors
-    if short in ("OSError", "ImportError", "RuntimeError") and NATIVE_LOAD.search(message):
-        return "native-library-cannot-load"
-    if "CPU_Accelerator requires intel_extension_for_pytorch" in message:
-        return "deepspeed-cpu-needs-ipex"  # deepspeed < 0.14 on a machine without CUDA: no accelerator to import
-    if "don't know how to restore data location of torch.storage.UntypedStorage" in message:
-        # The Trainer's resume reading its checkpoint's RNG state (rng_state_<rank>.pth) with a torch that cannot map
-        # the saved location back (S9 resume on transformers 4.40-4.45 over torch 2.3 and later).
-        return "resume-rng-state-unreadable"
-    if re.search(r"(Lora|Peft)Config\.__init__\(\) got an unexpected keyword argument", message):
-        # An adapter saved by a newer peft, loaded by an older one: its adapter_config.json names a field the older
-        # LoraConfig does not have (peft filters unknown fields with a warning only from later releases).
-        return "adapter-config-from-newer-peft"
-    if "No module named 'triton.ops'" in message:
-        return "bnb-needs-triton-ops"  # bitsandbytes 0.43 imports triton.ops, which triton 3.2 (torch 2.6) removed
-    if "different metadata than during the forward pass" in message or short == "CheckpointError":
-        return _checkpoint_signature(message)
-    cpu_over_nccl = (
-        "Tensors must be CUDA and dense" in message or "No backend type associated with device type cpu" in message
-    )
-    if cpu_over_nccl and ("_get_num_items_in_batch" in traceback or "gather" in traceback):
-        return "gather-cpu-tensor-over-nccl"  # transformers#39896: the Trainer's token count, over NCCL alone
-    if "loaded in 8-bit or 4-bit precision on a different device than the one you're training on" in message:
-        return "qlora-weights-on-another-device"
-    if "Inconsistent compute device and `device_id` on rank" in message:
-        # The same misplacement refused by torch's FSDP1 instead of accelerate: a rank's weights (loaded before
-        # any device was set) sit on cuda:0 while the rank wraps for its own GPU (S8 on 2026-04-15, 2 x H200).
-        return "fsdp-weights-on-another-device"
-    if (
-        "peft/tuners/lora/dora.py" in traceback
-        and "bitsandbytes" in traceback
-        and ("invalid argument to getCurrentStream" in message or "variable.set_data(tensor)" in message)
-    ):
-        # DoRA's magnitude init reads a rank's 4-bit base weight and fails, rank 0 dequantizing it and rank 1 copying
-        # it (S8 on 2025-11-14, deepspeed.init_distributed first, 2 x H200): one failure, two wordings.
-        return "dora-init-reads-4bit-weight"
-    if "element 0 of tensors does not require grad" in message:
-        return "no-grad-element-0"
-    if "Input weight should be of type nn.Parameter" in message or "should be of type nn.Parameter" in message:
-        return "input-weight-not-parameter"
-    if "Must flatten tensors with uniform dtype" in message:
-        return "fsdp-flatten-mixed-dtype"
-    if "Must flatten tensors with uniform `requires_grad`" in message:
-        return "fsdp-flatten-mixed-requires-grad"
-    if "ProcessGroupGloo::allgather: invalid tensor type" in message or (
-        "output tensor must have the same type as input tensor" in message  # the same, through NCCL
-    ):
-        return "zero3-allgather-mixed-dtype"  # deepspeed 0.19.2: fp32 adapters next to bf16 persistent params
-    if "Blockwise 4bit dequantization on CPU only supports uint8 storage" in message:
-        return "bnb-cpu-4bit-uint8-storage-only"  # bitsandbytes 0.46 on CPU: bf16 quant_storage cannot dequantize
-    if "No such file or directory: 'numactl'" in message:
-        return "deepspeed-cpu-needs-numactl"  # DeepSpeed's CPU accelerator binds cores with the numactl binary
-    if "zip() argument 2 is longer than argument 1" in message:
-        return "zip-length-mismatch"  # transformers 4.41 Trainer + deepspeed 0.19 + torch 2.13 scheduler step
-    if "expected dtype float for `end` but got dtype c10::BFloat16" in message or (
-        "Tensors of the same index must be on the same device and the same dtype" in message
-    ):
-        return "optimizer-bf16-grad-on-fp32-param"
-    if re.search(r"expected (m1 and m2|mat1 and mat2) to have the same dtype", message):
-        return "matmul-dtype-mismatch"  # CPU and CUDA wordings
-    if "does not support DoRA yet" in message:
-        return "dora-unsupported-on-quantized-layer"  # peft 0.9 refuses DoRA on bnb Linear4bit/Linear8bitLt
-    if short == "IndexError" and "dora.py" in traceback and "lora_A.weight.shape" in traceback:
-        # DoRA reads lora_A.weight outside lora_A's FSDP unit; with use_orig_params it is a flat 1-D shard.
-        return "dora-reads-sharded-lora-weight"
-    if "got mixed torch.Tensor and DTensor" in message:
-        # FSDP2 shards parameters as DTensors; DoRA adds a plain tensor (its weight norm, or an unsharded lora
-        # weight) to a DTensor.
-        return "dora-mixed-tensor-dtensor" if "dora" in traceback.lower() else "fsdp2-mixed-tensor-dtensor"
-    if "FSDP expects uniform original parameter dtype" in message:
-        return "fsdp2-mixed-param-dtype"  # fully_shard groups need one dtype (fp32 adapters beside a bf16 base)
-    if "is a view and is being modified inplace" in message and "deepspeed" in traceback:
-        return "deepspeed-allgather-inplace-view"  # deepspeed's all_gather writes into a view of a split
-    if "object has no attribute 'quant_state'" in message:
-        return "bnb-quant-state-lost"  # a Params4bit replaced by a plain tensor (FSDP flattening) lost its state
-    if "Expected all tensors to be on the same device" in message and "lora_A(x_eye)" in traceback:
-        # The same read on GPUs: x_eye is made on lora_A.weight's device, read outside lora_A's FSDP1 unit, where
-        # it is not the unit's CUDA weight (S7's DoRA config on two GPUs, peft 0.18 and 0.21: "mat2 is on cuda:0,
-        # different from other tensors on cpu").
-        return "dora-reads-sharded-lora-weight"
-    if "size mismatch, got input" in message and "dora" in traceback.lower():
-        return "dora-reads-sharded-lora-weight"  # the same sharded read as the IndexError below, through addmv
-    if "Your setup doesn't support bf16/gpu" in message:
-        return "trainer-bf16-needs-gpu"
-    if "FSDP requires CUDA for streams" in message or "'Stream' object has no attribute 'record_event'" in message:
-        return "fsdp2-needs-cuda-streams"
-    if "CUDA driver version is insufficient" in message or "Torch not compiled with CUDA enabled" in message:
-        return "needs-cuda"
-    if short == "AssertionError" and not message.strip() and innermost_in(traceback, "bitsandbytes"):
-        return "bnb-4bit-assert"  # bitsandbytes' own bare assert (no quant_state: nothing was quantized)
-    if "module 'numpy' has no attribute 'long'" in message:
-        # numpy removed the np.long alias in 1.24 (and brought it back in 2.0): a package on the import path (here
-        # transformers.trainer's, with deepspeed 0.14 and numpy 1.26) still uses it.
-        return "numpy-long-removed"
-    if short == "TypeError" and "str expected, not bool" in message and "training_args.py" in traceback:
-        # transformers 4.38 copies fsdp_config values into os.environ unconverted: a bool (use_orig_params=False,
-        # as the config's JSON form allows) cannot be an environment variable.
-        return "trainer-fsdp-config-bool-into-environ"
-    if "setStorage:" in message and "storage of size 0" in message and "checkpoint" in traceback:
-        # Recomputation in backward touches a parameter FSDP has already freed (resharded) after forward.
-        return "recompute-uses-freed-fsdp-param"
+@dataclass(frozen=True)
+class Rule:
+    """One known failure's wording: it matches where the exception type is one of `types` (any where empty), every
+    text of `message` is in the message (or the `pattern` matches it), every text of `traceback` is in the
+    traceback, and `when` (the few wordings that need more than that) holds. `name` is the failure's name, or a
+    function of the message and traceback for the ones named by what they say."""
+
+    name: str | Callable[[str, str], str]
+    message: tuple[str, ...] = ()
+    pattern: str | None = None
+    traceback: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()
+    when: Callable[[str, str, str], bool] | None = None
+    why: str = ""
+
+    def matches(self, short: str, message: str, traceback: str) -> bool:
+        if self.types and short not in self.types:
+            return False
+        if not all(text in message for text in self.message):
+            return False
+        if self.pattern is not None and not re.search(self.pattern, message):
+            return False
+        if not all(text in traceback for text in self.traceback):
+            return False
+        return self.when is None or self.when(short, message, traceback)
+
+
+def _any_in(*texts: str) -> Callable[[str, str, str], bool]:
+    """A rule's `when`: one of `texts` is in the message."""
+    return lambda short, message, traceback: any(text in message for text in texts)
+
+
+def _freed_embedding(short: str, message: str, traceback: str) -> bool:
     freed = "its data is not allocated yet" in message or ("setStorage:" in message and "storage of size 0" in message)
-    # With use_orig_params=True the same unsharded-never weight is FSDP1's size-0 placeholder, and the embedding
-    # refuses its shape instead.
-    # ZeRO-3 words an ungathered weight the same way: its forward runs through deepspeed's hooks, FSDP1's does not.
+    # With use_orig_params=True the same never-unsharded weight is FSDP1's size-0 placeholder, and the embedding
+    # refuses its shape instead; ZeRO-3 words an ungathered weight the same way, but through deepspeed's hooks.
     placeholder = short == "RuntimeError" and "'weight' must be 2-D" in message and "deepspeed" not in traceback
-    if (freed or placeholder) and "embed_tokens" in traceback:
-        # The first forward reads the embedding's weight, an FSDP1 flat-parameter view whose storage is freed (no
-        # unshard ran for it): transformers 4.53 / accelerate 1.8 through the Trainer over torch 2.11 (S8 on
-        # 2025-07-04, 2 x H200, every bf16 config, each job in processes of its own: run 5598). Three wordings, one
-        # read.
-        return "forward-reads-freed-fsdp-param"
+    return (freed or placeholder) and "embed_tokens" in traceback
+
+
+#: Every known failure's wording, first match wins (the order matters where wordings overlap).
+RULES: tuple[Rule, ...] = (
+    Rule("bnb-no-library-for-this-cuda", ("CUDA Setup failed despite GPU being available",),
+         why="bitsandbytes < 0.43 ships no library for torch's CUDA (13.0)"),
+    Rule("bnb-no-library-for-this-cuda",
+         when=lambda s, m, t: "Configured CUDA binary not found at" in m + t and "libbitsandbytes_cuda" in m + t,
+         why="bitsandbytes 0.46-0.47: no libbitsandbytes_cuda130.so to call"),
+    Rule("bnb-no-library-for-this-cuda", ("Forgot to compile the bitsandbytes library",),
+         why="bitsandbytes >= 0.46's banner when its native library is missing"),
+    Rule("bnb-no-library-for-this-cuda", pattern=r"libbitsandbytes_cpu\.\w+: undefined symbol: c\w*quantize",
+         why="bitsandbytes 0.45 fell back to its CPU library for CUDA tensors"),
+    Rule("native-library-cannot-load", types=("OSError", "ImportError", "RuntimeError"),
+         when=lambda s, m, t: bool(NATIVE_LOAD.search(m))),
+    Rule("deepspeed-cpu-needs-ipex", ("CPU_Accelerator requires intel_extension_for_pytorch",),
+         why="deepspeed < 0.14 on a machine without CUDA: no accelerator to import"),
+    Rule("resume-rng-state-unreadable", ("don't know how to restore data location of torch.storage.UntypedStorage",),
+         why="the Trainer's resume reading its checkpoint's RNG state (rng_state_<rank>.pth) with a torch that cannot "
+             "map the saved location back (S9 resume on transformers 4.40-4.45 over torch 2.3 and later)"),
+    Rule("adapter-config-from-newer-peft",
+         pattern=r"(Lora|Peft)Config\.__init__\(\) got an unexpected keyword argument",
+         why="an adapter saved by a newer peft, loaded by an older one: its adapter_config.json names a field the "
+             "older LoraConfig does not have (peft filters unknown fields with a warning only from later releases)"),
+    Rule("bnb-needs-triton-ops", ("No module named 'triton.ops'",),
+         why="bitsandbytes 0.43 imports triton.ops, which triton 3.2 (torch 2.6) removed"),
+    Rule(lambda m, t: _checkpoint_signature(m),
+         when=lambda s, m, t: "different metadata than during the forward pass" in m or s == "CheckpointError"),
+    Rule("gather-cpu-tensor-over-nccl",
+         when=lambda s, m, t: ("Tensors must be CUDA and dense" in m or "No backend type associated with device type "
+                               "cpu" in m) and ("_get_num_items_in_batch" in t or "gather" in t),
+         why="transformers#39896: the Trainer's token count, over NCCL alone"),
+    Rule("qlora-weights-on-another-device",
+         ("loaded in 8-bit or 4-bit precision on a different device than the one you're training on",)),
+    Rule("fsdp-weights-on-another-device", ("Inconsistent compute device and `device_id` on rank",),
+         why="the same misplacement refused by torch's FSDP1 instead of accelerate: a rank's weights (loaded before "
+             "any device was set) sit on cuda:0 while the rank wraps for its own GPU (S8 on 2026-04-15, 2 x H200)"),
+    Rule("dora-init-reads-4bit-weight", traceback=("peft/tuners/lora/dora.py", "bitsandbytes"),
+         when=_any_in("invalid argument to getCurrentStream", "variable.set_data(tensor)"),
+         why="DoRA's magnitude init reads a rank's 4-bit base weight and fails, rank 0 dequantizing it and rank 1 "
+             "copying it (S8 on 2025-11-14, deepspeed.init_distributed first, 2 x H200): one failure, two wordings"),
+    Rule("no-grad-element-0", ("element 0 of tensors does not require grad",)),
+    Rule("input-weight-not-parameter", when=_any_in("Input weight should be of type nn.Parameter",
+                                                    "should be of type nn.Parameter")),
+    Rule("fsdp-flatten-mixed-dtype", ("Must flatten tensors with uniform dtype",)),
+    Rule("fsdp-flatten-mixed-requires-grad", ("Must flatten tensors with uniform `requires_grad`",)),
+    Rule("zero3-allgather-mixed-dtype", when=_any_in("ProcessGroupGloo::allgather: invalid tensor type",
+                                                     "output tensor must have the same type as input tensor"),
+         why="deepspeed 0.19.2: fp32 adapters next to bf16 persistent params (the second wording through NCCL)"),
+    Rule("bnb-cpu-4bit-uint8-storage-only", ("Blockwise 4bit dequantization on CPU only supports uint8 storage",),
+         why="bitsandbytes 0.46 on CPU: bf16 quant_storage cannot dequantize"),
+    Rule("deepspeed-cpu-needs-numactl", ("No such file or directory: 'numactl'",),
+         why="DeepSpeed's CPU accelerator binds cores with the numactl binary"),
+    Rule("zip-length-mismatch", ("zip() argument 2 is longer than argument 1",),
+         why="transformers 4.41 Trainer + deepspeed 0.19 + torch 2.13 scheduler step"),
+    Rule("optimizer-bf16-grad-on-fp32-param",
+         when=_any_in("expected dtype float for `end` but got dtype c10::BFloat16",
+                      "Tensors of the same index must be on the same device and the same dtype")),
+    Rule("matmul-dtype-mismatch", pattern=r"expected (m1 and m2|mat1 and mat2) to have the same dtype",
+         why="CPU and CUDA wordings"),
+    Rule("dora-unsupported-on-quantized-layer", ("does not support DoRA yet",),
+         why="peft 0.9 refuses DoRA on bnb Linear4bit/Linear8bitLt"),
+    Rule("dora-reads-sharded-lora-weight", types=("IndexError",), traceback=("dora.py", "lora_A.weight.shape"),
+         why="DoRA reads lora_A.weight outside lora_A's FSDP unit; with use_orig_params it is a flat 1-D shard"),
+    Rule(lambda m, t: "dora-mixed-tensor-dtensor" if "dora" in t.lower() else "fsdp2-mixed-tensor-dtensor",
+         ("got mixed torch.Tensor and DTensor",),
+         why="FSDP2 shards parameters as DTensors; DoRA adds a plain tensor (its weight norm, or an unsharded lora "
+             "weight) to a DTensor"),
+    Rule("fsdp2-mixed-param-dtype", ("FSDP expects uniform original parameter dtype",),
+         why="fully_shard groups need one dtype (fp32 adapters beside a bf16 base)"),
+    Rule("deepspeed-allgather-inplace-view", ("is a view and is being modified inplace",), traceback=("deepspeed",),
+         why="deepspeed's all_gather writes into a view of a split"),
+    Rule("bnb-quant-state-lost", ("object has no attribute 'quant_state'",),
+         why="a Params4bit replaced by a plain tensor (FSDP flattening) lost its state"),
+    Rule("dora-reads-sharded-lora-weight", ("Expected all tensors to be on the same device",),
+         traceback=("lora_A(x_eye)",),
+         why="the same read on GPUs: x_eye is made on lora_A.weight's device, read outside lora_A's FSDP1 unit, where "
+             "it is not the unit's CUDA weight (S7's DoRA config on two GPUs, peft 0.18 and 0.21)"),
+    Rule("dora-reads-sharded-lora-weight", ("size mismatch, got input",), when=lambda s, m, t: "dora" in t.lower(),
+         why="the same sharded read as the IndexError above, through addmv"),
+    Rule("trainer-bf16-needs-gpu", ("Your setup doesn't support bf16/gpu",)),
+    Rule("fsdp2-needs-cuda-streams", when=_any_in("FSDP requires CUDA for streams",
+                                                  "'Stream' object has no attribute 'record_event'")),
+    Rule("needs-cuda", when=_any_in("CUDA driver version is insufficient", "Torch not compiled with CUDA enabled")),
+    Rule("bnb-4bit-assert", types=("AssertionError",),
+         when=lambda s, m, t: not m.strip() and innermost_in(t, "bitsandbytes"),
+         why="bitsandbytes' own bare assert (no quant_state: nothing was quantized)"),
+    Rule("numpy-long-removed", ("module 'numpy' has no attribute 'long'",),
+         why="numpy removed the np.long alias in 1.24 (and brought it back in 2.0): a package on the import path (here "
+             "transformers.trainer's, with deepspeed 0.14 and numpy 1.26) still uses it"),
+    Rule("trainer-fsdp-config-bool-into-environ", ("str expected, not bool",), traceback=("training_args.py",),
+         types=("TypeError",),
+         why="transformers 4.38 copies fsdp_config values into os.environ unconverted: a bool (use_orig_params=False, "
+             "as the config's JSON form allows) cannot be an environment variable"),
+    Rule("recompute-uses-freed-fsdp-param", ("setStorage:", "storage of size 0"), traceback=("checkpoint",),
+         why="recomputation in backward touches a parameter FSDP has already freed (resharded) after forward"),
+    Rule("forward-reads-freed-fsdp-param", when=_freed_embedding,
+         why="the first forward reads the embedding's weight, an FSDP1 flat-parameter view whose storage is freed (no "
+             "unshard ran for it): transformers 4.53 / accelerate 1.8 through the Trainer over torch 2.11 (S8 on "
+             "2025-07-04, 2 x H200, every bf16 config, each job in processes of its own: run 5598); three wordings"),
+)  # fmt: skip
+
+
+def name(exc_type: str, message: str, traceback: str = "") -> str | None:
+    """The name of a known failure of the stack (the first rule of RULES that matches), or None (the harness then
+    names it unclassified)."""
+    short = exc_type.rsplit(".", 1)[-1]
+    for rule in RULES:
+        if rule.matches(short, message, traceback):
+            return rule.name(message, traceback) if callable(rule.name) else rule.name
     return None
 
 
