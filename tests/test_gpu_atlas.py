@@ -642,7 +642,9 @@ def test_a_probe_resolves_against_the_first_day_that_holds_its_release() -> None
     assert release_day(days, "2024-09-26", "peft", "0.15.0") == "2025-03-20"
     assert release_day(days, "2024-09-26", "peft", "0.14.0") == "2024-12-07"
     assert release_day(days, "2024-09-26", "peft", "0.15.1") == "2025-07-04"  # a release between two days
-    assert release_day(days, "2025-07-04", "peft", "0.17.0") == "2025-07-04"  # no later day: none to offer
+    # No lock day holds it (a release newer than the newest day, as the release watch moves): the day after its first
+    # upload to the index (peft 0.17.0: 2025-08-01), never the newest day, whose index cannot install it.
+    assert release_day(days, "2025-07-04", "peft", "0.17.0") == "2025-08-02"
 
 
 def test_a_probe_profile_config_reads_back_as_itself_or_is_refused() -> None:

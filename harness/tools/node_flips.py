@@ -281,12 +281,20 @@ def release_day(days: dict[str, Any], older: str, package: str, version: str) ->
     """The first lock day after `older` whose stack holds `package` at `version` or later: the day whose index a
     probe that moves it resolves its other dependencies against, where the older day's cannot hold it. Not simply
     the next lock day: a flip may span days a GPU profile did not run (S7 at 2 ranks: 2024-09-26 .. 2025-03-20),
-    and a day before the release cannot install it."""
+    and a day before the release cannot install it. A release no lock day holds (newer than the newest: the watch's)
+    resolves as of the day after its upload."""
     later = sorted(d for d in days if d > older)
     for day in later:
         found = (days[day].get("resolved") or {}).get(package)
         if found and Version(found) >= Version(version):
             return day
+    # No lock day holds it: a release newer than the newest day (the release watch). The day after its upload is
+    # the first index that can install it.
+    from harness.versions.releases import release_day as uploaded_day
+
+    uploaded = uploaded_day(package, version)
+    if uploaded and uploaded > (later[-1] if later else older):
+        return uploaded
     return later[-1] if later else older
 
 

@@ -70,6 +70,14 @@ def plan(profile: Profile, results_dir: Path, on: dt.date, say: Any = print) -> 
         say(f"No release of {', '.join(watched)} since the newest GPU day ({day}), as of {on}.")
         return body
     write_probe_profile(profile, probes, scenarios, MATRIX_DIR)
+    from harness.versions import lock_file
+
+    resolved = lock_file.read_lock(lock_file.lock_path(MATRIX_DIR, f"{profile.name}-probes"))["days"]
+    for day in [d for d in probes if not (resolved.get(d) or {}).get("resolved")]:
+        say(f"  {day}: cannot be resolved over the node's torch, not packed: {(resolved.get(day) or {}).get('error')}")
+    probes = [d for d in probes if (resolved.get(d) or {}).get("resolved")]
+    if not probes:
+        return body
     days = " ".join(f"--day {d}" for d in probes)
     cells = " ".join(f"--cell '*{d}'" for d in probes)
     say(f"{len(probes)} release(s) to watch on {day}'s stack: {', '.join(probes)}")
