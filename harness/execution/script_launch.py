@@ -41,11 +41,13 @@ from harness.recording.signatures import (
 #: reused. 4: each run carries the setup measured in its ranks (`measured_setup`) and the failure's whole text.
 #: 5: under torchrun a failure is the failing rank's own (torchrun's ChildFailedError never is), a plain non-zero
 #: exit is named by its last line of output, and every failing rank's error is kept (`rank_errors`).
-CLASSIFIER_VERSION = 6
+CLASSIFIER_VERSION = 7
 #: 6: the failure is what ended the script (`runtime/script_probe/compat_matrix_run.py` notes it in each process):
 #: its uncaught exception or its `sys.exit` message, never a traceback a library printed and went past (kept as a
 #: note); the run says where in the script it ended (`script_lines`); a native library that cannot load here is
 #: the machine's limit (`machine_limits`).
+#: 7: a plain non-zero exit is named by the last line the script itself printed (the runner's `said`), never a
+#: library's warning or caught traceback on either stream; only what ended the script can make a run unusable.
 #: The folder whose sitecustomize.py measures what a script ran, and where it writes its facts.
 PROBE_DIR = REPO_ROOT / "runtime" / "script_probe"
 #: The module (in PROBE_DIR) that runs the script and notes what ended it.
@@ -218,10 +220,17 @@ def what_ended(found: ScriptRun, ended: dict[str, dict[str, object]], text: str)
         code = found.exit_code if found.exit_code is not None else 1
         return replace(found, signature=plain_exit_signature(code, last), error=last, traceback="",
                        error_text="\n".join(said) or None)  # fmt: skip
-    if entry.get("kind") == "exit" and isinstance(entry.get("code"), int) and found.traceback:
-        # sys.exit(1) after printing: the failure is the exit and the script's last words, not a traceback above.
-        last = _said_last(text, "")
-        return replace(found, signature=plain_exit_signature(found.exit_code, last), error=last, traceback="",
+    if entry.get("kind") == "exit" and isinstance(entry.get("code"), int):
+        # sys.exit(1) after printing: the failure is the exit and the last line the script itself printed (stdout or
+        # stderr), never a warning or a traceback a library printed above or after it.
+        last = str(entry["said"]) if entry.get("said") else None
+        if last is None and "said" not in entry and found.traceback:
+            last = _said_last(text, "")  # a runner from before it noted the script's own lines
+        elif last is None and "said" not in entry:
+            return found
+        code = found.exit_code if found.exit_code is not None else entry["code"]
+        return replace(found, signature=plain_exit_signature(code, last),  # type: ignore[arg-type]
+                       error=last or f"exit code {code}: the script printed no line of its own", traceback="",
                        error_text=last)  # fmt: skip
     return found
 

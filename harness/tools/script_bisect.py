@@ -676,9 +676,18 @@ def search_order(candidates: list[str], known: dict[str, str], before: str, afte
 
 
 def _cannot_run(found: Observation) -> bool:
-    """Whether the run's failure says its stack cannot run here at all (bitsandbytes with no library for the
-    node's CUDA, deepspeed with no CPU accelerator): judged on the whole stderr, since such messages run long."""
-    return cannot_run_here(found.signature, found.error, f"{found.traceback}\n{found.stderr_tail}")
+    """Whether what ended the run says its stack cannot run here at all (bitsandbytes with no library for the node's
+    CUDA, deepspeed with no CPU accelerator): judged on the ending exception's whole traceback (such messages run
+    long), or on the script's own exit line. A warning or a traceback a library printed and went past (bitsandbytes'
+    caught GLIBCXX traceback on import) is not what ended it and never makes the run unusable; only a run whose ending
+    no process could note (killed, or recorded before the runner) is judged on the whole stderr."""
+    if found.ended == "exit":
+        text = found.error_text or ""
+    elif found.ended == "exception":
+        text = f"{found.traceback}\n{found.error_text or ''}"
+    else:
+        text = f"{found.traceback}\n{found.stderr_tail}"
+    return cannot_run_here(found.signature, found.error, text)
 
 
 def _needs_left_out(found: Observation) -> bool:
