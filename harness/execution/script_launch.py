@@ -428,6 +428,33 @@ def last_traceback(text: str) -> tuple[str, str, str] | None:
     return None
 
 
+#: An exception's line as Python prints it ('RuntimeError: 0 active drivers', 'torch.OutOfMemoryError: ...').
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)(?::\s|$)")
+
+
+def cause_line(text: str) -> str | None:
+    """The line that says why a stack could not be built or run, from the installer's or the run's whole text: the
+    exception that ended the last traceback in it (a build's, indented inside the installer's output as uv prints
+    it: "RuntimeError: 0 active drivers ([]). There should only be one."; its header may be cut away), else the
+    resolver's reason ("Because ...") or hint, else its first error line."""
+    lines = text.splitlines()
+    marks = [i for i, line in enumerate(lines) if line.strip() == _TRACEBACK]
+    if marks:
+        indent = len(lines[marks[-1]]) - len(lines[marks[-1]].lstrip())
+        for line in lines[marks[-1] + 1 :]:
+            if line.strip() and len(line) - len(line.lstrip()) <= indent and _RAISED.match(line.strip()):
+                return line.strip()[:300]
+    raised = [line.strip() for line in lines if _RAISED.match(line.strip())]
+    if raised:
+        return raised[-1][:300]
+    for marker in ("╰─▶", "hint:"):
+        found = [line.strip() for line in lines if marker in line]
+        if found:
+            return found[0].replace("╰─▶", "").strip()[:300]
+    said = [line.strip() for line in lines if line.strip()]
+    return next((line for line in said if "error" in line.lower()), said[0] if said else None)
+
+
 def exception_text(text: str) -> str | None:
     """The last traceback's exception with its whole message (every line after the traceback's frames, up to the
     next traceback or the end), as a user reads it at the bottom of their terminal."""
