@@ -464,3 +464,48 @@ def test_every_unusable_move_is_printed_with_its_cause_line() -> None:
         "  unusable (no evidence either way): 2024-12-07 + torch==2.6.0: "
         "RuntimeError: 0 active drivers ([]). There should only be one." in printed
     ), printed
+
+
+def test_the_environments_to_build_and_their_cost_are_said_before_any_is_built(tmp_path: Path) -> None:
+    """A cold scan builds one environment per atlas day (several GB each): bisect-script says which it will build,
+    their disk and time estimate, and the free disk, before the first one; a day built already is not counted."""
+    from harness.define.profile import load_profile
+    from harness.environments import envs
+    from harness.environments.envs import InstallOptions
+    from harness.paths import MATRIX_DIR
+    from harness.tools import script_stacks
+    from harness.tools.script_bisect import End, ScriptBisect, run
+    from harness.tools.script_stacks import LocalStacks, Stack
+
+    history = load_profile("history", MATRIX_DIR)
+    options = InstallOptions(envs_dir=tmp_path / "envs")
+    ends = [End(day="2024-09-26"), End(day="2024-12-07"), End(pins={"packaging": "22.0"})]
+    local = LocalStacks(history, [], options)
+    assert local.to_build(ends) == ["2024-09-26", "2024-12-07", "packaging==22.0"]
+    built = envs.env_dir_for(script_stacks._day_cell(history, "2024-09-26"), history, options)
+    built.mkdir(parents=True)
+    (built / envs.MARKER).write_text("{}")
+    assert local.to_build(ends) == ["2024-12-07", "packaging==22.0"]
+
+    events: list[str] = []
+
+    class Source(LocalStacks):
+        def scan(self, end: End) -> Stack:
+            events.append(f"built {end.label}")
+            return Stack(end.label, None, {}, "dated", failure="not built in this test")
+
+    script = tmp_path / "s.py"
+    script.write_text("print('ok')\n")
+    bisect = ScriptBisect(script, tmp_path / "out", history, options, source=Source(history, [], options),
+                          say=events.append)  # fmt: skip
+    run(bisect, ends[:2], None)
+    said = next(i for i, e in enumerate(events) if e.startswith("  to build first: 1 of the 2 stacks"))
+    assert said < events.index("built 2024-09-26"), events
+    line = events[said]
+    assert "(2024-12-07)" in line and f"{script_stacks.ENV_DISK_GB:.0f} GB of disk" in line, line
+    assert events[said + 1].startswith("  free disk here: "), events
+    assert script_stacks.build_cost_lines([], 2, None) == [
+        "  every one of the 2 stacks to scan is built already: no environment to build"
+    ]
+    short = script_stacks.build_cost_lines(["a", "b"], 2, int(1e9))
+    assert "less than the" in short[-1] and "may run out" in short[-1], short

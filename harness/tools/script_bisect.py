@@ -369,6 +369,10 @@ def run(bisect: ScriptBisect, ends: list[End], bad: End | None, *, all_moves: bo
     say = bisect.say
     started = time.monotonic()
     say(f"bisect-script: {bisect.script.name}, {bisect.nproc} process(es), {len(ends)} stacks to scan")
+    to_build = getattr(bisect.source, "to_build", None)
+    if to_build is not None:  # environments built here (a GPU round's stacks are planned, not built)
+        for line in script_stacks.build_cost_lines(to_build(ends), len(ends), _free_bytes(bisect.options.envs_dir)):
+            say(line)
     stacks: dict[str, Stack] = {}
     scan: list[Observation] = []
     for index, end in enumerate(ends, 1):
@@ -396,6 +400,19 @@ def run(bisect: ScriptBisect, ends: list[End], bad: End | None, *, all_moves: bo
     for line in summary_lines(verdict):
         say(line)
     return verdict
+
+
+def _free_bytes(folder: Path) -> int | None:
+    """Free disk where the environments go (its nearest existing folder), or None where it cannot be read."""
+    import shutil
+
+    for place in (folder, *folder.parents):
+        if place.exists():
+            try:
+                return shutil.disk_usage(place).free
+            except OSError:
+                return None
+    return None
 
 
 def _answer_other_failures(
