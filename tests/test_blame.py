@@ -3,7 +3,8 @@
 cause (`Scaler.apply`), a changed function the runs never call, and two reverts that cannot run alone (1.0's
 `Scaler.__init__` and `Scaler.name` each call a helper 2.0 removed), so putting every candidate back at once cannot
 run, nor can its module put back whole (it imports both helpers): the shape of the two peft flips the blame once gave
-up on after three crashing runs ("the cause is elsewhere"). The real call tracer finds the candidates and the calls
+up on after three crashing runs ("the cause is elsewhere"); and 2.0's cause calls a helper 1.0 lacks, so the other way
+needs it too. The real call tracer finds the candidates and the calls
 between them; the real revert runtime puts them back in real processes; the blame names the cause and nothing else."""
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def unused():
     return 1
 """
 CORE_2 = """
-from .helpers import offset
+from .helpers import offset, _bump
 
 
 def compute(x):
@@ -74,7 +75,7 @@ class Scaler:
         return "Scaler"
 
     def apply(self, x):
-        return x * self.k + 1
+        return _bump(x * self.k)
 
 
 def unused():
@@ -96,6 +97,10 @@ HELPERS_2 = """
 def offset():
     value = 0
     return value
+
+
+def _bump(value):
+    return value + 1
 """
 REPRO = """
 import toypkg
@@ -191,6 +196,9 @@ class _Pair:
     def widen(self, candidate: Candidate, error: str) -> list[Candidate]:
         return helpers_of(candidate, self.older_sources, self.newer_sources, self.older_calls, error)
 
+    def widen_other_way(self, candidate: Candidate, error: str) -> list[Candidate]:
+        return helpers_of(candidate, self.newer_sources, self.older_sources, self.newer_calls, error)
+
 
 def test_blame_names_the_cause_where_putting_everything_back_cannot_run(tmp_path: Path) -> None:
     pair = _Pair(tmp_path)
@@ -208,9 +216,12 @@ def test_blame_names_the_cause_where_putting_everything_back_cannot_run(tmp_path
     assert alone[("toypkg/core.py::Scaler.name",)] == NEITHER and alone[("toypkg/helpers.py::offset",)] == NEWER
     assert alone[("toypkg/core.py::Scaler.name", "toypkg/helpers.py::_label")] == NEWER
     assert alone[("toypkg/core.py::Scaler.apply",)] == OLDER and len(found.runs) == 5, found.runs
-    # The other way: 2.0's Scaler.apply put into 1.0's run gives 2.0's outcome.
-    converse(found, pair.newer_sources, pair.run(pair.good))
-    assert found.converse["outcome"] == NEWER and "the other way" in found.verdict, found.converse
+    # The other way: 2.0's Scaler.apply calls a helper 1.0 lacks, so alone it cannot run in 1.0's run; with the
+    # helper it calls (2.0's `_bump`, from the 2.0 run's calls) it gives 2.0's outcome.
+    converse(found, pair.newer_sources, pair.run(pair.good), widen=pair.widen_other_way)
+    assert found.converse["alone"]["outcome"] == NEITHER, found.converse
+    assert found.converse["helpers"] == ["toypkg/helpers.py::_bump"] and found.converse["outcome"] == NEWER
+    assert "with the helpers it calls, and nothing else changed" in found.verdict, found.verdict
 
 
 def test_no_changed_function_is_said_only_where_every_candidate_ran(tmp_path: Path) -> None:

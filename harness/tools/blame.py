@@ -409,9 +409,16 @@ def blame(
         return _named(result, ddmin(every, test), "all at once, shrunk")
     if outcome == NEWER:
         result.decided = True
+        ran = (
+            "the runs executed no changed function, so nothing was put back"
+            if not candidates
+            else f"the one changed function the runs executed ran put back at {package} {newer}"
+            if len(candidates) == 1
+            else f"every one of the {len(candidates)} changed functions the runs executed ran put back together at "
+            f"{package} {newer}"
+        )
         result.verdict = (
-            f"no changed function explains it: every one of the {len(candidates)} changed functions the runs executed "
-            f"ran put back together at {package} {newer} and the {newer} outcome stayed; the cause is elsewhere "
+            f"no changed function explains it: {ran} and the {newer} outcome stayed; the cause is elsewhere "
             f"({ELSEWHERE})"
         )
         return result
@@ -549,15 +556,15 @@ def converse(
     chosen = [Candidate(*name.split("::", 1)) for name in result.blamed if "::" in name]
     if not chosen or len(chosen) != len(result.blamed):
         return
-    result.converse = _converse_run(chosen, newer_sources, run_older, widen)
-    if len(chosen) > 1:
-        result.converse["each"] = [_converse_run([c], newer_sources, run_older, widen) for c in chosen]
+    result.converse = _converse_run(chosen, newer_sources, run_older, widen, chosen)
+    if len(chosen) > 1:  # each alone: never with another blamed function as its helper
+        result.converse["each"] = [_converse_run([c], newer_sources, run_older, widen, chosen) for c in chosen]
     result.verdict += "; " + converse_words(result)
 
 
 def _converse_run(
     chosen: list[Candidate], newer_sources: dict[str, str], run_older: Callable[[dict], dict[str, Any]],
-    widen: Callable[[Candidate, str], list[Candidate]] | None,
+    widen: Callable[[Candidate, str], list[Candidate]] | None, blamed: list[Candidate],
 ) -> dict[str, Any]:  # fmt: skip
     found = run_older(revert_plan(chosen, newer_sources))
     outcome = NEITHER if found.get("failed") else found["outcome"]
@@ -565,7 +572,7 @@ def _converse_run(
              "seconds": found.get("seconds"), "error": found.get("error")}  # fmt: skip
     if outcome == NEITHER and widen is not None:
         error = _said(entry | {"failed": found.get("failed") or []})
-        helpers = [h for c in chosen for h in widen(c, error) if h not in chosen]
+        helpers = list(dict.fromkeys(h for c in chosen for h in widen(c, error) if h not in blamed))
         if helpers:
             again = run_older(revert_plan([*chosen, *helpers], newer_sources))
             outcome = NEITHER if again.get("failed") else again["outcome"]
@@ -583,7 +590,8 @@ def converse_words(result: Blame) -> str:
     where = f"the other way (the {result.newer} source at {result.package} {result.older})"
     helped = f" with the helpers it calls ({', '.join(other['helpers'])})" if other.get("helpers") else ""
     if other.get("outcome") == NEWER:
-        return f"{where}{helped} gives the {result.newer} outcome: the blamed code brings it alone"
+        alone = "with the helpers it calls, and nothing else changed" if helped else "alone"
+        return f"{where}{helped} gives the {result.newer} outcome: the blamed code brings it {alone}"
     if other.get("outcome") == OLDER:
         return (
             f"{where}{helped} keeps the {result.older} outcome: the blamed code is needed but not enough alone there "
