@@ -161,7 +161,10 @@ def test_every_failure_the_scan_saw_gets_an_answer(tmp_path: Path) -> None:
     lines = summary_lines(verdict)
     scan = next(line for line in lines if line.strip().startswith("scan:"))
     assert "packaging==20.0:fail (another failure)" in scan and ":other" not in scan
-    assert any("ended with packaging 21.0 (last fail: 20." in line for line in lines)
+    assert any(
+        "ended with packaging 21.0 (the first release that gets past it; the last that fails: 20." in line
+        for line in lines
+    ), lines
 
 
 def test_a_hang_is_a_timeout_with_the_stack(tmp_path: Path) -> None:
