@@ -276,3 +276,10 @@ def test_a_script_that_passes_past_a_librarys_traceback_passes(tmp_path: Path) -
     script, site = _noisy(tmp_path, "import noisylib  # noqa: F401\nprint('fine')\n")
     run = run_script(Path(sys.executable), script, timeout_s=120, pythonpath=site)
     assert run.outcome == "pass" and run.ended == "end" and run.machine_limits, run
+
+
+def test_a_script_that_prints_nothing_of_its_own_is_named_by_its_exit_code_not_a_librarys_line(tmp_path: Path) -> None:
+    script, site = _noisy(tmp_path, "import sys\nimport noisylib  # noqa: F401\nsys.exit(3)\n")
+    run = run_script(Path(sys.executable), script, timeout_s=120, pythonpath=site)
+    assert run.exit_code == 3 and run.error == "exit code 3: the script printed no line of its own", run.error
+    assert run.signature == "crash-exit-3", run.signature

@@ -224,10 +224,10 @@ def what_ended(found: ScriptRun, ended: dict[str, dict[str, object]], text: str)
         # sys.exit(1) after printing: the failure is the exit and the last line the script itself printed (stdout or
         # stderr), never a warning or a traceback a library printed above or after it.
         last = str(entry["said"]) if entry.get("said") else None
-        if last is None and "said" not in entry and found.traceback:
-            last = _said_last(text, "")  # a runner from before it noted the script's own lines
-        elif last is None and "said" not in entry:
-            return found
+        if "said" not in entry:  # a runner from before it noted the script's own lines
+            if not found.traceback:
+                return found
+            last = _said_last(text, "")
         code = found.exit_code if found.exit_code is not None else entry["code"]
         return replace(found, signature=plain_exit_signature(code, last),  # type: ignore[arg-type]
                        error=last or f"exit code {code}: the script printed no line of its own", traceback="",

@@ -112,8 +112,7 @@ def _record(kind: str, exc: BaseException | None, script: str) -> None:
             code = exc.code
             entry["code"] = code if code is None or isinstance(code, int) else str(code)[:6000]
         said = _said_last()
-        if said is not None:
-            entry["said"] = said.strip()[:6000]
+        entry["said"] = said.strip()[:6000] if said is not None else None  # None: it printed no line of its own
         path = os.path.join(out, f"ended-{os.environ.get('RANK', '0')}.json")
         with open(path + ".tmp", "w") as handle:
             json.dump(entry, handle, default=str)
