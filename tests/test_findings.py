@@ -23,6 +23,7 @@ from harness.knowledge.findings import load_all
 from harness.knowledge.flips import flips_of_runs as newest_flips
 from harness.knowledge.selection import select_runs
 from harness.publishing.atlas import upstream_verdict
+from harness.publishing.blame_section import run_units
 from harness.publishing.findings import accounts_for, findings_rows, still_seen
 from harness.tools import changed_code
 from harness.tools.findings import pinned_variant
@@ -83,11 +84,10 @@ def test_a_blamed_finding_names_the_function_its_runs_prove() -> None:
         assert blame["blamed"] and set(blame["blamed"]) <= set(blame["candidates"]) | {
             f"{w} (whole module)" for w in blame["widened"]
         }, finding.id
-        own = [r for r in blame["runs"] if sorted(r["reverted"]) == sorted(n.removesuffix(" (whole module)")
-                                                                           for n in blame["blamed"])]  # fmt: skip
+        own = [r for r in blame["runs"] if run_units(r) == sorted(blame["blamed"])]
         assert own and own[0]["outcome"] == "older" and own[0]["line"].startswith("ok: "), finding.id
         # every smaller set tried without it kept the bad outcome or could not run
-        assert all(r["outcome"] != "older" for r in blame["runs"] if len(r["reverted"]) < len(blame["blamed"]))
+        assert all(r["outcome"] != "older" for r in blame["runs"] if len(run_units(r)) < len(blame["blamed"]))
         body = issue_body(finding, RESULTS, None)
         assert "### What causes it" in body and f"`{blame['blamed'][0]}`" in body, finding.id
     [first] = [f for f in blamed if f.id == FIRST]

@@ -161,7 +161,10 @@ def test_every_failure_the_scan_saw_gets_an_answer(tmp_path: Path) -> None:
     lines = summary_lines(verdict)
     scan = next(line for line in lines if line.strip().startswith("scan:"))
     assert "packaging==20.0:fail (another failure)" in scan and ":other" not in scan
-    assert any("ended with packaging 21.0 (last fail: 20." in line for line in lines)
+    assert any(
+        "ended with packaging 21.0 (the first release that gets past it; the last that fails: 20." in line
+        for line in lines
+    ), lines
 
 
 def test_a_hang_is_a_timeout_with_the_stack(tmp_path: Path) -> None:
@@ -388,3 +391,124 @@ def test_every_committed_issue_title_reads_in_a_second(repo_root: Path) -> None:
         title = body.read_text().splitlines()[1]
         assert title.startswith("**") and len(title) <= 120, (body.parent.name, len(title))
         assert "/root/" not in title and "/work/" not in title, body.parent.name  # no machine path in a title
+
+
+def test_a_fix_is_said_as_the_first_release_that_passes_and_the_last_that_fails(repo_root: Path) -> None:
+    """lora-bias-merge ended with peft 0.16.0: the printed verdict and the issue body call 0.16.0 the first release
+    that passes and 0.15.2 the last that fails (never 'the last passing one' for the first that passes)."""
+    import json
+
+    from harness.publishing.upstream import script_report
+    from harness.tools.script_bisect import summary_lines
+
+    folder = repo_root / "results" / "script-bisect" / "lora-bias-merge"
+    said = "\n".join(summary_lines(json.loads((folder / "verdict.json").read_text())))
+    assert "ended with peft 0.16.0 (the first release that passes; the last that fails: 0.15.2)" in said, said
+    body = script_report(folder)
+    assert "The last release that fails (`2025-03-20 + peft==0.15.2`) and the first release that passes" in body
+    assert "the last release that fails is 0.15.2, the first release that passes is 0.16.0" in body
+    assert "last passing one" not in body
+
+
+#: The end of what uv printed when a torch move's environment could not be built (2024-12-07 + torch 2.6.0, deepspeed
+#: 0.16.1's sdist importing triton as it builds; the run of 2026-12-05): the cause is the build's last line.
+_BUILD_FAILED_TAIL = """\
+           File "/root/.cache/compat-matrix/envs/date-2025-03-20_torch-2.6.0/lib/python3.11/site-packages/triton/runtime/driver.py", line 20, in _initialize_obj
+             self._obj = self._init_fn()
+                         ^^^^^^^^^^^^^^^
+           File "/root/.cache/compat-matrix/envs/date-2025-03-20_torch-2.6.0/lib/python3.11/site-packages/triton/runtime/driver.py", line 8, in _create_driver
+             raise RuntimeError(f"{len(actives)} active drivers ({actives}). There should only be one.")
+         RuntimeError: 0 active drivers ([]). There should only be one.
+hint: Build failures usually indicate a problem with the package or the build environment
+"""  # noqa: E501
+
+
+def test_every_unusable_move_is_printed_with_its_cause_line() -> None:
+    """A build failure runs long (uv's output holds the sdist's whole traceback): its summary keeps its first lines and
+    its last, so the cause survives (the old summary kept the first 1500 characters, and the record was cut inside the
+    traceback, before the exception); the run's error is that cause line, and the printed verdict lists every
+    unusable move and probe with it."""
+    from harness.environments.envs import summarise_install_error
+    from harness.execution.script_launch import cause_line
+    from harness.tools.script_bisect import summary_lines
+
+    frames = "".join(
+        f'           File "/root/.cache/x/site-packages/setuptools/build_meta.py", line {n}, in run_setup\n'
+        "             exec(code, locals())\n"
+        for n in range(60)
+    )
+    uv = (
+        "Resolved 58 packages in 2.1s\nerror: Failed to build `deepspeed==0.16.1`\n"
+        "  cause: The build backend returned an error\n         [stderr]\n         Traceback (most recent call last):\n"
+        + frames
+        + _BUILD_FAILED_TAIL
+    )
+    summary = summarise_install_error(uv)
+    assert len(summary) <= 1600 and summary.startswith("error: Failed to build `deepspeed==0.16.1`"), summary[:200]
+    assert "RuntimeError: 0 active drivers ([]). There should only be one." in summary
+    assert cause_line(summary) == "RuntimeError: 0 active drivers ([]). There should only be one."
+    assert cause_line(uv) == cause_line(summary)
+    resolver = "  × No solution found when resolving dependencies:\n  ╰─▶ Because tokenizers==0.21.0 is excluded ..."
+    assert cause_line(resolver) == "Because tokenizers==0.21.0 is excluded ..."
+    move = {"package": "torch", "version": "2.6.0", "state": "unusable", "outcome": "install-failed",
+            "error": cause_line(summary)}  # fmt: skip
+    flip = {"older": "2024-12-07", "newer": "2025-03-20", "older_state": "target", "newer_state": "pass",
+            "changed": {}, "moves": [move], "package": "peft", "first_release": "0.15.0",
+            "last_release_before": "0.14.0", "candidates": ["0.15.0"], "bisect_runs": [], "held": {}}  # fmt: skip
+    verdict = {"script": "s.py", "nproc": 1, "match": None, "target": {"error": "x", "signature": "exit-1-a"},
+               "scan": [{"label": "2024-12-07", "state": "target", "outcome": "fail", "signature": "exit-1-a"},
+                        {"label": "2025-03-20", "state": "pass", "outcome": "pass", "signature": None}],
+               "flips": [flip], "different_failures": [],
+               "cost": {"runs": 4, "runs_reused": 0, "environments_built": 0, "environments_reused": 2,
+                        "overlays_built": 0, "overlays_reused": 2, "runs_after_scan": 3,
+                        "phase_seconds": {}}}  # fmt: skip
+    printed = summary_lines(verdict)
+    assert (
+        "  unusable (no evidence either way): 2024-12-07 + torch==2.6.0: "
+        "RuntimeError: 0 active drivers ([]). There should only be one." in printed
+    ), printed
+
+
+def test_the_environments_to_build_and_their_cost_are_said_before_any_is_built(tmp_path: Path) -> None:
+    """A cold scan builds one environment per atlas day (several GB each): bisect-script says which it will build,
+    their disk and time estimate, and the free disk, before the first one; a day built already is not counted."""
+    from harness.define.profile import load_profile
+    from harness.environments import envs
+    from harness.environments.envs import InstallOptions
+    from harness.paths import MATRIX_DIR
+    from harness.tools import script_stacks
+    from harness.tools.script_bisect import End, ScriptBisect, run
+    from harness.tools.script_stacks import LocalStacks, Stack
+
+    history = load_profile("history", MATRIX_DIR)
+    options = InstallOptions(envs_dir=tmp_path / "envs")
+    ends = [End(day="2024-09-26"), End(day="2024-12-07"), End(pins={"packaging": "22.0"})]
+    local = LocalStacks(history, [], options)
+    assert local.to_build(ends) == ["2024-09-26", "2024-12-07", "packaging==22.0"]
+    built = envs.env_dir_for(script_stacks._day_cell(history, "2024-09-26"), history, options)
+    built.mkdir(parents=True)
+    (built / envs.MARKER).write_text("{}")
+    assert local.to_build(ends) == ["2024-12-07", "packaging==22.0"]
+
+    events: list[str] = []
+
+    class Source(LocalStacks):
+        def scan(self, end: End) -> Stack:
+            events.append(f"built {end.label}")
+            return Stack(end.label, None, {}, "dated", failure="not built in this test")
+
+    script = tmp_path / "s.py"
+    script.write_text("print('ok')\n")
+    bisect = ScriptBisect(script, tmp_path / "out", history, options, source=Source(history, [], options),
+                          say=events.append)  # fmt: skip
+    run(bisect, ends[:2], None)
+    said = next(i for i, e in enumerate(events) if e.startswith("  to build first: 1 of the 2 stacks"))
+    assert said < events.index("built 2024-09-26"), events
+    line = events[said]
+    assert "(2024-12-07)" in line and f"{script_stacks.ENV_DISK_GB:.0f} GB of disk" in line, line
+    assert events[said + 1].startswith("  free disk here: "), events
+    assert script_stacks.build_cost_lines([], 2, None) == [
+        "  every one of the 2 stacks to scan is built already: no environment to build"
+    ]
+    short = script_stacks.build_cost_lines(["a", "b"], 2, int(1e9))
+    assert "less than the" in short[-1] and "may run out" in short[-1], short

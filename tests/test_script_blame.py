@@ -1,7 +1,8 @@
 """Blame as bisect-script's last step, on the package pair whose cause is known (`tests/test_blame.py`: toypkg 1.0
-good, 2.0 bad, one cause `Scaler.apply`, one revert that cannot run alone). The stacks are this interpreter with
-each release's files first on the path; the runs are the real `run_script` (the probe's sitecustomize first, then the
-tracer's or the revert's, then the stack's), judged as the verdict judges its runs."""
+good, 2.0 bad, one cause `Scaler.apply`, two reverts that cannot run alone, so neither can every candidate at once).
+The stacks are this interpreter with each release's files first on the path; the runs are the real `run_script` (the
+probe's sitecustomize first, then the tracer's or the revert's, then the stack's), judged as the verdict judges its
+runs."""
 
 from __future__ import annotations
 
@@ -60,7 +61,11 @@ def test_bisect_script_blames_the_one_cause(tmp_path: Path) -> None:
     bisect, verdict = _bisect(tmp_path, sites)
     found = blame_verdict(bisect, verdict)
     assert found is not None and found["blamed"] == ["toypkg/core.py::Scaler.apply"], found
-    assert found["unrunnable"] == ["toypkg/core.py::Scaler.__init__"], found  # 1.0's __init__ calls what 2.0 removed
+    # Every candidate at once cannot run (1.0's __init__ and name call helpers 2.0 removed): one at a time, the last
+    # called first; name runs only with the helper it calls, and apply alone gives 1.0's outcome.
+    assert found["runs"][0]["outcome"] == "neither" and found["how"] == "alone", found["runs"]
+    assert found["helpers"] == {"toypkg/core.py::Scaler.name": ["toypkg/helpers.py::_label"]}, found["helpers"]
+    assert found["unrunnable"] == [] and "elsewhere" not in found["verdict"], found
     assert found["sides"]["older"]["state"] == "pass" and found["sides"]["newer"]["state"] == "target", found["sides"]
     assert found["converse"]["outcome"] == "newer", found["converse"]  # 2.0's apply in 1.0's run fails as 2.0 does
     saved = json.loads((bisect.out_dir / "blame.json").read_text())

@@ -173,3 +173,113 @@ def test_a_dated_cell_never_takes_a_local_wheel_through_uvs_own_variable() -> No
     base = {"UV_FIND_LINKS": "/opt/wheels", "HOME": "/root"}
     assert "UV_FIND_LINKS" not in uv_environ(True, base) and uv_environ(True, base)["HOME"] == "/root"
     assert uv_environ(False, base)["UV_FIND_LINKS"] == "/opt/wheels"
+
+
+#: A library as bitsandbytes is on a CPU machine whose libstdc++ is too old: on import it warns through `logging` that
+#: it was compiled without GPU support (and that its CUDA binary is not found), then logs the traceback of the native
+#: library it could not load (caught, with `exc_info`), so the process's stderr ends with that traceback whatever the
+#: script does next.
+NOISY_LIBRARY = textwrap.dedent(
+    """
+    import logging
+
+    logger = logging.getLogger("noisylib")
+    logger.warning(
+        "The installed version of noisylib was compiled without GPU support. 8-bit optimizers and GPU quantization "
+        "are unavailable."
+    )
+    logger.warning("Configured CUDA binary not found at /opt/site-packages/noisylib/libbitsandbytes_cuda130.so")
+    try:
+        raise OSError(
+            "/lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.32' not found "
+            "(required by /opt/site-packages/noisylib/libnoisy_cpu.so)"
+        )
+    except OSError as error:
+        logger.error("Could not load noisylib native library: %s", error, exc_info=True)
+    """
+)
+FAILS_ON_ITS_OWN_LINE = textwrap.dedent(
+    """
+    import sys
+
+    import noisylib  # noqa: F401
+
+
+    def main():
+        print("comparing the merged model with the adapter model")
+        print("FAIL: RuntimeError: merged model differs from the adapter model by 0.216")
+        return 1
+
+
+    if __name__ == "__main__":
+        sys.exit(main())
+    """
+)
+#: The same, with the library imported by a child process the script starts after its own line (the child's output
+#: on the inherited streams, last).
+CHILD_IMPORTS_IT = textwrap.dedent(
+    """
+    import subprocess
+    import sys
+
+    print("FAIL: the adapter saved here does not load in a fresh process", file=sys.stderr)
+    child = subprocess.run([sys.executable, "-c", "import noisylib"])
+    sys.exit(1)
+    """
+)
+
+
+def _noisy(tmp_path: Path, text: str) -> tuple[Path, str]:
+    """The script, and the site holding the library (installed as a package is: first on the run's PYTHONPATH)."""
+    site = tmp_path / "site"
+    (site / "noisylib").mkdir(parents=True, exist_ok=True)
+    (site / "noisylib" / "__init__.py").write_text(NOISY_LIBRARY)
+    script = tmp_path / "user_script.py"
+    script.write_text(text)
+    return script, str(site)
+
+
+def test_a_library_warning_or_caught_traceback_is_never_what_ended_the_script(tmp_path: Path) -> None:
+    """A plain non-zero exit is named by the last line the script itself printed (stdout here), never by the
+    library's warning on import nor by the traceback it caught, printed and went past (which ends stderr); that
+    traceback is a note and the machine's limit, and the run is the failure, never unusable: the script went on past
+    the library's import to its own end."""
+    from harness.define.profile import load_profile
+    from harness.environments.envs import InstallOptions
+    from harness.paths import MATRIX_DIR
+    from harness.tools.script_bisect import ScriptBisect, _from_run
+
+    script, site = _noisy(tmp_path, FAILS_ON_ITS_OWN_LINE)
+    run = run_script(Path(sys.executable), script, timeout_s=120, pythonpath=site)
+    assert run.stderr_tail.rstrip().endswith("libnoisy_cpu.so)"), run.stderr_tail  # stderr ends with the traceback
+    bisect = ScriptBisect(script, tmp_path / "out", load_profile("history", MATRIX_DIR),
+                          InstallOptions(envs_dir=tmp_path / "envs"))  # fmt: skip
+    found = _from_run("scan", "here", run, {"versions": {}}, "k")
+    bisect.target = run.signature
+    assert bisect.state_of(found) == "target", (found.error, found.signature)  # never "unusable"
+    assert run.outcome == "fail" and run.ended == "exit", run
+    assert run.error == "FAIL: RuntimeError: merged model differs from the adapter model by 0.216", run.error
+    assert run.signature.startswith("exit-1-") and "GLIBCXX" not in (run.error_text or ""), run
+    assert run.machine_limits == ["noisylib could not load its native library here (GLIBCXX_3.4.32)"]
+
+
+def test_a_child_process_that_prints_a_librarys_traceback_does_not_name_the_failure(tmp_path: Path) -> None:
+    """The script's child imports the library (its warning and traceback go to the streams it inherited); the script
+    printed its own line on stderr before, and exits 1: that line names the failure."""
+    script, site = _noisy(tmp_path, CHILD_IMPORTS_IT)
+    run = run_script(Path(sys.executable), script, timeout_s=120, pythonpath=site)
+    assert "compiled without GPU support" in run.stderr_tail and "GLIBCXX" in run.stderr_tail, run.stderr_tail
+    assert run.error == "FAIL: the adapter saved here does not load in a fresh process", run.error
+
+
+def test_a_script_that_passes_past_a_librarys_traceback_passes(tmp_path: Path) -> None:
+    script, site = _noisy(tmp_path, "import noisylib  # noqa: F401\nprint('fine')\n")
+    run = run_script(Path(sys.executable), script, timeout_s=120, pythonpath=site)
+    assert run.outcome == "pass" and run.ended == "end" and run.machine_limits, run
+
+
+def test_a_script_that_prints_nothing_of_its_own_is_named_by_its_exit_code_not_a_librarys_line(tmp_path: Path) -> None:
+    script, site = _noisy(tmp_path, "import sys\nimport noisylib  # noqa: F401\nsys.exit(3)\n")
+    run = run_script(Path(sys.executable), script, timeout_s=120, pythonpath=site)
+    assert run.exit_code == 3 and run.error == "exit code 3: the script printed no line of its own", run.error
+    assert run.signature == "crash-exit-3", run.signature

@@ -484,9 +484,16 @@ def _run(args: list[str], build: _Build, env: dict[str, str] | None = None, uv: 
 
 
 def summarise_install_error(text: str, limit: int = 1500) -> str:
-    """Keep the resolver's explanation, drop progress noise, bound the size."""
+    """Keep the resolver's explanation, drop progress noise, bound the size: its first lines (what failed) and its
+    last (why: a build's traceback ends on its exception, uv's hints come last), never cut before the cause."""
     noise = ("Resolved", "Prepared", "Installed", "Audited", "Using", "WARNING: Location")
     lines = [ln.rstrip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith(noise)]
     start = next((i for i, ln in enumerate(lines) if "error" in ln.lower() or "No solution" in ln or "×" in ln), 0)
     summary = "\n".join(lines[start:])
-    return summary[:limit] if summary else "the installer failed without a message"
+    if not summary:
+        return "the installer failed without a message"
+    if len(summary) <= limit:
+        return summary
+    head, tail = summary[: limit // 3], summary[-(limit - limit // 3) :]
+    head, tail = head[: head.rfind("\n") + 1 or len(head)], tail[tail.find("\n") + 1 :]
+    return f"{head}... ({len(summary) - len(head) - len(tail)} characters left out)\n{tail}"

@@ -41,11 +41,13 @@ from harness.recording.signatures import (
 #: reused. 4: each run carries the setup measured in its ranks (`measured_setup`) and the failure's whole text.
 #: 5: under torchrun a failure is the failing rank's own (torchrun's ChildFailedError never is), a plain non-zero
 #: exit is named by its last line of output, and every failing rank's error is kept (`rank_errors`).
-CLASSIFIER_VERSION = 6
+CLASSIFIER_VERSION = 7
 #: 6: the failure is what ended the script (`runtime/script_probe/compat_matrix_run.py` notes it in each process):
 #: its uncaught exception or its `sys.exit` message, never a traceback a library printed and went past (kept as a
 #: note); the run says where in the script it ended (`script_lines`); a native library that cannot load here is
 #: the machine's limit (`machine_limits`).
+#: 7: a plain non-zero exit is named by the last line the script itself printed (the runner's `said`), never a
+#: library's warning or caught traceback on either stream; only what ended the script can make a run unusable.
 #: The folder whose sitecustomize.py measures what a script ran, and where it writes its facts.
 PROBE_DIR = REPO_ROOT / "runtime" / "script_probe"
 #: The module (in PROBE_DIR) that runs the script and notes what ended it.
@@ -218,10 +220,17 @@ def what_ended(found: ScriptRun, ended: dict[str, dict[str, object]], text: str)
         code = found.exit_code if found.exit_code is not None else 1
         return replace(found, signature=plain_exit_signature(code, last), error=last, traceback="",
                        error_text="\n".join(said) or None)  # fmt: skip
-    if entry.get("kind") == "exit" and isinstance(entry.get("code"), int) and found.traceback:
-        # sys.exit(1) after printing: the failure is the exit and the script's last words, not a traceback above.
-        last = _said_last(text, "")
-        return replace(found, signature=plain_exit_signature(found.exit_code, last), error=last, traceback="",
+    if entry.get("kind") == "exit" and isinstance(entry.get("code"), int):
+        # sys.exit(1) after printing: the failure is the exit and the last line the script itself printed (stdout or
+        # stderr), never a warning or a traceback a library printed above or after it.
+        last = str(entry["said"]) if entry.get("said") else None
+        if "said" not in entry:  # a runner from before it noted the script's own lines
+            if not found.traceback:
+                return found
+            last = _said_last(text, "")
+        code = found.exit_code if found.exit_code is not None else entry["code"]
+        return replace(found, signature=plain_exit_signature(code, last),  # type: ignore[arg-type]
+                       error=last or f"exit code {code}: the script printed no line of its own", traceback="",
                        error_text=last)  # fmt: skip
     return found
 
@@ -417,6 +426,33 @@ def last_traceback(text: str) -> tuple[str, str, str] | None:
             message = "\n".join([match.group("message") or "", *lines[index + 1 : index + 4]]).strip()
             return "\n".join(lines[: index + 1]), exc_type, message.splitlines()[0] if message else ""
     return None
+
+
+#: An exception's line as Python prints it ('RuntimeError: 0 active drivers', 'torch.OutOfMemoryError: ...').
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)(?::\s|$)")
+
+
+def cause_line(text: str) -> str | None:
+    """The line that says why a stack could not be built or run, from the installer's or the run's whole text: the
+    exception that ended the last traceback in it (a build's, indented inside the installer's output as uv prints
+    it: "RuntimeError: 0 active drivers ([]). There should only be one."; its header may be cut away), else the
+    resolver's reason ("Because ...") or hint, else its first error line."""
+    lines = text.splitlines()
+    marks = [i for i, line in enumerate(lines) if line.strip() == _TRACEBACK]
+    if marks:
+        indent = len(lines[marks[-1]]) - len(lines[marks[-1]].lstrip())
+        for line in lines[marks[-1] + 1 :]:
+            if line.strip() and len(line) - len(line.lstrip()) <= indent and _RAISED.match(line.strip()):
+                return line.strip()[:300]
+    raised = [line.strip() for line in lines if _RAISED.match(line.strip())]
+    if raised:
+        return raised[-1][:300]
+    for marker in ("╰─▶", "hint:"):
+        found = [line.strip() for line in lines if marker in line]
+        if found:
+            return found[0].replace("╰─▶", "").strip()[:300]
+    said = [line.strip() for line in lines if line.strip()]
+    return next((line for line in said if "error" in line.lower()), said[0] if said else None)
 
 
 def exception_text(text: str) -> str | None:

@@ -28,9 +28,20 @@ def blame_section(blame: dict[str, Any] | None, changed: dict[str, Any] | None, 
             lines += ["", f"`{name}`: the functions of it that both runs executed and that changed:"]
             for function, diff in inside:
                 lines += ["", f"`{function}`:", "", "```diff", diff, "```"]
-    proof = [r for r in runs if sorted(r["reverted"]) == sorted(n.removesuffix(" (whole module)")
-                                                                for n in blame["blamed"])]  # fmt: skip
+    for name, helpers in (blame.get("helpers") or {}).items():
+        if name in blame["blamed"]:
+            lines += ["", f"`{name}` runs at {package} {newer} only with the helpers it calls put back too: "
+                      + ", ".join(f"`{h}`" for h in helpers) + "."]  # fmt: skip
+    proof = [r for r in runs if run_units(r) == sorted(blame["blamed"])]
     for run in proof[:1]:
         lines += ["", f"With only that put back at {package} {newer}: `{run['line']}` "
                   f"({run['outcome']} release's outcome, {run['seconds']} s)."]  # fmt: skip
     return lines
+
+
+def run_units(run: dict[str, Any]) -> list[str]:
+    """What a run put back, as the blame names it: its units (a function, or a file whole), or for a blame made
+    before units, the functions and files it reverted."""
+    if "units" in run:
+        return sorted(run["units"])
+    return sorted(n if n.endswith(" (whole module)") or "::" in n else f"{n} (whole module)" for n in run["reverted"])

@@ -136,7 +136,7 @@ def script_issue_body(
         f"**{issue_title(error, change)}**",
         "",
         "### System Info\n",
-        *system_info(failing, passing, script),
+        *system_info(failing, passing, script, fixed=not started),
         f"- launched as `{launch}{verdict['script']}` on {_machine(verdict)}",
         f"- measured in the failing run: {setup_words((failing or {}).get('setup'))}",
         *([f"- measured in the passing run: {setup_words(passing.get('setup'))}"] if passing else []),
@@ -164,8 +164,10 @@ def script_issue_body(
         f"change (others held: {held}); bisecting {len(flip.candidates)} releases of {package} in "
         f"{len(flip.bisect_runs)} runs: last good {last}, first bad {first}."
         if started
-        else f"Found by `compat-matrix bisect-script`: it fails up to {last} and passes from {first} "
-        f"(others held: {held}).",
+        else f"Found by `compat-matrix bisect-script`: between the stacks of {flip.older} and {flip.newer} only "
+        f"moving {package} alone from {flip.changed[package][0]} to {flip.changed[package][1]} reproduces the "
+        f"change (others held: {held}); the last release that fails is {last}, the first release that passes is "
+        f"{first}.",
     ]
     if flip.note:
         lines += ["", f"Note: {flip.note}"]
@@ -263,8 +265,9 @@ _FAILED = ("fail", "timeout")
 
 
 def ran_pair(flip: Flip, runs: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(the first failing run, the last passing run) of a flip: the runs with the package at the failing and the
-    passing release, the moved and bisected ones first, then the days' own stacks."""
+    """(the failing run, the passing run) of a flip: for a break the first release that fails and the last that
+    passes, for a fix the last release that fails and the first that passes; the runs with the package at those
+    releases, the moved and bisected ones first, then the days' own stacks."""
     package, first, last = flip.package, flip.release, flip.last_release_before
     bad, good = (first, last) if flip.newer_state == "target" else (last, first)
 
@@ -283,19 +286,20 @@ def ran_pair(flip: Flip, runs: list[dict[str, Any]]) -> tuple[dict[str, Any] | N
     return find(bad, True), find(good, False)
 
 
-def system_info(failing: dict[str, Any] | None, passing: dict[str, Any] | None, script: str) -> list[str]:
+def system_info(
+    failing: dict[str, Any] | None, passing: dict[str, Any] | None, script: str, fixed: bool = False
+) -> list[str]:
     """The packages that matter (the matrix's packages, then the script's own imports) as a failing | passing table,
-    and every package of the failing run in a folded block."""
+    and every package of the failing run in a folded block. For a break the runs are the first release that fails and
+    the last that passes; for a fix (`fixed`), the last release that fails and the first that passes."""
     bad = ((failing or {}).get("stack") or {}).get("versions") or {}
     good = ((passing or {}).get("stack") or {}).get("versions") or {}
     names = [n for n in ("python", *PINNED_PACKAGES) if n in bad or n in good]
     names += [n for n in _imported_distributions(script, bad) if n not in names]
-    said = f"First failing run (`{_shown((failing or {}).get('label', '?'))}`)"
-    said += (
-        f" and the last passing one (`{_shown(passing['label'])}`):"
-        if passing
-        else " (no passing run of that release):"
-    )
+    fails, passes = ("The last release that fails", "the first release that passes") if fixed else (
+        "The first release that fails", "the last release that passes")  # fmt: skip
+    said = f"{fails} (`{_shown((failing or {}).get('label', '?'))}`)"
+    said += f" and {passes} (`{_shown(passing['label'])}`):" if passing else " (no passing run of that release):"
     lines = [said, "", "| package | failing | passing |", "|---|---|---|"]
     lines += [f"| `{n}` | {bad.get(n, '-')} | {good.get(n, '-')} |" for n in names]
     if bad:

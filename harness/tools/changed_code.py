@@ -83,6 +83,35 @@ def read_traces_ordered(
     return calls, sources, versions, processes
 
 
+def read_lateness(folder: Path) -> dict[tuple[str, str], float]:
+    """Each function of a traced run with how late it was last called (1: the package's last call in its process;
+    the latest over the processes): the order a blame tries candidates in, nearest the failure first. A trace from
+    before the tracer counted calls gives the first call's place instead."""
+    late: dict[tuple[str, str], float] = {}
+    for path in sorted(folder.glob("trace-*.json")):
+        calls = json.loads(path.read_text())["calls"]
+        most = max([c.get("last", i) for i, c in enumerate(calls)] + [1])
+        for index, call in enumerate(calls):
+            key = (call["file"], enclosing(call["qualname"]))
+            if key[1]:
+                late[key] = max(late.get(key, 0.0), call.get("last", index) / most)
+    return late
+
+
+def read_call_edges(folder: Path) -> dict[tuple[str, str], set[tuple[str, str]]]:
+    """(file, qualname) -> the package's functions it called in a traced run (`edges`, every process): the helpers a
+    put-back function takes along where it cannot run alone."""
+    edges: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for path in sorted(folder.glob("trace-*.json")):
+        data = json.loads(path.read_text())
+        keys = [(c["file"], enclosing(c["qualname"])) for c in data["calls"]]
+        for caller, callee in data.get("edges") or []:
+            a, b = keys[caller], keys[callee]
+            if a[1] and b[1] and a != b:
+                edges.setdefault(a, set()).add(b)
+    return edges
+
+
 def enclosing(qualname: str) -> str:
     """The def a code object belongs to: a comprehension or lambda counts as its function ('f.<locals>.<listcomp>'
     -> 'f'); a nested def keeps its own name ('f.<locals>.g'); module-level code is none ('')."""

@@ -244,9 +244,15 @@ def _blame(
     good_traces, bad_traces = traces / "good", traces / "bad"
     _, older_sources, _ = changed_code.read_traces(good_traces)
     _, newer_sources, _ = changed_code.read_traces(bad_traces)
-    candidates = [blaming.Candidate(c.file, c.qualname) for c in changed.changed]
-    failing = sides["bad"] if finding.direction == "starts" else sides["good"]
-    candidates += blaming.refused_calls(changed, failing.get("stderr_tail") or "", older_sources)
+    failing_side = "bad" if finding.direction == "starts" else "good"
+    failing = sides[failing_side]
+    refused = blaming.refused_calls(changed, failing.get("stderr_tail") or "", older_sources)
+    # The order the failing run reaches them: what its error refuses, its traceback, then the last called first.
+    candidates = refused + blaming.in_failing_order(
+        [blaming.Candidate(c.file, c.qualname) for c in changed.changed],
+        changed_code.read_lateness(traces / failing_side), failing.get("stderr_tail") or "", finding.package,
+    )  # fmt: skip
+    older_calls, newer_calls = changed_code.read_call_edges(good_traces), changed_code.read_call_edges(bad_traces)
     env = _uv_env()
     with tempfile.TemporaryDirectory(prefix="finding-blame-") as scratch:
 
@@ -269,10 +275,14 @@ def _blame(
             return run
 
         result = blaming.blame(
-            finding.package, finding.good, finding.bad, candidates, older_sources, runner(bad_text, "bad.py")
-        )
+            finding.package, finding.good, finding.bad, candidates, older_sources, runner(bad_text, "bad.py"),
+            widen=lambda c, error: blaming.helpers_of(c, older_sources, newer_sources, older_calls, error),
+        )  # fmt: skip
         if result.blamed:
-            blaming.converse(result, newer_sources, runner(good_text, "good.py"))
+            blaming.converse(
+                result, newer_sources, runner(good_text, "good.py"),
+                widen=lambda c, error: blaming.helpers_of(c, newer_sources, older_sources, newer_calls, error),
+            )  # fmt: skip
     result.machine = dict(sides["bad"].get("machine") or {})
     blaming.write(result, folder)
     say(f"  blame: {result.verdict} ({len(result.runs)} runs, {result.seconds} s)")

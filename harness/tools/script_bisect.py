@@ -38,7 +38,14 @@ from harness.define.packages import AXIS_PACKAGES, import_name
 from harness.define.profile import DATE_AXIS, Profile
 from harness.environments.envs import InstallOptions
 from harness.errors import UsageError
-from harness.execution.script_launch import CLASSIFIER_VERSION, ScriptRun, run_script, script_dependencies, shown_note
+from harness.execution.script_launch import (
+    CLASSIFIER_VERSION,
+    ScriptRun,
+    cause_line,
+    run_script,
+    script_dependencies,
+    shown_note,
+)
 from harness.publishing.upstream import setup_words
 from harness.recording.flip import Flip
 from harness.recording.runs import now_iso
@@ -241,9 +248,9 @@ class ScriptBisect:
         elif stack.identity is not None and stack.python is None and not stack.failure:
             raise Unplanned(stack.request or {"label": stack.label})
         elif stack.failure or stack.python is None:
-            found = Observation(
-                phase, stack.label, "install-failed", None, (stack.failure or "")[:600], 0.0, facts, key
-            )
+            # Its cause line names it (the build's exception, the resolver's reason); the whole summary is the stack's.
+            why = cause_line(stack.failure or "") or "the stack could not be built"
+            found = Observation(phase, stack.label, "install-failed", None, why, 0.0, facts, key)
         else:
             run = run_script(
                 stack.python,
@@ -362,6 +369,10 @@ def run(bisect: ScriptBisect, ends: list[End], bad: End | None, *, all_moves: bo
     say = bisect.say
     started = time.monotonic()
     say(f"bisect-script: {bisect.script.name}, {bisect.nproc} process(es), {len(ends)} stacks to scan")
+    to_build = getattr(bisect.source, "to_build", None)
+    if to_build is not None:  # environments built here (a GPU round's stacks are planned, not built)
+        for line in script_stacks.build_cost_lines(to_build(ends), len(ends), _free_bytes(bisect.options.envs_dir)):
+            say(line)
     stacks: dict[str, Stack] = {}
     scan: list[Observation] = []
     for index, end in enumerate(ends, 1):
@@ -389,6 +400,19 @@ def run(bisect: ScriptBisect, ends: list[End], bad: End | None, *, all_moves: bo
     for line in summary_lines(verdict):
         say(line)
     return verdict
+
+
+def _free_bytes(folder: Path) -> int | None:
+    """Free disk where the environments go (its nearest existing folder), or None where it cannot be read."""
+    import shutil
+
+    for place in (folder, *folder.parents):
+        if place.exists():
+            try:
+                return shutil.disk_usage(place).free
+            except OSError:
+                return None
+    return None
 
 
 def _answer_other_failures(
@@ -676,9 +700,18 @@ def search_order(candidates: list[str], known: dict[str, str], before: str, afte
 
 
 def _cannot_run(found: Observation) -> bool:
-    """Whether the run's failure says its stack cannot run here at all (bitsandbytes with no library for the
-    node's CUDA, deepspeed with no CPU accelerator): judged on the whole stderr, since such messages run long."""
-    return cannot_run_here(found.signature, found.error, f"{found.traceback}\n{found.stderr_tail}")
+    """Whether what ended the run says its stack cannot run here at all (bitsandbytes with no library for the node's
+    CUDA, deepspeed with no CPU accelerator): judged on the ending exception's whole traceback (such messages run
+    long), or on the script's own exit line. A warning or a traceback a library printed and went past (bitsandbytes'
+    caught GLIBCXX traceback on import) is not what ended it and never makes the run unusable; only a run whose ending
+    no process could note (killed, or recorded before the runner) is judged on the whole stderr."""
+    if found.ended == "exit":
+        text = found.error_text or ""
+    elif found.ended == "exception":
+        text = f"{found.traceback}\n{found.error_text or ''}"
+    else:
+        text = f"{found.traceback}\n{found.stderr_tail}"
+    return cannot_run_here(found.signature, found.error, text)
 
 
 def _needs_left_out(found: Observation) -> bool:
@@ -795,10 +828,7 @@ def summary_lines(verdict: dict[str, Any]) -> list[str]:
     for flip in (Flip.from_json(f) for f in verdict["flips"]):
         where = f"between {flip.older} ({flip.older_state}) and {flip.newer} ({flip.newer_state})"
         if flip.package and flip.release:
-            lines.append(
-                f"  {flip.direction} with {flip.package} {flip.release} "
-                f"(last {flip.older_state}: {flip.last_release_before}), {where}"
-            )
+            lines.append(f"  {flip.direction} with {flip.package} {flip.release} ({release_words(flip)}), {where}")
             held = ", ".join(f"{p} {v}" for p, v in flip.held.items() if p in AXIS_PACKAGES) or ", ".join(
                 f"{p} {v}" for p, v in list(flip.held.items())[:8]
             )
@@ -814,6 +844,7 @@ def summary_lines(verdict: dict[str, Any]) -> list[str]:
             lines.append(f"  {where}: {flip.note or 'not named'}")
         if flip.note and flip.package:
             lines.append(f"    note: {flip.note}")
+    lines += unusable_lines(verdict)
     for other in verdict["different_failures"]:
         where = [s["label"] for s in verdict["scan"] if s["signature"] == other["signature"] and s["state"] == "other"]
         lines.append(
@@ -838,6 +869,34 @@ def summary_lines(verdict: dict[str, Any]) -> list[str]:
     return lines
 
 
+def unusable_lines(verdict: dict[str, Any]) -> list[str]:
+    """Every stack that could not be judged (it could not be built, it exited 77, or what ended it is this
+    machine's limit), a scanned day, a move or a release probe, each with its cause line: no evidence either way,
+    and the verdict says which and why."""
+    found: list[tuple[str, str]] = []
+    for scanned in verdict["scan"]:
+        if scanned.get("state") == "unusable":
+            found.append((str(scanned["label"]), scanned.get("error") or scanned.get("outcome") or ""))
+    flips = [*verdict["flips"], *(f for other in verdict["different_failures"] for f in other.get("flips") or [])]
+    for flip in flips:
+        older = flip.get("older", "")
+        for move in flip.get("moves") or []:
+            if move.get("state") == "unusable":
+                found.append((f"{older} + {move['package']}=={move['version']}", move.get("error") or ""))
+        package = flip.get("package") or ""
+        for probe in flip.get("bisect_runs") or []:
+            if probe.get("state") == "unusable":
+                found.append((f"{older} + {package}=={probe['version']}", probe.get("error") or ""))
+    lines, seen = [], set()
+    for label, why in found:
+        if label in seen:
+            continue
+        seen.add(label)
+        first = next((line.strip() for line in str(why).splitlines() if line.strip()), "") or "no cause recorded"
+        lines.append(f"  unusable (no evidence either way): {label}: {first}")
+    return lines
+
+
 def _scan_word(scanned: dict[str, Any]) -> str:
     """A scanned stack's state in the scan line: 'fail (another failure)' where the script failed otherwise, 'past it
     (another failure later)' where it got past the failure asked about and failed further on."""
@@ -848,11 +907,20 @@ def _scan_word(scanned: dict[str, Any]) -> str:
     return scanned["state"] or scanned["outcome"]
 
 
+def release_words(flip: Flip) -> str:
+    """The release before the named one, in words: a break names the first release that fails ('last pass: 0.9.0'),
+    a fix the first release that passes ('the first release that passes; the last that fails: 0.17.1')."""
+    if flip.newer_state == "target" or flip.older_state != "target":
+        return f"last {flip.older_state}: {flip.last_release_before}"
+    passes = "gets past it" if flip.note.startswith("where ") else "passes"  # a later failure takes over there
+    return f"the first release that {passes}; the last that fails: {flip.last_release_before}"
+
+
 def _answer_line(flip: Flip) -> str:
-    """One answer for a different failure: 'ended with packaging 22.0 (last fail: 20.9; ...)', or why not named."""
+    """One answer for a different failure: 'ended with packaging 21.0 (the first release that passes; the last that
+    fails: 20.0)', or why not named."""
     if flip.package and flip.release:
-        last = "fail" if flip.older_state == "target" else flip.older_state
-        line = f"{flip.direction} with {flip.package} {flip.release} (last {last}: {flip.last_release_before})"
+        line = f"{flip.direction} with {flip.package} {flip.release} ({release_words(flip)})"
         stepped = sorted({str(s["version"]) for s in flip.stepped_over or [] if isinstance(s, dict)}, key=Version)
         if stepped:
             line += f"; {', '.join(stepped)} showed no evidence (another failure or no install)"

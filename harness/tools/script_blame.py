@@ -95,27 +95,41 @@ def blame_flip(bisect: ScriptBisect, flip: Flip, older: End, newer: End) -> dict
         changed = changed_code.compare(package, (old, traces / "older"), (new, traces / "newer"))
         _, older_sources, _ = changed_code.read_traces(traces / "older")
         _, newer_sources, _ = changed_code.read_traces(traces / "newer")
-        candidates = [blaming.Candidate(c.file, c.qualname) for c in changed.changed]
-        failing = next(s for s in sides.values() if s.state == "target")
+        failing_side = next(name for name, s in sides.items() if s.state == "target")
+        failing = sides[failing_side]
         refused = blaming.refused_calls(changed, failing.error_text, older_sources)
+        # The order the failing run reaches them: what its error refuses first, then its traceback, then the last
+        # called (`blame.in_failing_order`).
+        candidates = refused + blaming.in_failing_order(
+            [blaming.Candidate(c.file, c.qualname) for c in changed.changed],
+            changed_code.read_lateness(traces / failing_side), failing.error_text, import_name(package),
+        )  # fmt: skip
         say(
-            f"  {changed.executed_both} {package} functions ran in both; {len(candidates)} changed"
+            f"  {changed.executed_both} {package} functions ran in both; {len(candidates) - len(refused)} changed"
             + (f"; {len(refused)} refused the failing run's call: {', '.join(map(str, refused))}" if refused else "")
         )
-        candidates += refused
+        older_calls = changed_code.read_call_edges(traces / "older")
+        newer_calls = changed_code.read_call_edges(traces / "newer")
 
         def runner(side: Side) -> Any:
             def run(plan: dict) -> dict[str, Any]:
                 found = _reverted(bisect, side.stack, plan, flip)
+                why = f" ({found['error']})" if found["outcome"] == blaming.NEITHER and found.get("error") else ""
                 say(f"  put back {len(plan['functions'])} function(s), {len(plan['modules'])} module(s) at "
-                    f"{package} {side.release}: {found['outcome']} in {found['seconds']} s")  # fmt: skip
+                    f"{package} {side.release}: {found['outcome']} in {found['seconds']} s{why}")  # fmt: skip
                 return found
 
             return run
 
-        result = blaming.blame(package, old, new, candidates, older_sources, runner(sides["newer"]))
+        result = blaming.blame(
+            package, old, new, candidates, older_sources, runner(sides["newer"]),
+            widen=lambda c, error: blaming.helpers_of(c, older_sources, newer_sources, older_calls, error),
+        )  # fmt: skip
         if result.blamed:
-            blaming.converse(result, newer_sources, runner(sides["older"]))
+            blaming.converse(
+                result, newer_sources, runner(sides["older"]),
+                widen=lambda c, error: blaming.helpers_of(c, newer_sources, older_sources, newer_calls, error),
+            )  # fmt: skip
     from harness.execution import hardware
 
     result.machine = hardware.describe("cpu")
@@ -188,10 +202,8 @@ def _reverted(bisect: ScriptBisect, stack: Stack, plan: dict, flip: Flip) -> dic
         failed = read_failed()
     state = found.state
     outcome = blaming.OLDER if state == flip.older_state else blaming.NEWER if state == flip.newer_state else None
-    text = f"{found.traceback or ''}\n{found.stderr_tail or ''}"
     return {"outcome": outcome or blaming.NEITHER, "line": found.error or found.outcome, "seconds": found.seconds,
-            "failed": failed, "raised": blaming.raised_reverts(text),
-            "error": (found.error or found.outcome) if outcome is None else None}  # fmt: skip
+            "failed": failed, "error": (found.error or found.outcome) if outcome is None else None}  # fmt: skip
 
 
 def _side_json(side: Side) -> dict[str, Any]:

@@ -85,6 +85,19 @@ class LocalStacks:
             return dated_stack(self.history, end.day, self.extras, self.options)
         return pinned_stack(self.history, end.label, end.pins, self.extras, self.options)
 
+    def to_build(self, ends: list[Any]) -> list[str]:
+        """The labels of the ends whose environment is not built yet here (what the scan will build first)."""
+        missing = []
+        for end in ends:
+            cell, profile = (
+                (_day_cell(self.history, end.day), self.history)
+                if end.day
+                else _pinned_cell(self.history, end.pins, self.extras)
+            )
+            if not (envs.env_dir_for(cell, profile, self.options) / envs.MARKER).is_file():
+                missing.append(end.label)
+        return missing
+
     def move(self, base: Stack, package: str, version: str, older: Any, newer: Any) -> Stack:
         label = f"{base.label} + {package}=={version}"
         if package in NATIVE_MOVES:
@@ -101,6 +114,36 @@ class LocalStacks:
 
     def yanked(self, package: str) -> list[str]:
         return [] if self.options.offline else [str(v) for v in releases.yanked(package)]
+
+
+#: What one atlas day's environment costs here, measured (docs/bring-your-own-failure.md, "What a cold run costs"): its
+#: disk counted alone, 5.5 to 7.1 GB on five days (the CUDA build of torch from PyPI, its CUDA libraries and triton are
+#: most of it; the files are hard links into uv's cache, so a day that shares a torch release with a built one may add
+#: as little as 0.3 GB), and its build, 1.1 min with uv's cache empty (2024-09-26, downloads included) and up to about
+#: 2.5 min per day on a loaded machine (the cold scan of issue 75: 40 minutes for 16 days).
+ENV_DISK_GB = 6.0
+ENV_BUILD_MINUTES = (1.0, 2.5)
+
+
+def build_cost_lines(to_build: list[str], scanned: int, free_bytes: int | None) -> list[str]:
+    """The cost of the environments a scan will build, said before it builds them: which, the disk they take and the
+    time, both estimated from one measured day each (said so), and whether this machine's free disk holds them."""
+    if not to_build:
+        return [f"  every one of the {scanned} stacks to scan is built already: no environment to build"]
+    shown = ", ".join(to_build[:8]) + (f" and {len(to_build) - 8} more" if len(to_build) > 8 else "")
+    disk = len(to_build) * ENV_DISK_GB
+    warm, cold = (max(1, round(len(to_build) * m)) for m in ENV_BUILD_MINUTES)
+    lines = [
+        f"  to build first: {len(to_build)} of the {scanned} stacks' environments ({shown}): an estimate of up to "
+        f"{disk:.0f} GB of disk (about {ENV_DISK_GB:.0f} GB a day measured, times {len(to_build)}; less where days "
+        f"share a torch release) and {warm} to {cold} min of builds ({ENV_BUILD_MINUTES[0]:.0f} to "
+        f"{ENV_BUILD_MINUTES[1]} min a day); a torch move builds one more, other moves are overlays of a few MB"
+    ]
+    if free_bytes is not None:
+        free = free_bytes / 1e9
+        short = f", less than the {disk:.0f} GB estimated: the scan may run out (--from/--to bound the days)"
+        lines.append(f"  free disk here: {free:.0f} GB" + (short if free < disk else ""))
+    return lines
 
 
 #: Packages whose move gets an environment of its own, never an overlay: torch's native libraries and its triton must
@@ -168,6 +211,12 @@ def pinned_stack(
     history: Profile, label: str, pins: dict[str, str], extras: list[str], options: InstallOptions
 ) -> Stack:
     """A user's own end: the pinned packages (and the script's other dependencies, resolved today)."""
+    cell, profile = _pinned_cell(history, pins, extras)
+    return _from_env(label, envs.ensure_env(cell, profile, options), "pinned")
+
+
+def _pinned_cell(history: Profile, pins: dict[str, str], extras: list[str]) -> tuple[Cell, Profile]:
+    """The cell and profile of a user's pinned end (its environment is keyed by them)."""
     named = {canonicalize_name(p) for p in pins}
     lines = [f"{p}=={v}" for p, v in pins.items() if p not in AXIS_PACKAGES]
     lines += [line for line in extras if canonicalize_name(Requirement(line).name) not in named]
@@ -175,8 +224,7 @@ def pinned_stack(
     profile = replace(
         history, name="script", axes={p: (v,) for p, v in choices}, stacks={}, extra_requirements=tuple(lines)
     )
-    cell = Cell(stack="script", choices=choices, implied=())
-    return _from_env(label, envs.ensure_env(cell, profile, options), "pinned")
+    return Cell(stack="script", choices=choices, implied=()), profile
 
 
 def overlay(

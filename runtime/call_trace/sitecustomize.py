@@ -3,10 +3,12 @@ loaded by Python at start-up when this folder is first on PYTHONPATH (`compat-ma
 watches.
 
 With `COMPAT_MATRIX_TRACE_PACKAGE` (an import name, 'peft') and `COMPAT_MATRIX_TRACE_DIR` set, a profile hook notes
-each code object of that package that is called; at exit each process writes `trace-<pid>.json`: the functions
-(file inside the package, qualified name, first line), the source of every file they live in (so the two runs of a
-finding can be compared function by function without the environments they ran in), and the versions of the
-packages that matter, as this process imported them. Another `sitecustomize` later on the path is still run.
+each code object of that package that is called, and which of them called it; at exit each process writes
+`trace-<pid>.json`: the functions (file inside the package, qualified name, first line, the number of the package's
+last call into it) in the order first called, the calls between them (`edges`: caller and callee by their index,
+what a blame widens a put-back function with), the source of every file they live in (so the two runs of a finding
+can be compared function by function without the environments they ran in), and the versions of the packages that
+matter, as this process imported them. Another `sitecustomize` later on the path is still run.
 """
 
 from __future__ import annotations
@@ -22,14 +24,21 @@ from typing import Any
 _PACKAGE = os.environ.get("COMPAT_MATRIX_TRACE_PACKAGE")
 _OUT = os.environ.get("COMPAT_MATRIX_TRACE_DIR")
 _MATTER = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes", "safetensors", "numpy")
-_seen: dict[Any, None] = {}
+#: code -> the number of the package's last call into it (its place in the dict: the first call).
+_seen: dict[Any, int] = {}
+_edges: dict[tuple[Any, Any], None] = {}
+_count = [0]
 
 
 def _profile(frame: Any, event: str, arg: Any) -> None:
     if event == "call":
         code = frame.f_code
         if _MARKER in code.co_filename:
-            _seen[code] = None
+            _count[0] += 1
+            _seen[code] = _count[0]
+            caller = frame.f_back
+            if caller is not None and _MARKER in caller.f_code.co_filename:
+                _edges[(caller.f_code, code)] = None
 
 
 def _versions() -> dict[str, str]:
@@ -50,11 +59,13 @@ def _dump() -> None:
     threading.setprofile(None)  # type: ignore[arg-type]
     try:
         calls, paths = [], {}
-        for code in list(_seen):
+        codes = list(_seen)
+        index = {code: i for i, code in enumerate(codes)}
+        for code in codes:
             start = code.co_filename.rfind(_MARKER)
             relative = code.co_filename[start + 1 :]
             qualname = getattr(code, "co_qualname", code.co_name)
-            calls.append({"file": relative, "qualname": qualname, "line": code.co_firstlineno})
+            calls.append({"file": relative, "qualname": qualname, "line": code.co_firstlineno, "last": _seen[code]})
             paths.setdefault(relative, code.co_filename)
         sources = {}
         for relative, path in paths.items():
@@ -63,7 +74,8 @@ def _dump() -> None:
                     sources[relative] = handle.read()
             except OSError:
                 continue
-        facts = {"pid": os.getpid(), "versions": _versions(), "calls": calls, "sources": sources}
+        edges = [[index[a], index[b]] for a, b in list(_edges) if a in index and b in index]
+        facts = {"pid": os.getpid(), "versions": _versions(), "calls": calls, "edges": edges, "sources": sources}
         path = os.path.join(_OUT or ".", f"trace-{os.getpid()}.json")
         with open(path + ".tmp", "w") as handle:
             json.dump(facts, handle)

@@ -1,10 +1,14 @@
 """Some functions of one package put back as another release wrote them, in every process of a run: how `findings
 --blame` asks "is this changed function the cause?" (the newer release with its source reverted, run again).
 
-With `COMPAT_MATRIX_REVERT` naming a JSON plan ({"functions": [{"module", "qualname", "source"}], "modules":
-[{"module", "source"}]}) and this folder first on PYTHONPATH, each listed module is patched as it is imported: a
-listed function or method (`Class.method`, decorators included) is compiled again from the plan's source in the
-module's own namespace, `super()` bound to its class, and set in place of the newer one; a listed module is executed
+With `COMPAT_MATRIX_REVERT` naming a JSON plan ({"functions": [{"module", "qualname", "source", "bindings"}],
+"modules": [{"module", "source"}]}) and this folder first on PYTHONPATH, each listed module is patched as it is
+imported: a listed function or method (`Class.method`, decorators included) is compiled again from the plan's source in
+the module's own namespace, `super()` bound to its class, and set in place of the newer one (or beside the newer ones,
+where the newer release removed it: a helper it needs); then each of its `bindings` (a module-level statement of the
+other release that binds a name it uses: an import, a constant) is executed in the module where the module lacks
+that name, so a function that imports what its new module no longer does still finds it. A binding that cannot be
+made is noted (`unbound`), not a failure: the function runs as far as it gets without it. A listed module is executed
 from the other release's source whole. Each process writes what it applied and what it could not
 (`revert-<pid>.json` in `COMPAT_MATRIX_REVERT_REPORT`): a revert that could not be applied is no evidence either way.
 Another `sitecustomize` later on the path is still run (the call tracer's, for one).
@@ -24,6 +28,7 @@ _PLAN_FILE = os.environ.get("COMPAT_MATRIX_REVERT")
 _REPORT_DIR = os.environ.get("COMPAT_MATRIX_REVERT_REPORT")
 _applied: list[str] = []
 _failed: list[dict[str, str]] = []
+_unbound: list[dict[str, str]] = []
 
 
 def _compiled(module: Any, qualname: str, source: str) -> tuple[Any, str, Any]:
@@ -47,8 +52,12 @@ def _compiled(module: Any, qualname: str, source: str) -> tuple[Any, str, Any]:
     return owner, name, function
 
 
-def _patch(module: Any, functions: list[dict[str, str]]) -> None:
+def _patch(module: Any, functions: list[dict[str, Any]]) -> None:
     for item in functions:
+        # The names it uses first: a decorator or a default value reads them as the def is compiled.
+        for binding in item.get("bindings") or []:
+            if binding["name"] not in module.__dict__:
+                _bind(module, binding)
         where = f"{item['module']}.{item['qualname']}"
         try:
             owner, name, function = _compiled(module, item["qualname"], item["source"])
@@ -58,8 +67,16 @@ def _patch(module: Any, functions: list[dict[str, str]]) -> None:
             _failed.append({"what": where, "error": f"{type(exc).__name__}: {exc}"})
 
 
+def _bind(module: Any, binding: dict[str, str]) -> None:
+    try:
+        code = compile(binding["statement"], f"<binding {module.__name__}.{binding['name']}>", "exec")
+        exec(code, module.__dict__)
+    except Exception as exc:  # left unbound: the function runs as far as it gets without it
+        _unbound.append({"name": f"{module.__name__}.{binding['name']}", "error": f"{type(exc).__name__}: {exc}"})
+
+
 class _Loader(importlib.abc.Loader):
-    def __init__(self, real: Any, functions: list[dict[str, str]], whole: str | None) -> None:
+    def __init__(self, real: Any, functions: list[dict[str, Any]], whole: str | None) -> None:
         self.real, self.functions, self.whole = real, functions, whole
 
     def create_module(self, spec: Any) -> Any:
@@ -76,7 +93,7 @@ class _Loader(importlib.abc.Loader):
 
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self, plan: dict[str, Any]) -> None:
-        self.functions: dict[str, list[dict[str, str]]] = {}
+        self.functions: dict[str, list[dict[str, Any]]] = {}
         for item in plan.get("functions", []):
             self.functions.setdefault(item["module"], []).append(item)
         self.modules = {item["module"]: item["source"] for item in plan.get("modules", [])}
@@ -110,7 +127,7 @@ def _report() -> None:
     try:
         path = os.path.join(_REPORT_DIR, f"revert-{os.getpid()}.json")
         with open(path, "w") as handle:
-            json.dump({"pid": os.getpid(), "applied": _applied, "failed": _failed}, handle)
+            json.dump({"pid": os.getpid(), "applied": _applied, "failed": _failed, "unbound": _unbound}, handle)
     except OSError:
         pass
 
