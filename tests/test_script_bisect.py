@@ -281,6 +281,7 @@ def test_ends_and_bad_input(tmp_path: Path) -> None:
             capture_output=True, text=True, cwd=REPO,
         )  # fmt: skip
         assert proc.returncode == 2 and says in proc.stderr, (extra, proc.stderr)
+        assert not (REPO / "results" / "script-bisect" / "s").exists(), extra  # a refusal leaves no verdict folder
     missing = subprocess.run(
         [sys.executable, "-m", "harness", "bisect-script", str(tmp_path / "nope.py")], capture_output=True, text=True
     )

@@ -1007,11 +1007,6 @@ def command(args: Any) -> int:
         offline=args.offline,
         wheelhouse=args.wheelhouse.resolve() if args.wheelhouse else None,
     )
-    bisect = ScriptBisect(
-        args.script, out_dir, history, options, nproc=args.nproc, torchrun=args.torchrun, timeout_s=args.timeout,
-        match=args.match,
-        fresh=args.fresh, search="bisect" if args.bisect else "sweep",
-    )  # fmt: skip
     if good and bad and not good.day:
         ends = [good, bad]
     else:
@@ -1027,6 +1022,12 @@ def command(args: Any) -> int:
         if not days:
             raise UsageError(f"no atlas day between {first or 'the first'} and {last or 'the last'}")
         ends = [End(day=d) for d in days]
+    # Made once the input is known good: a refused invocation leaves no folder behind.
+    bisect = ScriptBisect(
+        args.script, out_dir, history, options, nproc=args.nproc, torchrun=args.torchrun, timeout_s=args.timeout,
+        match=args.match,
+        fresh=args.fresh, search="bisect" if args.bisect else "sweep",
+    )  # fmt: skip
     verdict = run(bisect, ends, bad, all_moves=args.all_moves)
     return write_issue(verdict, bisect)
 
