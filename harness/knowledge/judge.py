@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from harness.knowledge.evidence import OTHER, PASSES, SHOWS
@@ -35,9 +36,11 @@ STATES = ("applies", "applies-if", "range", "undecided", "pitfall", "cleared", "
 _RELEASE = re.compile(r"^\s*v?(?:\d+!)?(\d+(?:\.\d+)*)")
 
 
+@cache
 def key(version: str) -> tuple[int, ...]:
     """The release numbers of a version, padded so that 2.4 and 2.4.0 compare equal (a local label, a pre- or
-    post-release part left out: the atlas measures final releases)."""
+    post-release part left out: the atlas measures final releases). Cached: a way-out search compares the same few
+    hundred releases millions of times."""
     found = _RELEASE.match(str(version).split("+", 1)[0])
     parts = [int(x) for x in found.group(1).split(".")] if found else []
     return tuple((parts + [0] * 6)[:6])

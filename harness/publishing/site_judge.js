@@ -15,11 +15,18 @@
   const RELEASE = /^\s*v?(?:\d+!)?(\d+(?:\.\d+)*)/;
 
   // --- versions: the release numbers, padded (judge.key) -----------------------------------------------------------
+  const KEYS = new Map();  // a way-out search compares the same few hundred releases millions of times
   function key(version) {
-    const found = RELEASE.exec(String(version).split("+", 1)[0]);
-    const parts = found ? found[1].split(".").map(Number) : [];
-    while (parts.length < 6) parts.push(0);
-    return parts.slice(0, 6);
+    const text = String(version);
+    let parts = KEYS.get(text);
+    if (parts === undefined) {
+      const found = RELEASE.exec(text.split("+", 1)[0]);
+      parts = found ? found[1].split(".").map(Number) : [];
+      while (parts.length < 6) parts.push(0);
+      parts = Object.freeze(parts.slice(0, 6));
+      KEYS.set(text, parts);
+    }
+    return parts;
   }
   // Python's ordering of nested tuples and lists of numbers and strings.
   function cmp(a, b) {
