@@ -88,7 +88,9 @@ def test_a_spec_that_breaks_the_contract_is_named() -> None:
         "controls": [],
         "variants": {"baseline": ("baseline", "default"), "fix_a": ("fix", "flag a")},
     }
-    validate_spec("scenarios.s9_x", good)
+    typed = validate_spec("scenarios.s9_x", good)
+    assert (typed.world_size, typed.device, typed.target, typed.restart_after_failure) == (1, "any", (
+        "no-grad-element-0",), True)  # fmt: skip
     broken = [
         ({"target": "sig"}, "SPEC.target"),
         ({"target": ["no-such-failure"]}, "SPEC.target"),
@@ -97,6 +99,11 @@ def test_a_spec_that_breaks_the_contract_is_named() -> None:
         ({"variants": {"baseline": ("baseline", "d"), "fix_a": ("fix", "")}}, "SPEC.variants.fix_a"),
         ({"target": []}, "SPEC.target"),
         ({"controls": [{}]}, "SPEC.controls"),
+        ({"world_sise": 2}, "SPEC.world_sise"),  # a typo of a key: refused, never read as the default
+        ({"world_size": "2"}, "SPEC.world_size"),
+        ({"flips_per_config": "yes"}, "SPEC.flips_per_config"),
+        ({"device": "gpu"}, "SPEC.device"),
+        ({"variant_setup": {"fix_b": {"use_reentrant": "true"}}}, "SPEC.variant_setup.fix_b"),
     ]
     for change, key in broken:
         with pytest.raises(UsageError, match=key.replace(".", r"\.")):

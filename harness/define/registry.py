@@ -10,80 +10,54 @@ from types import ModuleType
 from typing import Any
 
 from harness.define.packages import import_name
+from harness.define.spec import ScenarioSpec, typed_spec
 from harness.errors import OptionError, UsageError
 from harness.paths import SCENARIO_DIR
 
-#: What a variant is, as the table shows it. `fix`: same setup, a flag or code change a user adds.
-#: `workaround`: it changes the setup (another ZeRO stage, other dtypes, another FSDP version), at a cost.
-#: `measurement`: not a fix at all, another condition measured (S3's gradient accumulation, ...).
-VARIANT_KINDS = ("baseline", "fix", "workaround", "measurement")
 
-
-def validate_spec(module_name: str, spec: Any) -> None:
-    """The scenario contract (docs/scenario-contract.md), checked when the scenario is found: one line naming
-    the module and key, never a half-read spec."""
-
-    def bad(key: str, problem: str) -> UsageError:
-        return UsageError(f"{module_name}: SPEC.{key}: {problem}")
-
-    if not isinstance(spec, dict):
-        raise UsageError(f"{module_name}: SPEC must be a dict")
-    for key in ("id", "title"):
-        if not isinstance(spec.get(key), str) or not spec[key]:
-            raise bad(key, "must be a non-empty string")
-    target = spec.get("target")
-    if not isinstance(target, list) or not all(isinstance(t, str) and t for t in target):
-        raise bad("target", "must be a list of signature globs (empty only for a measurement scenario)")
-    controls = spec.get("controls")
-    if not isinstance(controls, list) or not all(isinstance(c, dict) and c for c in controls):
-        raise bad("controls", "must be a list of non-empty {config key: value} tables (may be empty)")
-    variants = spec.get("variants")
-    if not isinstance(variants, dict) or not variants:
-        raise bad("variants", "must be a table: variant name -> (kind, one-line description)")
-    names = list(variants)
-    if names[0] != "baseline" or variants["baseline"][0] != "baseline":
-        raise bad("variants", "the first variant must be baseline, of kind baseline")
-    for name, value in variants.items():
-        if not (isinstance(value, tuple | list) and len(value) == 2 and value[0] in VARIANT_KINDS):
-            raise bad(f"variants.{name}", f"must be (kind, description) with kind one of {', '.join(VARIANT_KINDS)}")
-        if not isinstance(value[1], str) or not value[1].strip() or "\n" in value[1]:
-            raise bad(f"variants.{name}", "the description must be one non-empty line")
-        if value[0] == "baseline" and name != "baseline":
-            raise bad(f"variants.{name}", "only the baseline is of kind baseline")
-    if not target and any(v[0] in ("fix", "workaround") for v in variants.values()):
-        raise bad("target", "a scenario with fixes must name the failure they fix")
+def validate_spec(module_name: str, spec: Any) -> ScenarioSpec:
+    """The scenario contract (docs/scenario-contract.md), checked when the scenario is found: every key known and
+    typed (`define/spec.py`), its target naming a known failure; one line naming the module and key, never a
+    half-read spec."""
+    typed = typed_spec(module_name, spec)
     from scenarios.failure_names import KNOWN_ISSUES
 
-    for name in target:
+    for name in typed.target:
         family = name.rstrip("*").removeprefix("check-")
         if not any(known.startswith(family) or family.startswith(known) for known in KNOWN_ISSUES):
-            raise bad("target", f"{name!r} names no failure in scenarios/failure_names.py (a typo?)")
+            raise UsageError(f"{module_name}: SPEC.target: {name!r} names no failure in scenarios/failure_names.py "
+                             "(a typo?)")  # fmt: skip
+    return typed
 
 
 @dataclass(frozen=True)
 class Scenario:
+    """A scenario found: its module, the SPEC as the module wrote it (`spec`, what the cell side reads) and as the
+    harness reads it (`typed`, validated)."""
+
     id: str
     module_name: str
     module: ModuleType
     spec: dict[str, Any]
+    typed: ScenarioSpec
 
     @property
     def distributed(self) -> bool:
-        return int(self.spec.get("world_size", 1)) > 1
+        return self.typed.distributed
 
     @property
     def variants(self) -> tuple[str, ...]:
-        return tuple(self.spec["variants"])
+        return tuple(self.typed.variants)
 
     def variant_kind(self, variant: str) -> str:
-        return str(self.spec["variants"][variant][0])
+        return str(self.typed.variants[variant][0])
 
     def variant_description(self, variant: str) -> str:
-        return str(self.spec["variants"][variant][1])
+        return str(self.typed.variants[variant][1])
 
     @property
     def requires(self) -> tuple[str, ...]:
-        return tuple(self.spec.get("requires", ()))
+        return self.typed.requires
 
     @property
     def preload(self) -> tuple[str, ...]:
@@ -108,8 +82,7 @@ def discover() -> list[Scenario]:
     for name in names:
         module = importlib.import_module(name)
         spec = module.SPEC
-        validate_spec(name, spec)
-        found.append(Scenario(spec["id"], name, module, spec))
+        found.append(Scenario(spec["id"], name, module, spec, validate_spec(name, spec)))
     return sorted(found, key=lambda s: (int(s.id[1:].split("-")[0]), s.id))
 
 
