@@ -11,11 +11,18 @@ calls an affected stack clean: a failure already showing on the oldest release m
 `database_specific` holds what OSV cannot: the conjunction (`conditions`), the setups (in words and keys), the
 condition on the user's model ("applies if"), the fixes, and the evidence: the records at exactly every event's
 release and at the release before it, and why a release before is no release measured good (masked).
+
+The two times are OSV's: `published` is set once, the first publication: the earliest of the first record that shows
+the failure, the `published` of the advisory already in the folder and, in a git checkout, the commit that first added
+its file (never moved later); `modified` moves only when a report changes the advisory's content (then it is that
+report's time): a report from the same records rewrites no byte.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +59,12 @@ def _advisory(
     conditions = [_condition_json(c) for c in failure.conditions]
     evidence = [_evidence_json(c, results_dir) for c in failure.conditions]
     off = [o.off_by for o in failure.observed if o.off_by is not None and failure.state(o) == "shows"]
-    stamp = _newest([o.started_at for o in failure.observed])
+    first = _first_shown(failure)
     return {
         "schema_version": SCHEMA_VERSION,
         "id": failure.id,
-        "modified": stamp,
-        "published": stamp,
+        "modified": first,  # `settle` sets both against the advisory already published
+        "published": first,
         "summary": summary,
         "details": _details(failure, table, where, off),
         "affected": _affected(failure, table),
@@ -159,10 +166,46 @@ def _ordered(events: list[dict[str, str]]) -> list[dict[str, str]]:
     return events if events and "introduced" in events[0] else [{"introduced": "0"}, *events]
 
 
-def _newest(stamps: list[str]) -> str:
-    """The newest record's time (a stable stamp: regenerating the advisory from the same records gives the same)."""
-    newest = max((s for s in stamps if s), default="2026-11-27T00:00:00Z")
-    return newest if newest.endswith("Z") else newest.replace("+00:00", "Z")
+def _first_shown(failure: KnownFailure) -> str:
+    """When the failure was first shown: the earliest record showing it (else the earliest record of its configs)."""
+    shown = [o.started_at for o in failure.observed if o.started_at and failure.state(o) == "shows"]
+    return _osv_time(min(shown or [o.started_at for o in failure.observed if o.started_at] or [_now()]))
+
+
+def _osv_time(stamp: str) -> str:
+    """An RFC 3339 UTC time as OSV writes it (`...Z`), to the second."""
+    when = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    when = when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
+    return when.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def settle(
+    advisory: dict[str, Any], previous: dict[str, Any] | None, now: str | None = None, added: str | None = None
+) -> dict[str, Any]:
+    """The advisory with OSV's two times set against the one already published (`previous`, None where there is none)
+    and the time its file was first committed (`added`, where the folder is a git checkout): `published` the earliest
+    of the first record showing it, the published one and the first commit (set once: a growth adding records, or a
+    record retired, never moves it later); `modified` the published one's while the content (everything but the two
+    times) is the same, else `now` (the report that changed it)."""
+    content = {k: v for k, v in advisory.items() if k not in _TIMES}
+    first = min(advisory["published"], _osv_time(added)) if added else advisory["published"]
+    if not previous or not all(isinstance(previous.get(k), str) for k in _TIMES):
+        return advisory | {"published": first, "modified": max(_osv_time(now or _now()), first)}
+    try:
+        published = min(first, _osv_time(previous["published"]))
+        kept = _osv_time(previous["modified"])
+    except ValueError:  # a stamp that is no time: published anew
+        return settle(advisory, None, now, added)
+    same = content == {k: v for k, v in previous.items() if k not in _TIMES}
+    modified = kept if same else _osv_time(now or _now())
+    return advisory | {"published": published, "modified": max(modified, published)}
+
+
+_TIMES = ("modified", "published")
 
 
 def _details(failure: KnownFailure, table: dict[str, Any], where: str, off: list[float]) -> str:
@@ -233,13 +276,57 @@ def write(advisories: list[dict[str, Any]], tables: dict[str, Any], results_dir:
     for stale in folder.glob("*.json"):
         if stale.name not in keep:
             stale.unlink()
+    now, added = _now(), first_committed(folder)
+    advisories = [
+        settle(a, _published(folder / f"{a['id']}.json"), now, added.get(f"{a['id']}.json")) for a in advisories
+    ]
     for advisory in advisories:
-        (folder / f"{advisory['id']}.json").write_text(json.dumps(advisory, indent=1) + "\n")
+        _write_if_changed(folder / f"{advisory['id']}.json", json.dumps(advisory, indent=1) + "\n")
     index = [
         {"id": a["id"], "summary": a["summary"], "modified": a["modified"],
          "packages": [x["package"]["name"] for x in a["affected"]], "file": f"{a['id']}.json"}
         for a in advisories
     ]  # fmt: skip
-    (folder / "index.json").write_text(json.dumps(index, indent=1) + "\n")
-    (folder / JUDGE_FILE).write_text(json.dumps(tables, sort_keys=True, separators=(",", ":")) + "\n")
+    _write_if_changed(folder / "index.json", json.dumps(index, indent=1) + "\n")
+    _write_if_changed(folder / JUDGE_FILE, json.dumps(tables, sort_keys=True, separators=(",", ":")) + "\n")
     return folder
+
+
+def _published(path: Path) -> dict[str, Any] | None:
+    """The advisory already in the folder (the committed one), or None where there is none or it does not read."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def first_committed(folder: Path) -> dict[str, str]:
+    """File name -> when git first added it to the folder (its committer time, UTC), for a folder in a git checkout;
+    empty elsewhere (a copy, a tarball, no git): the records and the published files then decide alone."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(folder), "log", "--diff-filter=A", "--format=%x00%cI", "--name-only", "--", "."],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    found: dict[str, str] = {}
+    when = ""
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        if line.startswith("\0"):
+            when = _osv_time(line[1:].strip())
+        elif line.strip() and when:
+            name = line.strip().rsplit("/", 1)[-1]
+            found[name] = min(found.get(name, when), when)
+    return found
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Write only a changed file: an unchanged one keeps its bytes and its time on disk."""
+    try:
+        if path.read_text() == text:
+            return
+    except OSError:
+        pass
+    path.write_text(text)

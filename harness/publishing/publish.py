@@ -8,7 +8,6 @@ every element with textContent; JUnit text goes through the XML library.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -97,7 +96,8 @@ def build_matrix(
         entry["headline"] = headline(found, specs.get(key[1]))
     return {
         "schema": SCHEMA,
-        "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        # The data's time, not the clock's: a report from the same records writes the same document.
+        "generated_at": max((str(r.get("started_at") or "") for r in records), default="") or None,
         "runs": [
             {k: meta.get(k) for k in ("run_id", "profile", "started_at", "finished_at", "status", "harness_commit")}
             | {"hardware": meta.get("hardware")}
