@@ -35,6 +35,8 @@ def matrix(args: argparse.Namespace) -> int:
         wheelhouse=args.wheelhouse.resolve() if args.wheelhouse else None,
         system_python=args.system_torch,
         rebuild=args.rebuild_envs,
+        max_env_gb=args.max_env_gb,
+        torch_index=args.torch_index,
     )
     options = MatrixOptions(**built_from(BY_NAME["matrix"], args, install=install))
     if args.grow and not args.resume_run:
@@ -94,9 +96,10 @@ def watch(args: argparse.Namespace) -> int:
         watched, text = watch_on_node(profile, args.results_dir)
         (args.results_dir / "watch" / f"latest-{profile.name}.md").write_text(text + "\n")
         return 0
-    options = MatrixOptions(
-        results_dir=args.results_dir, install=InstallOptions(envs_dir=args.envs_dir or default_envs_dir())
+    install = InstallOptions(
+        envs_dir=args.envs_dir or default_envs_dir(), max_env_gb=args.max_env_gb, torch_index=args.torch_index
     )
+    options = MatrixOptions(results_dir=args.results_dir, install=install)
     watched, text = watch_releases(profile, options, args.results_dir / "watch")
     (args.results_dir / "watch" / "latest.md").write_text(text + "\n")
     if watched:
@@ -192,7 +195,11 @@ def flips(args: argparse.Namespace) -> int:
         )
     if profile.era_packages:
         return _node_flips(args, profile, run_dirs)
-    options = MatrixOptions(results_dir=args.results_dir, install=InstallOptions(envs_dir=default_envs_dir()))
+    install = InstallOptions(envs_dir=default_envs_dir(), max_env_gb=args.max_env_gb, torch_index=args.torch_index)
+    options = MatrixOptions(results_dir=args.results_dir, install=install)
+    from harness.environments import disk
+
+    print(disk.per_environment(install.envs_dir, install.cap(), install.torch_source() is not None).line(), flush=True)
     for flip in find_flips(
         run_dirs, profile, options, args.results_dir / "flips", scenarios=args.scenario, again=args.again,
         span=(args.from_day, args.to_day), windows=args.windows, sweep=not args.bisect,

@@ -155,6 +155,35 @@ MATRIX_CHECKS = (
 
 # Shared options.
 RESULTS_OPTION = Option(("--results-dir",), type=Path, default=RESULTS_DIR)
+MAX_ENV_OPTION = Option(
+    ("--max-env-gb",),
+    type=float,
+    metavar="GB",
+    help=(
+        "the cap on what the cell environments hold of their own (files not shared with uv's cache): before a build, "
+        "the least recently used environments not in use are removed until it fits (default: "
+        "$COMPAT_MATRIX_MAX_ENV_GB, else 20; 0: no cap)"
+    ),
+)
+TORCH_INDEX_OPTION = Option(
+    ("--torch-index",),
+    metavar="pypi|cpu|URL|DIR",
+    help=(
+        "where torch comes from: pypi (default, $COMPAT_MATRIX_TORCH_INDEX: PyPI's CUDA build, about 4.3 GB a "
+        "release, what the committed atlas ran), cpu (https://download.pytorch.org/whl/cpu: a CPU build, about 0.9 "
+        "GB), or an index URL or a folder of wheels; the release is the one the cell resolves either way, and each "
+        "record says which build ran (install.torch_build)"
+    ),
+)
+ENV_CHECKS = (
+    Check(
+        lambda a: (
+            f"--max-env-gb {a.max_env_gb}: expected a number of GB, 0 or more (0: no cap)"
+            if a.max_env_gb is not None and not a.max_env_gb >= 0
+            else None
+        )
+    ),
+)
 OFFLINE_OPTION = Option(("--offline",), action="store_true")
 WHEELHOUSE_OPTION = Option(("--wheelhouse",), type=Path, metavar="DIR")
 TORCHRUN_OPTION = Option(("--torchrun",), action="store_true", help="start it under torchrun even with one rank")
@@ -173,7 +202,7 @@ COMMANDS: tuple[Command, ...] = (
             "harness/scenario error, 2 on bad input or a run held by another process, 130 on Ctrl-C, "
             "143 on SIGTERM."
         ),
-        checks=MATRIX_CHECKS,
+        checks=MATRIX_CHECKS + ENV_CHECKS,
         options=(
             Option(
                 ("--profile",),
@@ -258,6 +287,8 @@ COMMANDS: tuple[Command, ...] = (
                 help=("where cell environments are kept (default: $COMPAT_MATRIX_ENVS or ~/.cache/compat-matrix/envs)"),
             ),
             Option(("--rebuild-envs",), action="store_true", help="rebuild cell environments even if present"),
+            MAX_ENV_OPTION,
+            TORCH_INDEX_OPTION,
             OFFLINE_OPTION.but(help="install only from --wheelhouse, never an index"),
             WHEELHOUSE_OPTION.but(help="a directory of wheels (see `nox -s wheelhouse`)"),
             Option(
@@ -433,7 +464,10 @@ COMMANDS: tuple[Command, ...] = (
             ),
             RESULTS_OPTION,
             Option(("--envs-dir",), type=Path, help="where cell environments are kept"),
+            MAX_ENV_OPTION,
+            TORCH_INDEX_OPTION,
         ),
+        checks=ENV_CHECKS,
     ),
     Command(
         "import-run",
@@ -817,7 +851,10 @@ COMMANDS: tuple[Command, ...] = (
             RESULTS_OPTION,
             OFFLINE_OPTION.but(help="install only from --wheelhouse (air-gapped nodes)"),
             WHEELHOUSE_OPTION,
+            MAX_ENV_OPTION,
+            TORCH_INDEX_OPTION,
         ),
+        checks=ENV_CHECKS,
     ),
     Command(
         "blame-script",
@@ -943,7 +980,10 @@ COMMANDS: tuple[Command, ...] = (
                 ),
             ),
             RESULTS_OPTION,
+            MAX_ENV_OPTION,
+            TORCH_INDEX_OPTION,
         ),
+        checks=ENV_CHECKS,
     ),
     Command(
         "check-repros",

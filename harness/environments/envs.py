@@ -26,12 +26,18 @@ from packaging.requirements import Requirement
 
 from harness.define.cells import Cell
 from harness.define.profile import DATE_AXIS, Profile
+from harness.environments import disk
 from harness.environments.overlay import discard, install_argv, installer, uv_binary
 from harness.errors import UsageError
 from harness.processes import guard
 from harness.processes.proctree import ORCHESTRATOR_VAR
 
-MARKER = ".compat-matrix-cell.json"
+MARKER = disk.MARKERS[0]
+#: Where torch comes from: PyPI (its default Linux wheel is a CUDA build, about 4.3 GB with its libraries, which runs
+#: on CPU too; what the committed atlas ran), or a CPU-only index (`cpu`, about 0.9 GB) or any index URL or wheel
+#: folder. The same for every command through the variable; `--torch-index` sets it for one.
+TORCH_INDEX_VAR = "COMPAT_MATRIX_TORCH_INDEX"
+TORCH_INDEXES = {"pypi": None, "cpu": "https://download.pytorch.org/whl/cpu"}
 #: Prints {distribution: version} for the environment it runs in; the first one on sys.path wins.
 LIST_VERSIONS = (
     "import importlib.metadata as m, json, platform\n"
@@ -53,9 +59,28 @@ class InstallOptions:
     wheelhouse: Path | None = None
     system_python: str | None = None  # set -> system mode, whatever the profile says
     rebuild: bool = False
+    #: The cap on what the environments folder holds of its own, in GB (0: none; None: `disk.default_cap_gb()`).
+    max_env_gb: float | None = None
+    #: Where torch comes from (`TORCH_INDEXES`' names, an index URL or a wheel folder; None: the variable, else PyPI).
+    torch_index: str | None = None
+
+    def __post_init__(self) -> None:
+        self.cap()  # a cap given by the variable that is no number: one line, before anything is built
 
     def mode(self, profile: Profile) -> str:
         return "system" if self.system_python or profile.install_mode == "system" else "uv"
+
+    def cap(self) -> int | None:
+        """The cap in bytes, None for none."""
+        return disk.cap_bytes(disk.default_cap_gb() if self.max_env_gb is None else self.max_env_gb)
+
+    def torch_source(self) -> str | None:
+        """The index URL or wheel folder torch is installed from; None for PyPI (with the rest of the stack)."""
+        given = self.torch_index if self.torch_index is not None else os.environ.get(TORCH_INDEX_VAR, "")
+        given = given.strip()
+        if not given or given == "pypi":
+            return None
+        return TORCH_INDEXES.get(given, given)
 
 
 @dataclass(frozen=True)
@@ -72,6 +97,10 @@ class EnvResult:
     overlaid: list[str] = field(default_factory=list)
     #: Optional packages left out of the overlay because they cannot be imported here: name -> why.
     left_out: dict[str, str] = field(default_factory=dict)
+    #: The local label of the torch it holds ("cu132": PyPI's CUDA wheel, "cpu"), where it holds one.
+    torch_build: str | None = None
+    #: Where its torch came from: "pypi", or the CPU index's URL or wheel folder.
+    torch_index: str = "pypi"
 
 
 class InstallFailed(Exception):
@@ -137,6 +166,7 @@ def env_dir_for(cell: Cell, profile: Profile, options: InstallOptions) -> Path:
         *profile.overlay_support,
         "bytecode",
         *_era_facts(cell, profile),
+        *((f"torch-from:{options.torch_source()}",) if options.torch_source() else ()),
     )
     return options.envs_dir / f"{cell.stack_id}-{cell.env_key(profile.python, tuple(map(str, extra)))}"
 
@@ -161,6 +191,7 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
     marker = target / MARKER
     if marker.is_file() and not options.rebuild:
         data = json.loads(marker.read_text())
+        disk.mark_used(target)  # under the build lock: no pruner can take it between the two
         return EnvResult(
             Path(data["python"]),
             data["versions"],
@@ -170,9 +201,12 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
             mode=data.get("mode", "uv"),
             overlaid=data.get("overlaid", []),
             left_out=data.get("left_out", {}),
+            torch_build=data.get("torch_build") or disk.torch_build(target),
+            torch_index=data.get("torch_index", "pypi"),
         )
     discard(target)  # half-built (no marker: its builder died) or --rebuild-envs
     target.parent.mkdir(parents=True, exist_ok=True)
+    make_room(options, [disk.Planned(target, _torch_pin(cell), "cpu" if options.torch_source() else "cuda")], target)
     deadline = start + profile.install_timeout_s
     build = _Build(deadline, lock_fd)
     try:
@@ -183,6 +217,7 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
     except InstallFailed as exc:
         discard(target)
         return EnvResult(None, {}, False, time.monotonic() - start, failure=str(exc), mode=options.mode(profile))
+    built = disk.torch_build(target)
     # The marker is written last, atomically: an environment without it is never reused.
     _write_atomically(
         marker,
@@ -195,10 +230,14 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
                 "mode": result.mode,
                 "overlaid": result.overlaid,
                 **({"left_out": result.left_out} if result.left_out else {}),
+                **({"torch_build": built} if built else {}),
+                "torch_index": result.torch_index,
             },
             indent=1,
         ),
     )
+    disk.mark_used(target)
+    disk.sizes(target)  # measured once now: the next command's estimate reads it
     return EnvResult(
         result.python,
         result.versions,
@@ -208,7 +247,44 @@ def _ensure_env(cell: Cell, profile: Profile, options: InstallOptions, target: P
         mode=result.mode,
         overlaid=result.overlaid,
         left_out=result.left_out,
+        torch_build=built,
+        torch_index=result.torch_index,
     )
+
+
+def make_room(options: InstallOptions, planned: list[disk.Planned], *keep: Path) -> list[disk.Pruned]:
+    """Before environments are built: remove the least recently used ones not in use until what the folder holds,
+    plus what these will add, fits under the cap (said in one line when any goes)."""
+    cap = options.cap()
+    if cap is None:
+        return []
+    room = disk.estimate(planned, options.envs_dir, cap, measure_folder=False).new_bytes
+    gone = disk.prune(options.envs_dir, cap, room, keep=tuple(keep))
+    if gone:
+        print(disk.pruned_line(gone), flush=True)
+    return gone
+
+
+def planned_env(cell: Cell, profile: Profile, options: InstallOptions) -> disk.Planned:
+    """The environment a cell will use, for the disk estimate: where it lies and its torch, where the pins say."""
+    return disk.Planned(
+        env_dir_for(cell, profile, options), _torch_pin(cell), "cpu" if options.torch_source() else "cuda"
+    )
+
+
+def done_with(cell: Cell, profile: Profile, options: InstallOptions) -> None:
+    """The cell's runs are over: its environment may be pruned (it stays built until the cap needs its room)."""
+    disk.release(env_dir_for(cell, profile, options))
+
+
+def _torch_pin(cell: Cell) -> str | None:
+    """The torch release a cell pins exactly, else None (resolved: as of its day, or the newest)."""
+    for line in cell.requirements():
+        requirement = Requirement(line)
+        if requirement.name.lower() == "torch":
+            exact = [s.version for s in requirement.specifier if s.operator == "=="]
+            return exact[0].split("+")[0] if exact else None
+    return None
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -237,6 +313,11 @@ def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Pat
         named = {_name(r) for r in wanted}
         # A bare name in the cell ('latest') takes the profile's line; an exact pin stays exact.
         wanted = [outside.get(r, r) for r in wanted] + [x for n, x in outside.items() if n not in named]
+    source = options.torch_source()
+    torch_index = "pypi"
+    if source and any(_name(r) == "torch" for r in wanted):
+        wanted = _torch_first(python, wanted, source, flags, environ, build)
+        torch_index = source
     late = [r for r in wanted if _name(r) in profile.no_build_isolation]
     early = [r for r in wanted if r not in late] + list(profile.extra_requirements)
     if late:
@@ -263,7 +344,56 @@ def _build_uv(cell: Cell, profile: Profile, options: InstallOptions, target: Pat
             env=env,
             uv=True,
         )
-    return EnvResult(python, installed_versions(python), False, 0.0, mode="uv")
+    return EnvResult(python, installed_versions(python), False, 0.0, mode="uv", torch_index=torch_index)
+
+
+def torch_source_flags(source: str) -> list[str]:
+    """uv flags that take torch from `source` alone: an index URL, or a folder of wheels."""
+    if "://" in source and not source.startswith("file://"):
+        return ["--index-url", source]
+    return ["--no-index", "--find-links", source.removeprefix("file://")]
+
+
+def _torch_first(
+    python: Path, wanted: list[str], source: str, flags: list[str], environ: dict[str, str], build: _Build
+) -> list[str]:
+    """Install torch alone from `source` (no dependencies), at the release the cell's own resolution gives it (its
+    exact pin, else the newest its requirement and its day allow on the index the rest comes from), and return the
+    requirements with torch pinned to exactly what was installed, so the rest of the stack resolves around it. A
+    CPU-only index carries no upload dates uv could hold to the day, so the day is decided here, on the main index;
+    where a package of the day caps torch below that release the install fails with uv's reason, never silently."""
+    line = next(r for r in wanted if _name(r) == "torch")
+    requirement = Requirement(line)
+    exact = [s.version for s in requirement.specifier if s.operator == "=="]
+    release = exact[0].split("+")[0] if exact else _resolved_release(python, line, flags, environ, build)
+    _run(
+        ["pip", "install", "--compile-bytecode", "--python", str(python), "--no-deps", *torch_source_flags(source),
+         f"torch=={release}"],
+        build, environ, uv=True,
+    )  # fmt: skip
+    installed = installed_versions(python).get("torch")
+    if not installed:
+        raise InstallFailed(f"torch {release} from {source}: not installed")
+    return [f"torch=={installed}" if _name(r) == "torch" else r for r in wanted]
+
+
+def _resolved_release(python: Path, line: str, flags: list[str], environ: dict[str, str], build: _Build) -> str:
+    """The torch release uv picks for `line` on the main index with the cell's flags (its day's cutoff)."""
+    argv = [uv_binary(), "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate", "--no-deps",
+            "--python", str(python), *flags]  # fmt: skip
+    remaining = build.deadline - time.monotonic()
+    try:
+        proc = subprocess.run(
+            argv, input=line + "\n", capture_output=True, text=True, env=environ, timeout=max(remaining, 1)
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise InstallFailed("install timed out resolving torch's release") from None
+    if proc.returncode != 0:
+        raise InstallFailed(summarise_install_error(proc.stderr or proc.stdout))
+    for out in proc.stdout.splitlines():
+        if out.lower().startswith("torch=="):
+            return out.split("==", 1)[1].split(";")[0].strip().split("+")[0]
+    raise InstallFailed(f"no torch release resolves for {line!r}")
 
 
 def era_flags(cell: Cell, profile: Profile) -> list[str]:

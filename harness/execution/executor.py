@@ -73,6 +73,7 @@ def execute(
             if following is not None:
                 prefetch.start(following)
             _run_cell(cell, work_of(cell), context)
+            envs.done_with(cell, plan.profile, options.install)  # the cap may take it back when it needs the room
             progress.cell_done()
         status = "complete"
     except KeyboardInterrupt as exc:
@@ -277,6 +278,8 @@ def _environment(run: _CellRun) -> envs.EnvResult:
             else envs.ensure_env(run.cell, ctx.plan.profile, ctx.options.install)
         )
     run.install_info |= {"mode": env.mode, "overlaid": env.overlaid}
+    if env.torch_build:  # which build of torch ran: PyPI's CUDA wheel ("cu132") or a CPU one ("cpu")
+        run.install_info |= {"torch_build": env.torch_build, "torch_index": env.torch_index}
     if env.left_out:
         run.install_info["left_out"] = env.left_out
     return env

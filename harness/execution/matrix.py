@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.define.profile import Profile
+from harness.environments import disk, envs
 from harness.errors import OptionError
 from harness.execution import hardware
 from harness.execution.executor import execute
@@ -77,10 +78,22 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
                     _say(stream, f"  with the slice it ran: {kept} (pass --scenario or --cell to choose another)")
                 meta = _meta_for_attempt(previous, run_dir.name, plan, options, machine)
                 runs.write_meta(run_dir, meta)
+        _say(stream, disk_needed(plan, options).line())
         return execute(plan, options, meta, previous.get("status"), run_dir, machine, stream)
     finally:
         if lock is not None:
             lock.release()
+
+
+def disk_needed(plan: RunPlan, options: MatrixOptions) -> disk.DiskNeed:
+    """What the plan's environments will take (said before the run starts): the cells that run build or reuse one."""
+    install = options.install
+    wanted = [
+        envs.planned_env(cell, plan.profile, install)
+        for cell in plan.cells
+        if not cell.excluded_reason and cell.cell_id not in plan.pruned
+    ]
+    return disk.estimate(wanted, install.envs_dir, install.cap())
 
 
 def _say(stream: TextIO | None, text: str) -> None:

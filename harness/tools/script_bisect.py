@@ -1006,6 +1006,8 @@ def command(args: Any) -> int:
         envs_dir=default_envs_dir(),
         offline=args.offline,
         wheelhouse=args.wheelhouse.resolve() if args.wheelhouse else None,
+        max_env_gb=getattr(args, "max_env_gb", None),
+        torch_index=getattr(args, "torch_index", None),
     )
     if good and bad and not good.day:
         ends = [good, bad]

@@ -32,7 +32,7 @@ from packaging.version import Version
 from harness.define.cells import Cell, expand
 from harness.define.packages import AXIS_PACKAGES, build_env, late_installed
 from harness.define.profile import DATE_AXIS, Profile
-from harness.environments import envs
+from harness.environments import disk, envs
 from harness.environments import overlay as target_overlay
 from harness.environments.envs import InstallOptions
 from harness.versions import releases
@@ -332,6 +332,7 @@ def _install_overlay(base: Stack, wanted: dict[str, str], mode: str, label: str,
     path = ":".join(p for p in (str(target / "site"), base.pythonpath) if p)
     if marker.is_file() and not options.rebuild:
         data = json.loads(marker.read_text())
+        disk.mark_used(target)  # the cap's pruner leaves it while this process runs over it
         return replace(
             base, label=label, kind="overlay", pythonpath=path, versions=data["versions"], reused=True, seconds=0.0,
             mode=mode, overlaid=wanted,
@@ -352,6 +353,7 @@ def _install_overlay(base: Stack, wanted: dict[str, str], mode: str, label: str,
         (target / "site").mkdir(parents=True)
     versions = envs.installed_versions(base.python, pythonpath=path)
     marker.write_text(json.dumps({"versions": versions, "wanted": wanted, "mode": mode}, indent=1))
+    disk.mark_used(target)
     seconds = time.monotonic() - started
     return replace(
         base, label=label, kind="overlay", pythonpath=path, versions=versions, reused=False, seconds=seconds,
