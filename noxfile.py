@@ -35,6 +35,14 @@ def report(session: nox.Session) -> None:
     session.run("compat-matrix", "report", *session.posargs)
 
 
+@nox.session(default=False)
+def grow(session: nox.Session) -> None:
+    """Keep the atlas current (run it when a release is newer than the newest atlas day): resume what a growth left,
+    grow the new days, watch the new releases, name the new flips, report (`-- --plan` says what it would run)."""
+    session.install(*HARNESS_DEPS)
+    session.run("compat-matrix", "grow", *session.posargs)
+
+
 @nox.session(name="list")
 def list_(session: nox.Session) -> None:
     """List profiles, scenarios or a profile's cells (`-- cells --profile cpu --json`)."""

@@ -110,6 +110,13 @@ def watch(args: argparse.Namespace) -> int:
     return 0
 
 
+def grow(args: argparse.Namespace) -> int:
+    """`grow`: the growth, the watch, the new flips and the report, as the weekly workflows run them."""
+    from harness.tools.grow import command
+
+    return command(args)
+
+
 def slurm(args: argparse.Namespace) -> int:
     from harness.define.profile import load_profile
     from harness.execution.slurm import submit_profile

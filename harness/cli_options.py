@@ -162,7 +162,7 @@ MAX_ENV_OPTION = Option(
     help=(
         "the cap on what the cell environments hold of their own (files not shared with uv's cache): before a build, "
         "the least recently used environments not in use are removed until it fits (default: "
-        "$COMPAT_MATRIX_MAX_ENV_GB, else 20; 0: no cap)"
+        "$COMPAT_MATRIX_MAX_ENV_GB, else 10; 0: no cap)"
     ),
 )
 TORCH_INDEX_OPTION = Option(
@@ -462,6 +462,35 @@ COMMANDS: tuple[Command, ...] = (
                 default="history",
                 help="the dated profile whose newest day is moved (history), or an era-locked GPU profile",
             ),
+            RESULTS_OPTION,
+            Option(("--envs-dir",), type=Path, help="where cell environments are kept"),
+            MAX_ENV_OPTION,
+            TORCH_INDEX_OPTION,
+        ),
+        checks=ENV_CHECKS,
+    ),
+    Command(
+        "grow",
+        "grow",
+        help="keep the atlas current: grow, watch, name the new flips, report (what the weekly workflows do)",
+        description=(
+            "The session habit: run it at the start of any work when a release of the six packages is newer than "
+            "the newest atlas day. First resumes the growth runs an earlier growth left unfinished, then runs, for "
+            "every scenario, the install days the date rule gives that the table lacks (today only where a release "
+            "first uploaded after the newest day is in today's stack), then the release watch (each release since "
+            "the newest day alone on its stack; one already moved onto that day is not run again), then the flips "
+            "of each scenario whose newest day changed (one already named is not probed again), then the report; "
+            "the phases after the growth in fresh processes. Prints each phase's progress, then what changed and "
+            "each phase's time. Incremental and resumable: run again, it does only what is left. Exit 0 when every "
+            "phase ended, 1 when one failed or was interrupted, 2 on bad input (COMPAT_MATRIX_TODAY=YYYY-MM-DD "
+            "sets today)."
+        ),
+        options=(
+            Option(("--profile",), default="history", help="the dated profile to grow (default history)"),
+            Option(("--plan",), action="store_true", help="say what it would run, run nothing"),
+            Option(("--no-watch",), action="store_true", help="leave out the release watch"),
+            Option(("--no-flips",), action="store_true", help="leave out the flips of the new day pairs"),
+            Option(("--no-report",), action="store_true", help="do not regenerate the table afterwards"),
             RESULTS_OPTION,
             Option(("--envs-dir",), type=Path, help="where cell environments are kept"),
             MAX_ENV_OPTION,

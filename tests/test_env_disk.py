@@ -225,3 +225,26 @@ def test_a_cap_that_is_no_size_is_one_line_and_exit_2(
     )  # fmt: skip
     assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_the_bench_table_shows_each_cold_scan_and_the_disk_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.tools import bench
+
+    side = {"source": "pypi", "wall_s": 60.0, "uv_cache_bytes": 5.1e9, "envs_own_bytes": 0.26e9,
+            "envs_apparent_bytes": 5.3e9, "torches": ["2.13.0+cu130"], "atlas_estimate_bytes": 66e9,
+            "atlas_estimate_s": 1014}  # fmt: skip
+    cpu = side | {
+        "source": "/opt/wheels",
+        "uv_cache_bytes": 1.1e9,
+        "envs_own_bytes": 0.25e9,
+        "torches": ["2.13.0+cpu"],
+        "atlas_estimate_bytes": 18e9,
+    }
+    report = {
+        "cold_bisect_script 2026-07-29": {"days": ["2026-07-29"], "pypi": side, "index": cpu},
+        "cold_bisect_script 2026-07-29 2026-09-16": {"days": ["2026-07-29", "2026-09-16"], "pypi": side},
+    }
+    bench.print_table(report)
+    shown = capsys.readouterr().out
+    assert shown.count("cold bisect-script, PyPI torch: wall") == 2
+    assert "torch from /opt/wheels" in shown and "disk, PyPI torch / CPU torch" in shown and "3.7x" in shown

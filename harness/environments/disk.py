@@ -28,9 +28,9 @@ from pathlib import Path
 from harness.errors import UsageError
 
 GB = 10**9
-#: The cap when none is given: the environments' own files on a laptop with room to spare (about 70 environments
-#: that share uv's cache, or 4 that copied a CUDA torch each).
-DEFAULT_MAX_ENV_GB = 20.0
+#: The cap when none is given, sized for a laptop: about 35 environments that share uv's cache (0.25 to 0.36 GB of
+#: their own each; the flip probes of one session once left 40, 11 GB), or one or two that copied a CUDA torch.
+DEFAULT_MAX_ENV_GB = 10.0
 CAP_VAR = "COMPAT_MATRIX_MAX_ENV_GB"
 #: What a built environment is named by (a cell's, or bisect-script's overlay over one).
 MARKERS = (".compat-matrix-cell.json", ".compat-matrix-overlay.json")

@@ -139,3 +139,9 @@ def _moved(old: dict[str, Any], new: dict[str, Any]) -> str:
                 f"{package} {public_version(before) if before else '-'} -> {public_version(after) if after else '-'}"
             )
     return ", ".join(parts)
+
+
+if __name__ == "__main__":  # `atlas_growth.growth_summary`: the summary in a fresh interpreter
+    import sys
+
+    print(newest_change_markdown(Path(sys.argv[1]), sys.argv[2]))

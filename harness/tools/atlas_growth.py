@@ -15,6 +15,8 @@ import datetime as dt
 import json
 import os
 import re
+import subprocess
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any, TextIO
 from harness.define.profile import DATE_AXIS, RULE_PREFIX, Profile, parse_date_rule
 from harness.errors import OptionError
 from harness.knowledge.selection import retired
+from harness.paths import REPO_ROOT
 from harness.recording import runs
 from harness.recording.records import read_records
 
@@ -100,24 +103,81 @@ def runnable_scenarios(profile: Profile, patterns: tuple[str, ...] | None = None
     return [s.id for s in chosen if s.spec.get("device", "any") in ("any", profile.device)]
 
 
-def grow(profile: Profile, options: Any, stream: TextIO | None = None) -> tuple[list[Any], str]:
-    """Run the growth plan as new runs of the profile (one per step) and say what the newest day changed.
+def unfinished_runs(results_dir: Path, profile_name: str) -> tuple[list[str], list[str]]:
+    """(interrupted runs of the profile, runs another process is writing now): what a growth cut short left. Its
+    records count as evidence of their days, so the growth resumes them before planning anything new."""
+    stopped, busy = [], []
+    for run_dir in sorted((results_dir / "runs").glob(f"{profile_name}-*")):
+        meta = runs.read_meta(run_dir)
+        if meta.get("profile") != profile_name or retired(meta) or meta.get("status") in runs.FINISHED:
+            continue
+        (busy if runs.effective_status(run_dir, meta) == "running" else stopped).append(run_dir.name)
+    return stopped, busy
+
+
+def days_to_grow(profile: Profile, results_dir: Path, on: dt.date, only_if_new: bool) -> tuple[list[str], str]:
+    """The install days the date rule gives on `on`, and why today is or is not among them: with `only_if_new`, today
+    is an install day only where a release of the six packages first uploaded after the newest atlas day, and before
+    today (today's stack is the index as of today's start), would be in it; else it would repeat the newest day."""
+    days = rule_days(profile, on)
+    if not only_if_new or on.isoformat() not in days:
+        return days, ""
+    newest, found = releases_since_newest(results_dir, profile.name, on)
+    before_today = [r for r in found if r[2] < on.isoformat()]
+    if newest is None or before_today:
+        shown = ", ".join(f"{p} {v} ({d})" for p, v, d in before_today)
+        return days, f"today's stack holds what the newest day ({newest}) lacks: {shown}" if newest else ""
+    why = f"no release of the six packages between the newest day ({newest}) and today"
+    return [d for d in days if d != on.isoformat()], why
+
+
+def releases_since_newest(results_dir: Path, profile_name: str, on: dt.date) -> tuple[str | None, list[Any]]:
+    """(the newest atlas day, each release of the six packages first uploaded from that day to `on` that its stack
+    does not hold: (package, version, first upload day))."""
+    from harness.define.packages import AXIS_PACKAGES
+
+    evidence = atlas_evidence(results_dir, profile_name)
+    if not evidence:
+        return None, []
+    newest = max(evidence)
+    versions = day_versions(results_dir, profile_name, newest)
+    return newest, [r for r in new_releases(list(AXIS_PACKAGES), newest, on) if versions.get(r[0]) != r[1]]
+
+
+def grow(
+    profile: Profile, options: Any, stream: TextIO | None = None, only_if_new: bool = False
+) -> tuple[list[Any], str]:
+    """Resume the growth runs a growth cut short, then run the growth plan as new runs of the profile (one per step),
+    and say what the newest day changed (made in a fresh process: the code may have changed under a long growth).
     Returns (the runs' summaries, the Markdown summary)."""
     from harness.execution.matrix import run_matrix
 
     on = today()
+    say = (lambda text: print(text, file=stream, flush=True)) if stream else (lambda text: print(text, flush=True))
+    stopped, busy = unfinished_runs(options.results_dir, profile.name)
+    if busy:
+        raise OptionError(f"{{grow}}: run {busy[0]} is being written by another process: wait for it to end")
+    summaries = []
+    for run_id in stopped:
+        say(f"growth: resuming {run_id}, which did not finish")
+        summary = run_matrix(profile, replace(options, fresh=False, resume_run=run_id, grow=False, add_dates=(),
+                                              dates=(), scenario_patterns=None))  # fmt: skip
+        summaries.append(summary)
+        if summary.interrupted:
+            return summaries, ""
     evidence = atlas_evidence(options.results_dir, profile.name)
     wanted = runnable_scenarios(profile, options.scenario_patterns)
-    plan = growth_plan(evidence, rule_days(profile, on), wanted, options.add_dates)
-    say = (lambda text: print(text, file=stream, flush=True)) if stream else (lambda text: print(text, flush=True))
+    days, why = days_to_grow(profile, options.results_dir, on, only_if_new)
+    if why:
+        say(f"growth: {why}")
+    plan = growth_plan(evidence, days, wanted, options.add_dates)
     if not plan:
         text = (
-            f"Nothing to grow on {on}: every install day the date rule gives ({', '.join(rule_days(profile, on))}) "
+            f"Nothing to grow on {on}: every install day the date rule gives ({', '.join(days)}) "
             f"already has every scenario in the table."
         )
         say(text)
-        return [], text
-    summaries = []
+        return summaries, text
     for step in plan:
         say(f"growth: {', '.join(step.days)} for {len(step.scenarios)} scenario(s): {', '.join(step.scenarios)}")
         step_options = replace(
@@ -128,11 +188,23 @@ def grow(profile: Profile, options: Any, stream: TextIO | None = None) -> tuple[
         summaries.append(summary)
         if summary.interrupted:
             break
-    from harness.publishing.growth import newest_change_markdown
-
-    text = newest_change_markdown(options.results_dir, profile.name)
+    text = growth_summary(options.results_dir, profile.name)
     say(text)
     return summaries, text
+
+
+def growth_summary(results_dir: Path, profile_name: str) -> str:
+    """Each scenario's newest day against its previous day (`publishing/growth.py`), made in a fresh interpreter from
+    the code as it is now: a growth runs for many minutes, and a module loaded at its end from a tree edited
+    meanwhile once stopped it with an ImportError (2026-12-05)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.publishing.growth", str(results_dir), profile_name],
+        capture_output=True, text=True, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        return f"## The newest day of {profile_name}\n\nNot made: {said[-1] if said else f'exit {done.returncode}'}"
+    return done.stdout.rstrip("\n")
 
 
 # --- the release watch ------------------------------------------------------------------------------------------
@@ -240,8 +312,16 @@ def watch(history: Profile, options: Any, out_root: Path, stream: TextIO | None 
         return [], text
     specs = {s.id: s.spec for s in discover()}
     newest_records = day_records(options.results_dir, history.name, newest)
+    earlier = watched_before(out_root, newest)
     watched = []
     for package, version, uploaded in found:
+        if (package, version) in earlier:  # its run on this day's stack is complete: judged then, not run again
+            item = earlier[(package, version)]
+            say(f"watch: {package} {version} alone on {newest}'s stack: run {item.run_id} already did: {item.summary}")
+            watched.append(item)
+            write_watch(out_dir, watched, newest, on)
+            write_flips(out_dir, watched, versions)
+            continue
         say(f"watch: {package} {version} (uploaded {uploaded}) alone on {newest}'s stack")
         probe = moved_alone(history, versions, newest, package, version)
         probe_options = replaced(
@@ -267,6 +347,25 @@ def watch(history: Profile, options: Any, out_root: Path, stream: TextIO | None 
             break
     text = "\n".join(f"- {w.package} {w.version}: {w.summary}" for w in watched)
     return watched, text
+
+
+def watched_before(out_root: Path, day: str) -> dict[tuple[str, str], Watched]:
+    """(package, version) -> the release already moved onto `day`'s stack by an earlier watch whose run completed
+    (any earlier watch folder): the watch is incremental, each release on each newest day runs once."""
+    found: dict[tuple[str, str], Watched] = {}
+    for path in sorted(out_root.glob("*/watch.json")):
+        try:
+            body = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if body.get("newest_day") != day:
+            continue
+        for entry in body.get("releases") or []:
+            item = Watched(**{k: entry[k] for k in Watched.__dataclass_fields__ if k in entry})
+            run_dir = path.parent / f"{item.package}-{item.version}" / "runs" / str(item.run_id)
+            if item.run_id and item.summary and runs.read_meta(run_dir).get("status") in runs.FINISHED:
+                found[(item.package, item.version)] = item
+    return found
 
 
 def watch_flips(watched: list[Watched], versions: dict[str, str]) -> list[Any]:

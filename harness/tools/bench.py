@@ -307,6 +307,52 @@ def bench_fix_measure(workdir: Path, requirements: str, setup: str) -> dict[str,
         "verdict": next((line for line in lines if line.startswith(("every failure", "not proven"))), ""),
         "home_mb": round(sum(f.stat().st_size for f in home.rglob("*") if f.is_file()) / 1e6),
     }  # fmt: skip
+#: A script every atlas day runs in seconds (one LoRA step), so the cold bisect-script's cost is its environments.
+COLD_SCRIPT = REPO_ROOT / "examples" / "own-failures" / "peft_int8_import.py"
+#: The CPU atlas: install days and distinct torch releases (2026-12-05: 17 days, 12 releases of torch 2.2.1 to 2.15.0).
+ATLAS_DAYS, ATLAS_TORCHES = 17, 12
+
+
+def bench_cold_bisect_script(workdir: Path, days: list[str], torch_index: str | None) -> dict[str, object]:
+    """A cold `bisect-script` scan over `days` (new environments folder, empty uv cache: every wheel downloaded), once
+    with PyPI's torch (what every environment held before), and with `torch_index` where given (a CPU-only index or
+    wheel folder): its wall time, what uv's cache and the environments hold afterwards, and those figures scaled to
+    the whole CPU atlas (each day's own files per day, each torch's stack per distinct torch; said as an estimate)."""
+    from harness.environments import disk
+
+    out: dict[str, object] = {"days": days, "script": COLD_SCRIPT.name}
+    sides = [("pypi", None)] + ([("index", torch_index)] if torch_index else [])
+    for name, source in sides:
+        own = workdir / name
+        env = dict(os.environ, UV_CACHE_DIR=str(own / "uv-cache"), COMPAT_MATRIX_ENVS=str(own / "envs"))
+        env |= {envs.TORCH_INDEX_VAR: source or "pypi", disk.CAP_VAR: "0"}
+        args = ["bisect-script", str(COLD_SCRIPT), "--from", min(days), "--to", max(days), "--name", f"bench-{name}",
+                "--results-dir", str(own / "results")]  # fmt: skip
+        wall = _run_cli(args, env)
+        torches = {disk.torch_of(p)[0] for p in disk.environments(own / "envs")} - {None}
+        cache, folder = _bytes(own / "uv-cache"), disk.folder_bytes(own / "envs")
+        per_torch, per_day = cache / max(len(torches), 1), folder / len(days)
+        out[name] = {
+            "source": source or "pypi", "wall_s": round(wall, 1), "uv_cache_bytes": cache, "envs_own_bytes": folder,
+            "envs_apparent_bytes": _bytes(own / "envs", apparent=True), "torches": sorted(torches),
+            "atlas_estimate_bytes": int(per_torch * ATLAS_TORCHES + per_day * ATLAS_DAYS),
+            "atlas_estimate_s": round(wall / len(days) * ATLAS_DAYS),
+        }  # fmt: skip
+        print(f"  {name}: {wall:.0f} s, uv cache {cache / 1e9:.1f} GB, environments {folder / 1e9:.2f} GB", flush=True)
+        shutil.rmtree(own, ignore_errors=True)
+    return out
+
+
+def _bytes(root: Path, apparent: bool = False) -> int:
+    """Disk of a folder, each file once (its allocated blocks, or its length where `apparent`)."""
+    seen, total = set(), 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            st = os.lstat(os.path.join(folder, name))
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size if apparent else st.st_blocks * 512
+    return total
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -342,6 +388,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="only: `audit REQUIREMENTS --setup SETUP --fix --measure` from an empty HOME (cold caches)",
     )
     parser.add_argument(
+        "--cold-bisect-script",
+        nargs="+",
+        metavar="DAY",
+        help=(
+            "only: a cold bisect-script scan over these atlas days (empty uv cache and environments), with PyPI's "
+            "torch and with --torch-index: time, disk, and both scaled to the 17-day CPU atlas"
+        ),
+    )
+    parser.add_argument("--torch-index", metavar="URL|DIR", help="with --cold-bisect-script: the CPU-only torch source")
+    parser.add_argument(
         "--site",
         metavar="LOADS",
         nargs="?",
@@ -355,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.first_run or args.history_cell or args.site or args.fix_measure:
+    if args.first_run or args.history_cell or args.site or args.fix_measure or args.cold_bisect_script:
         return _only(args)
     if args.configs < 2:
         parser.error("--configs must be at least 2")
@@ -413,6 +469,11 @@ def _only(args: argparse.Namespace) -> int:
         if args.fix_measure:
             print(f"audit --fix --measure from an empty HOME: {' '.join(args.fix_measure)} ...", flush=True)
             report["fix_measure"] = bench_fix_measure(Path(tmp), *args.fix_measure)
+        if args.cold_bisect_script:
+            days = args.cold_bisect_script
+            print(f"cold bisect-script over {', '.join(days)}: PyPI's torch, then {args.torch_index} ...", flush=True)
+            # One entry per set of days: a later run over other days is kept beside it in today's file.
+            report[f"cold_bisect_script {' '.join(days)}"] = bench_cold_bisect_script(Path(tmp), days, args.torch_index)
         if args.history_cell:
             print(f"history: one more day ({args.history_cell[1]}) on a copy of {args.history_cell[0]} ...", flush=True)
             report["history_cell"] = bench_history_cell(Path(tmp), *args.history_cell)
@@ -470,6 +531,29 @@ def _history_cell_rows(h: dict) -> list[Row]:
             f"{h['new_records']} records, cells {h['cells_run']}",
         )
     ]
+
+
+def _cold_bisect_rows(c: dict) -> list[Row]:
+    days = f"{len(c['days'])} day(s)"
+    rows = []
+    for name in ("pypi", "index"):
+        if name not in c:
+            continue
+        side = c[name]
+        label = "PyPI torch" if name == "pypi" else f"torch from {side['source']}"
+        disk_gb = (side["uv_cache_bytes"] + side["envs_own_bytes"]) / 1e9
+        rows += [
+            (f"cold bisect-script, {label}: wall", f"{side['wall_s']:.0f} s", f"{days}: {', '.join(c['days'])}"),
+            ("  disk (uv cache + environments' own)", f"{disk_gb:.1f} GB",
+             f"uv cache {side['uv_cache_bytes'] / 1e9:.1f} GB, environments {side['envs_own_bytes'] / 1e9:.2f} GB "
+             f"({side['envs_apparent_bytes'] / 1e9:.1f} GB apparent); torch {', '.join(side['torches'])}"),
+            ("  scaled to the atlas (estimate)", f"{side['atlas_estimate_bytes'] / 1e9:.0f} GB",
+             f"{ATLAS_DAYS} days, {ATLAS_TORCHES} torch releases; about {side['atlas_estimate_s'] / 60:.0f} min"),
+        ]  # fmt: skip
+    if "pypi" in c and "index" in c:
+        ratio = c["pypi"]["atlas_estimate_bytes"] / max(c["index"]["atlas_estimate_bytes"], 1)
+        rows.append(("  disk, PyPI torch / CPU torch", f"{ratio:.1f}x", "measured side by side, same days"))
+    return rows
 
 
 def _env_build_rows(e: dict) -> list[Row]:
@@ -530,6 +614,7 @@ _SECTIONS = (
     ("site", _site_rows),
     ("first_run", _first_run_rows),
     ("history_cell", _history_cell_rows),
+    ("cold_bisect_script", _cold_bisect_rows),
     ("env_build", _env_build_rows),
     ("worker", _worker_rows),
     ("worker_s4", _worker_rows),
@@ -540,7 +625,12 @@ _SECTIONS = (
 
 def print_table(report: dict) -> None:
     """Every measured section of `report` as one table: measure | value | note."""
-    rows = [row for key, to_rows in _SECTIONS if key in report for row in to_rows(report[key])]
+    rows = [
+        row
+        for section, to_rows in _SECTIONS
+        for key in sorted(k for k in report if k == section or k.startswith(f"{section} "))
+        for row in to_rows(report[key])
+    ]
     width = max(len(r[0]) for r in rows)
     print(f"\n{'measure'.ljust(width)} | value      | note")
     print(f"{'-' * width}-|------------|------------")
