@@ -121,25 +121,26 @@ def test_the_estimate_counts_a_new_torch_whole_and_a_held_one_by_its_own_files(t
     stack = cache / "torch.so"
     stack.write_bytes(os.urandom(10 * MB))
     folder = tmp_path / "envs"
-    fake_env(folder, "day-1", own_mb=1, linked_from=stack, torch="2.15.0")
-    fake_env(folder, "day-2", own_mb=1, linked_from=stack, torch="2.15.0")
+    fake_env(folder, "era_date-2026-11-24-aaaa", own_mb=1, linked_from=stack, torch="2.15.0")
+    fake_env(folder, "era_date-2026-11-27-aaaa", own_mb=1, linked_from=stack, torch="2.15.0")
     need = disk.estimate(
         [
-            disk.Planned(folder / "day-1", "2.15.0"),  # built: reused
-            disk.Planned(folder / "day-3", "2.15.0"),  # a new environment of a torch held: its own files
-            disk.Planned(folder / "day-4", "2.14.0"),  # a torch no environment holds: its whole stack
-            disk.Planned(folder / "day-5", "2.14.0"),  # ... once
-            disk.Planned(folder / "day-6"),  # resolved as of its day: counted as new
+            disk.Planned(folder / "era_date-2026-11-24-aaaa", "2.15.0"),  # built: reused
+            disk.Planned(folder / "current-cccc", "2.15.0"),  # a new environment of a torch held: its own files
+            disk.Planned(folder / "old-dddd", "2.14.0"),  # a torch no environment holds: its whole stack
+            disk.Planned(folder / "old-eeee", "2.14.0"),  # ... once
+            disk.Planned(folder / "era_date-2026-11-24-bbbb"),  # a day built under other settings: its torch
+            disk.Planned(folder / "era_date-2026-12-05-ffff"),  # resolved as of its day: counted as new
         ],
         folder,
         cap=20 * disk.GB,
     )
-    assert (need.reused, need.built, need.unknown_torch) == (1, 4, 1)
+    assert (need.reused, need.built, need.unknown_torch) == (1, 5, 1)
     assert need.new_torches == ["2.14.0 (cuda)"]
     whole, own = 11 * MB, 1 * MB
-    assert abs(need.new_bytes - (own + whole + own + whole)) < 0.5 * MB
+    assert abs(need.new_bytes - (own + whole + own + own + whole)) < 0.5 * MB
     line = need.line()
-    assert line.startswith("disk: 4 environment(s) to build (up to 0.0 GB; new torch: 2.14.0 (cuda); 1 whose torch")
+    assert line.startswith("disk: 5 environment(s) to build (up to 0.0 GB; new torch: 2.14.0 (cuda); 1 whose torch")
     assert "1 reused" in line and "cap 20 GB" in line and "GB free" in line
     # Nothing built yet: the measured fallbacks (a CUDA stack 5.7 GB, a CPU one 1.3 GB).
     empty = disk.estimate([disk.Planned(tmp_path / "x" / "a", "2.15.0", "cpu")], tmp_path / "x", None)

@@ -301,7 +301,8 @@ def estimate(planned: list[Planned], envs_dir: Path, cap: int | None, measure_fo
             continue
         need.built += 1
         own, stack = typical(built, _kind(item.build))
-        key = f"{item.torch}|{_kind(item.build)}" if item.torch else None
+        torch = item.torch or _same_stack(item.path, built)
+        key = f"{torch}|{_kind(item.build)}" if torch else None
         if key is None:
             need.unknown_torch += 1
             need.new_bytes += stack
@@ -309,13 +310,20 @@ def estimate(planned: list[Planned], envs_dir: Path, cap: int | None, measure_fo
             need.new_bytes += own
         else:
             held.add(key)
-            need.new_torches.append(f"{item.torch} ({_kind(item.build)})")
+            need.new_torches.append(f"{torch} ({_kind(item.build)})")
             need.new_bytes += stack
     # What the folder holds now, from each environment's own files as measured once (exact where, as uv installs
     # them, every shared file is a link to uv's cache; `folder_bytes` walks the folder where it must be exact).
     need.folder = folder_bytes(envs_dir) if measure_folder else sum(e.own for e in found)
     need.free = _free(envs_dir)
     return need
+
+
+def _same_stack(path: Path, built: list[EnvDisk]) -> str | None:
+    """The torch of a built environment of the same stack (its name before the last `-<hash>`: the same atlas day
+    under other install settings resolves the same torch), where one is built."""
+    stack = path.name.rsplit("-", 1)[0]
+    return next((_public(e.torch) for e in built if e.torch and e.path.name.rsplit("-", 1)[0] == stack), None)
 
 
 def typical(built: list[EnvDisk], kind: str) -> tuple[int, int]:

@@ -265,11 +265,11 @@ def make_room(options: InstallOptions, planned: list[disk.Planned], *keep: Path)
     return gone
 
 
-def planned_env(cell: Cell, profile: Profile, options: InstallOptions) -> disk.Planned:
-    """The environment a cell will use, for the disk estimate: where it lies and its torch, where the pins say."""
-    return disk.Planned(
-        env_dir_for(cell, profile, options), _torch_pin(cell), "cpu" if options.torch_source() else "cuda"
-    )
+def planned_env(cell: Cell, profile: Profile, options: InstallOptions, torch: str | None = None) -> disk.Planned:
+    """The environment a cell will use, for the disk estimate (`disk.estimate`): where it lies and its torch: `torch`
+    where the caller knows it (an atlas day's records say which torch it resolved), else the cell's exact pin."""
+    kind = "cpu" if options.torch_source() else "cuda"
+    return disk.Planned(env_dir_for(cell, profile, options), torch or _torch_pin(cell), kind)
 
 
 def done_with(cell: Cell, profile: Profile, options: InstallOptions) -> None:
