@@ -307,6 +307,8 @@ def bench_fix_measure(workdir: Path, requirements: str, setup: str) -> dict[str,
         "verdict": next((line for line in lines if line.startswith(("every failure", "not proven"))), ""),
         "home_mb": round(sum(f.stat().st_size for f in home.rglob("*") if f.is_file()) / 1e6),
     }  # fmt: skip
+
+
 #: A script every atlas day runs in seconds (one LoRA step), so the cold bisect-script's cost is its environments.
 COLD_SCRIPT = REPO_ROOT / "examples" / "own-failures" / "peft_int8_import.py"
 #: The CPU atlas: install days and distinct torch releases (2026-12-05: 17 days, 12 releases of torch 2.2.1 to 2.15.0).
