@@ -48,9 +48,10 @@ def matrix(args: argparse.Namespace) -> int:
     )
     print(f"records: {summary.run_dir / 'records.jsonl'}")
     if args.grow:
+        from harness.knowledge.store import Store
         from harness.publishing.growth import newest_change_text
 
-        text = newest_change_text(summary.run_dir)
+        text = newest_change_text(Store(args.results_dir), summary.run_dir.name)
         print(text)
         (summary.run_dir / "newest-change.md").write_text(text + "\n")
     if not args.no_report:
@@ -528,7 +529,8 @@ def upstream_report(args: argparse.Namespace) -> int:
     else:
         from harness.knowledge.atlas import Atlas
 
-        print(report_body(Atlas(args.results_dir), find_entry(args.results_dir, args.reproducer)))
+        atlas = Atlas(args.results_dir)
+        print(report_body(atlas, find_entry(atlas.store, args.reproducer)))
     return 0
 
 

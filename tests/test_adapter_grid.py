@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.knowledge.store import Store, read_adapter_grid
 from harness.publishing import adapter_grid
 from harness.tools.adapter_grid import pairs_for
 
@@ -54,7 +55,7 @@ def test_the_grid_says_not_measured_and_n_a_and_names_flips_between_measured_nei
         ("seed", a, a, "pass"), ("seed", a, c, "pass"),
     ], [("head", a, "saved"), ("head", b, "saved"), ("head", c, "saved"), ("seed", a, "saved"),
         ("seed", b, "not-applicable"), ("seed", c, "saved")])  # fmt: skip
-    found = adapter_grid.document(tmp_path)
+    found = adapter_grid.document(Store(tmp_path))
     head = next(f for f in found["features"] if f["id"] == "head")
     assert head["words"] == "a modules_to_save head"
     assert head["rows"][0]["cells"] == ["✗ load 0.91x", "✗ load 0.91x", "✓"]
@@ -62,7 +63,8 @@ def test_the_grid_says_not_measured_and_n_a_and_names_flips_between_measured_nei
     seed = next(f for f in found["features"] if f["id"] == "seed")
     assert seed["rows"][1]["cells"] == ["n/a", "n/a", "n/a"]
     assert seed["flips"] == ["No flip: every row and every column measured holds one outcome."]
-    meta, pairs, _ = adapter_grid.read_run(tmp_path / "adapter-grid" / "adapter-grid-history-1")
+    grid = read_adapter_grid(tmp_path / "adapter-grid" / "adapter-grid-history-1")
+    meta, pairs = grid.meta, grid.pairs
     flips = adapter_grid.flips(meta, pairs)
     load = [f for f in flips if f.side == "load"]
     # a's adapter and c's both load wrong on b and right on c
@@ -73,7 +75,7 @@ def test_the_grid_says_not_measured_and_n_a_and_names_flips_between_measured_nei
     # column c: a's adapter passes there, c's too, b's never measured there: no flip; column b: a fails, b fails,
     # c fails; column a: only a. No save-side flip at all.
     assert save == []
-    text = adapter_grid.render(tmp_path)
+    text = adapter_grid.render(Store(tmp_path))
     assert "loaded on 2025-01-01 (peft 0.12.0) instead of 2024-06-01 (peft 0.11.0)" in text
 
 
@@ -92,7 +94,8 @@ def test_a_real_two_stack_grid_and_its_resume(tmp_path: Path) -> None:
     first = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=1800)
     assert first.returncode == 0, first.stdout + first.stderr
     run = next((tmp_path / "adapter-grid").iterdir())
-    meta, pairs, saves = adapter_grid.read_run(run)
+    grid = read_adapter_grid(run)
+    meta, pairs, saves = grid.meta, grid.pairs, grid.saves
     assert len(meta["order"]) == 2 and len(saves) == 4
     assert len(pairs) == 2 * 4, pairs  # each day loads both days' adapters: 4 pairs per feature
     seed = [p for p in pairs if p["config_id"] == "8c68d061ac"]
@@ -105,7 +108,8 @@ def test_a_real_two_stack_grid_and_its_resume(tmp_path: Path) -> None:
         assert p["outcome"] in ("pass", "fail", "error") and (p["outcome"] == "pass") == (p["signature"] is None)
     again = subprocess.run([*command, "--resume", run.name], capture_output=True, text=True, cwd=REPO, timeout=1800)
     assert again.returncode == 0, again.stdout + again.stderr
-    _, pairs_again, saves_again = adapter_grid.read_run(run)
+    resumed = read_adapter_grid(run)
+    pairs_again, saves_again = resumed.pairs, resumed.saves
     strip = lambda rows: sorted((r.get("pair") or r["config_id"], r["outcome"], r.get("signature")) for r in rows)  # noqa: E731
     assert strip(pairs_again) == strip(pairs) and strip(saves_again) == strip(saves)
 
@@ -152,7 +156,7 @@ def test_the_sweep_names_the_release_by_moving_each_package_alone_and_reuses_its
     measured.clear()
     again.name([flip])
     assert measured == []  # every probe is read back from sweep.json
-    text = adapter_grid.render(tmp_path)
+    text = adapter_grid.render(Store(tmp_path))
     assert "peft 0.11.2: ended with peft 0.11.2 (0.11.1 before it: check-roundtrip-load)" in text, text
     assert "moved alone: peft pass, torch check-roundtrip-load" in text
 
@@ -179,7 +183,7 @@ def test_a_flip_no_single_move_gives_is_not_named(tmp_path: Path) -> None:
     sweeper.name(grouped(adapter_grid.flips(sweeper.meta, sweeper.pairs)))
     (named,) = json.loads((run / "sweep.json").read_text())["flips"]
     assert named["reproducing"] == [] and "release" not in named
-    assert "not named: no package moved alone gives it" in adapter_grid.render(tmp_path)
+    assert "not named: no package moved alone gives it" in adapter_grid.render(Store(tmp_path))
 
 
 def test_a_save_side_probe_judges_each_flip_by_its_own_adapter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

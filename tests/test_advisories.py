@@ -14,6 +14,7 @@ import pytest
 
 from harness.knowledge.judge import Query, evaluate
 from harness.knowledge.selection import probe_records
+from harness.knowledge.store import Store
 from harness.recording.packing import run_dirs
 from harness.recording.records import read_records
 from harness.tools import audit
@@ -190,7 +191,7 @@ def test_audit_of_a_real_environment_reports_only_what_applies_to_its_setup(tmp_
 
 
 def test_probe_records_are_read_beside_the_table() -> None:
-    assert probe_records(RESULTS)  # the sweeps and flips' probes back the advisories' events
+    assert probe_records(Store(RESULTS))  # the sweeps and flips' probes back the advisories' events
 
 
 def test_a_release_below_the_oldest_failing_one_is_undecided_and_open_in_osv() -> None:

@@ -132,3 +132,70 @@ def test_floors_below_the_cli_word_no_error_as_a_flag() -> None:
         # A command to run ("make it with: python -m harness lock --profile NAME") is advice, not a setting.
         offenders += [f"{path.relative_to(HARNESS)}: {text[:60]}" for text in found if "python -m harness" not in text]
     assert not offenders, offenders
+
+
+#: Files and folders of the results that only `knowledge/store.py` reads (a path part, or a glob pattern's).
+RESULT_FILES = (
+    "records.jsonl", "flips.json", "meta.json", "runs", "runs.jsonl", "verdict.json", "watch.json", "blame.json",
+    "changed.json", "finding.toml", "pairs.jsonl", "saves.jsonl", "sweep.json",
+)  # fmt: skip
+#: The readers of those files: only the store calls them.
+RESULT_READERS = {"read_records", "open_records", "read_meta", "load_all", "load_finding", "run_dirs"}
+
+
+def results_reads(path: Path) -> list[str]:
+    """Where a module reads the results folders itself: a path joined or globbed with a results file's name, a
+    reader of records, meta, flips or findings called, or a folder named `results_dir` globbed or listed."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            names = [
+                n.value for n in (node.left, node.right) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            ]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("glob", "rglob", "iterdir"):
+                receiver = ast.unparse(node.func.value)
+                if "results_dir" in receiver:
+                    found.append(f"line {node.lineno}: {receiver}.{node.func.attr}()")
+                names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        if isinstance(node, ast.Call):
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if called in RESULT_READERS:
+                found.append(f"line {node.lineno}: calls {called}")
+        for name in names:
+            if any(part in RESULT_FILES for part in name.split("/")):
+                found.append(f"line {node.lineno}: {name!r}")
+    return found
+
+
+#: The answer commands (the tools that answer from the records, not the ones that make them).
+ANSWER_MODULES = ("lookup", "check", "audit", "audit_prove", "target")
+
+
+def test_no_publisher_or_answer_reads_the_results_folders() -> None:
+    """Every publisher and answer command asks the atlas, whose store reads each results file once
+    (`knowledge/store.py`): one that opened runs/ or flips.json itself would read a second, maybe different, set of
+    records (a superseded run's flip in an issue body; a report reading each record file twice)."""
+    answers = [p for p in HARNESS.rglob("*.py") if "tools" in p.parts and p.stem in ANSWER_MODULES]
+    assert len(answers) == len(ANSWER_MODULES), answers
+    offenders = {
+        str(path.relative_to(REPO_ROOT)): found
+        for path in sorted([*(HARNESS / "publishing").rglob("*.py"), *answers])
+        if (found := results_reads(path))
+    }
+    assert offenders == {}, offenders
+
+
+def test_the_results_check_can_fail(tmp_path: Path) -> None:
+    """The check sees each way a publisher used to read the results."""
+    path = tmp_path / "x.py"
+    path.write_text(
+        "def f(results_dir, run):\n"
+        "    a = read_records(results_dir / 'runs' / run / 'records.jsonl')\n"
+        "    b = sorted((results_dir / 'flips').glob('*/flips.json'))\n"
+        "    return a, b, [p for p in results_dir.iterdir()]\n"
+    )
+    found = results_reads(path)
+    assert [f.split(":", 1)[0] for f in found].count("line 2") == 3, found  # the reader, 'runs', 'records.jsonl'
+    assert any("flips.json" in f for f in found) and any("iterdir" in f for f in found), found

@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from harness.define.registry import discover
+from harness.knowledge.atlas import Atlas
 from harness.knowledge.findings import load_all
 from harness.knowledge.flips import flips_of_runs as newest_flips
 from harness.knowledge.selection import select_runs
+from harness.knowledge.store import Store
 from harness.publishing.atlas import upstream_verdict
 from harness.publishing.blame_section import run_units
 from harness.publishing.findings import accounts_for, findings_rows, still_seen
@@ -59,7 +61,7 @@ def test_every_committed_finding_is_verified_by_its_own_runs() -> None:
 
 def test_every_committed_finding_still_shows_its_flip() -> None:
     for finding in committed():
-        assert still_seen(finding, RESULTS) is None, finding.id
+        assert still_seen(finding, Store(RESULTS)) is None, finding.id
 
 
 def test_the_first_finding_points_at_the_changed_function() -> None:
@@ -88,7 +90,7 @@ def test_a_blamed_finding_names_the_function_its_runs_prove() -> None:
         assert own and own[0]["outcome"] == "older" and own[0]["line"].startswith("ok: "), finding.id
         # every smaller set tried without it kept the bad outcome or could not run
         assert all(r["outcome"] != "older" for r in blame["runs"] if len(run_units(r)) < len(blame["blamed"]))
-        body = issue_body(finding, RESULTS, None)
+        body = issue_body(finding, None, None)
         assert "### What causes it" in body and f"`{blame['blamed'][0]}`" in body, finding.id
     [first] = [f for f in blamed if f.id == FIRST]
     assert first.blame["blamed"] == ["peft/utils/save_and_load.py::get_peft_model_state_dict"]
@@ -146,7 +148,7 @@ def test_a_finding_that_flips_on_some_machines_only_says_where(tmp_path: Path) -
     words = found.machines_words()
     assert "flips on 2026-11-27 (Xeon A, avx2 avx512f avx512_bf16" in words, words
     assert "does not flip on 2026-11-29 (Xeon B, avx2 avx512f, no avx512_bf16" in words, words
-    assert words in issue_body(found, RESULTS, None)
+    assert words in issue_body(found, None, None)
     assert found.cpu_condition == ("avx512_bf16",), "the flag on the machine it flipped on and not on the other"
     # Without the flipping pair it is not verified, and says so.
     (folder / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs[2:]))
@@ -188,7 +190,6 @@ def test_every_flip_of_the_table_without_an_upstream_record_is_accounted_for() -
     specs = {s.id: s.spec for s in discover()}
     from harness.knowledge.flips import dated_verdicts, masking
 
-    findings = committed()
     records = selection.latest()[0]
     verdicts = dated_verdicts([r for r in records if (r.get("pins") or {}).get("date")], specs)[2]
     unaccounted = []
@@ -196,7 +197,8 @@ def test_every_flip_of_the_table_without_an_upstream_record_is_accounted_for() -
     from harness.publishing.atlas import change_upstream, configs_of
 
     every = [*records, *selection.probes]
-    for flip in [*newest_flips(RESULTS, selection.run_ids), *watched_flips(RESULTS)]:
+    store = Store(RESULTS)
+    for flip in [*newest_flips(store, selection.run_ids), *watched_flips(store)]:
         configs = configs_of(flip, every)  # a record about a feature is the upstream record of its configs only
         if flip.changes:
             # A sweep: every change it names is the upstream record's, or accounted for like a flip.
@@ -206,7 +208,7 @@ def test_every_flip_of_the_table_without_an_upstream_record_is_accounted_for() -
             continue  # a window swept with no change inside: nothing to account for
         elif upstream_verdict(flip, configs) is not None or masking(flip, verdicts):
             continue
-        if not accounts_for(flip, findings, RESULTS / "findings"):
+        if not accounts_for(flip, store):
             unaccounted.append(f"{flip.scenario} {flip.family or ''} {flip.older}..{flip.newer}")
     assert not unaccounted, "flips with no upstream record, no finding and no reason why not: " + ", ".join(unaccounted)
 
@@ -222,8 +224,9 @@ def test_the_terminal_list_and_the_site_show_the_same_findings(tmp_path: Path) -
     )
     assert proc.returncode == 0, proc.stderr
     listed = [line.split(":", 1)[0] for line in proc.stdout.splitlines()]
-    document = build_matrix(select_runs(RESULTS), None, {s.id: s.spec for s in discover()})
-    document["findings"] = findings_rows(committed(), RESULTS)
+    atlas = Atlas(RESULTS, {s.id: s.spec for s in discover()})
+    document = build_matrix(atlas)
+    document["findings"] = findings_rows(atlas.store)
     site = write_site(document, tmp_path / "site")
     browser = headless_chromium()
     try:
@@ -240,7 +243,7 @@ def test_the_terminal_list_and_the_site_show_the_same_findings(tmp_path: Path) -
 def test_the_table_regenerates_findings_md() -> None:
     from harness.publishing.findings import findings_markdown
 
-    text = findings_markdown(committed(), RESULTS, {s.id: s.spec for s in discover()})
+    text = findings_markdown(Atlas(RESULTS, {s.id: s.spec for s in discover()}))
     assert text == (RESULTS / "FINDINGS.md").read_text(), "results/FINDINGS.md is stale: run `nox -s report`"
     assert "## Without a finding, and why" in text and "## No longer seen" in text
 
@@ -248,7 +251,6 @@ def test_the_table_regenerates_findings_md() -> None:
 def test_a_finding_whose_flip_is_gone_moves_to_no_longer_seen(tmp_path: Path) -> None:
     import shutil
 
-    from harness.knowledge.findings import load_finding
     from harness.publishing.findings import findings_markdown
 
     results = tmp_path / "results"
@@ -257,10 +259,11 @@ def test_a_finding_whose_flip_is_gone_moves_to_no_longer_seen(tmp_path: Path) ->
     (results / "runs" / "history-20261126T013700Z-b500" / "meta.json").write_text("{}")
     (results / "flips" / "history-20261126T013700Z-b500").mkdir(parents=True)
     (results / "flips" / "history-20261126T013700Z-b500" / "flips.json").write_text("[]")
-    finding = load_finding(results / "findings" / FIRST)
-    why = still_seen(finding, results)
+    store = Store(results)
+    [finding] = store.findings
+    why = still_seen(finding, store)
     assert why is not None and "no flip of S7-saved-adapter" in why
-    text = findings_markdown([finding], results, {})
+    text = findings_markdown(Atlas(results, {}, store=store))
     assert f"- {FIRST}: no flip" in text.split("## No longer seen")[1]
 
 

@@ -157,7 +157,7 @@ def test_a_target_hidden_by_another_failure_is_shown_as_masked() -> None:
     2025-07-04) is no flip today and is set aside, and the one at 0.47.0 (2025-08-02 .. 2025-11-14) is a masking:
     no package is named as its cause and it is not judged against transformers 5.0.0."""
     from harness.define.registry import discover
-    from harness.knowledge.flips import dated_verdicts, masking
+    from harness.knowledge.flips import dated_verdicts, masking, with_masking
     from harness.knowledge.selection import latest_by_key
     from harness.publishing.atlas import flips_markdown
     from harness.recording.records import read_records
@@ -173,7 +173,7 @@ def test_a_target_hidden_by_another_failure_is_shown_as_masked() -> None:
     masked = common | {"older": "2025-08-02", "newer": "2025-11-14", "older_state": "not-reproduced"}
     masked |= {"newer_state": "target", "release": "0.47.0"}
     gone, masked = Flip.from_json(gone | {"changed": {}}), Flip.from_json(masked | {"changed": {}})
-    text = flips_markdown([gone, masked], records, specs)
+    text = flips_markdown(with_masking([gone, masked], records, specs), records, specs)
     assert "- S2-qlora-grad-flags 2025-03-20 .. 2025-07-04: was target -> not-reproduced (bitsandbytes 0.46.0)" in text
     masks = masking(masked, dated_verdicts(records, specs)[2])
     assert any(m.startswith("not applicable: bitsandbytes 0.46.1 on CPU dequantizes only uint8") for m in masks)

@@ -275,3 +275,34 @@ def test_a_failure_of_several_configs_applies_only_if_the_model_holds_one_of_the
     assert "a LoRA target is named 'lora_q'" in found.details[lora_q.id][0]
     table = next(t for t in found.tables["failures"] if t["id"] == lora_q.id)
     assert table["detail"] == found.details[lora_q.id][0], "the judge's tables hold the same condition"
+
+
+def test_the_glance_matrix_json_and_the_summary_agree_on_every_entry() -> None:
+    """One fold (issue 76): the glance, matrix.json's entries and the summary read the same entry per stack and
+    scenario; none of them folds the records again with a pitfall rule of its own."""
+    from harness.publishing.publish import matrix_entries
+    from harness.publishing.report import _summary
+
+    found = atlas()
+    glance = {
+        (r["cell"], r["label"], e["scenario"]): e
+        for t in glance_tables(found) for r in t["rows"] for e in r["entries"] if e["text"] != "-"
+    }  # fmt: skip
+    entries = {(e["cell"], e["row"], e["scenario"]): e for e in matrix_entries(found)}
+    assert set(glance) == set(entries), "an entry the glance shows and matrix.json does not, or the other way"
+    wrong = [
+        key
+        for key, shown in glance.items()
+        if (shown["text"], shown["state"], shown["pitfalls"], shown["judged"])
+        != (entries[key]["glance"], entries[key]["target"]["state"], entries[key]["pitfalls"], entries[key]["judged"])
+    ]
+    assert wrong == [], wrong[:5]
+    # The summary's lines are the same entries' verdicts, one row per stack that ran.
+    summary = "\n".join(_summary(found))
+    for key, entry in entries.items():
+        first = entry["headline"][0].replace("<", "&lt;").replace(">", "&gt;")
+        assert first.split(" ")[0] in summary, key
+    # and a pitfall config is never counted: the node's S1 entry counts no record of a pitfall config
+    pitfall_ids = {p.config_id for p in found.pitfalls.values()}
+    assert all(not (set(e["pitfalls"]) & {k.rsplit("|", 1)[1] for k in e["keys"]}) for e in entries.values())
+    assert pitfall_ids, "the committed atlas has pitfalls: the rule above is exercised"

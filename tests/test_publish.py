@@ -10,6 +10,7 @@ import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from harness.knowledge.atlas import Atlas
 from harness.knowledge.selection import Selection
 from harness.publishing.publish import build_matrix, write_junit, write_site
 from harness.publishing.report import render_markdown
@@ -52,7 +53,7 @@ def selection() -> Selection:
 def test_exception_text_is_escaped_everywhere(tmp_path: Path) -> None:
     markdown = render_markdown(selection())
     assert "<script>" not in markdown and "<img" not in markdown and "&lt;script&gt;" in markdown
-    write_site(build_matrix(selection()), tmp_path)
+    write_site(build_matrix(Atlas.of(selection(), {})), tmp_path)
     script = (tmp_path / "data" / "matrix.js").read_text()
     data = script.removeprefix("window.COMPAT_DATA = ").removesuffix(";\n")
     assert "<script>window" not in data and "\\u003cscript\\u003ewindow" in data and "</" not in script
@@ -67,7 +68,7 @@ def test_site_in_headless_chromium(tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
-    site = write_site(build_matrix(selection()), tmp_path / "site")
+    site = write_site(build_matrix(Atlas.of(selection(), {})), tmp_path / "site")
     browser = headless_chromium()
     try:
         browser.get(site.as_uri())  # file://, no server, no external resources
@@ -76,7 +77,7 @@ def test_site_in_headless_chromium(tmp_path: Path) -> None:
         Select(browser.find_element(By.ID, "filter-peft")).select_by_visible_text("0.12.0")  # apply a filter
         assert "peft=0.12.0" in browser.current_url
         cells = browser.find_elements(By.CSS_SELECTOR, "td.entry[data-key]")
-        assert [c.get_attribute("data-key") for c in cells] == ["old_a|S1-x"]
+        assert [c.get_attribute("data-key") for c in cells] == ["old_a|torch 2.13.0 peft 0.12.0|S1-x"]  # cell|row|scenario
         cells[0].click()  # open the entry
         browser.find_element(By.CSS_SELECTOR, "#record-list li").click()  # and its failing record
         message = browser.find_element(By.ID, "record-message").text
@@ -130,11 +131,11 @@ def test_glance_grid_and_picker_agree_with_matrix_json(tmp_path: Path) -> None:
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     from harness.define.registry import discover
-    from harness.knowledge.selection import select_runs
     from harness.publishing.growth import lately
 
-    document = build_matrix(select_runs(REPO_ROOT / "results"), None, {s.id: s.spec for s in discover()})
-    document["lately"] = lately(REPO_ROOT / "results")
+    atlas = Atlas(REPO_ROOT / "results", {s.id: s.spec for s in discover()})
+    document = build_matrix(atlas)
+    document["lately"] = lately(atlas)
     site = write_site(document, tmp_path / "site")
     assert site.stat().st_size < 64_000, "the page itself stays small; the data are beside it"
     assert (tmp_path / "site" / "data" / "glance.js").stat().st_size < 512_000
@@ -190,7 +191,7 @@ def test_glance_grid_and_picker_agree_with_matrix_json(tmp_path: Path) -> None:
         picked[0].find_elements(By.CSS_SELECTOR, "td.g")[0].click()
         heading = browser.find_element(By.CSS_SELECTOR, "#details h2").text
         row = tables[expected[0][0]]["rows"][expected[0][1]]
-        assert heading == f"{row['entries'][0]['scenario']} in {row['cell']}"
+        assert heading == f"{row['entries'][0]['scenario']} in {row['cell']} ({row['label']})"
     finally:
         browser.quit()
 
@@ -226,9 +227,8 @@ def test_the_answer_grid_reads_at_a_glance_on_a_laptop_window(tmp_path: Path) ->
     from selenium.webdriver.common.by import By
 
     from harness.define.registry import discover
-    from harness.knowledge.selection import select_runs
 
-    document = build_matrix(select_runs(REPO_ROOT / "results"), None, {s.id: s.spec for s in discover()})
+    document = build_matrix(Atlas(REPO_ROOT / "results", {s.id: s.spec for s in discover()}))
     site = write_site(document, tmp_path / "site")
     browser = headless_chromium()
     try:

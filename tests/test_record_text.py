@@ -97,7 +97,7 @@ def test_reproducer_parses_and_record_text_never_becomes_code(text: dict[str, st
 def test_reproducers_of_hostile_records_stay_in_their_folder(tmp_path: Path) -> None:
     hostile = record({name: "../../x/y|<img src=x onerror=alert(1)>\n" for name in FIELDS})
     out = tmp_path / "results" / "repros"
-    written = sync_repros([hostile], {SCENARIO.id: SCENARIO}, out)
+    written, _ = sync_repros([hostile], {SCENARIO.id: SCENARIO}, out)
     assert written and all(path.parent == out for path in written)
     files = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
     assert files == sorted([*(p.name for p in written), "index.json"])

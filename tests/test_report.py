@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from harness.knowledge.atlas import Atlas
 from harness.knowledge.selection import select_runs
 from harness.publishing.report import render_markdown
 
@@ -93,7 +94,7 @@ def test_changes_since_the_previous_run_of_a_profile(tmp_path: Path) -> None:
     write_run(
         tmp_path, "cpu-2", "cpu", "2", [rec("cpu-2", "a", "S1-x", "fail", sig="s"), rec("cpu-2", "b", "S1-x", "pass")]
     )
-    changes = changes_since_previous(tmp_path, select_runs(tmp_path))
+    changes = changes_since_previous(Atlas(tmp_path, {}))
     assert [(c["cell"], c["before"], c["after"]) for c in changes["newly_failing"]] == [("a", "pass", "fail")]
     assert [(c["cell"], c["before"], c["after"]) for c in changes["newly_fixed"]] == [("b", "fail", "pass")]
     text = changes_markdown(changes)

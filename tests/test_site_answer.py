@@ -115,17 +115,17 @@ return JSON.stringify(window.__answer);
 
 def site(tmp_path: Path) -> Path:
     from harness.define.registry import discover
-    from harness.knowledge.findings import load_all
-    from harness.knowledge.selection import select_runs
+    from harness.knowledge.atlas import Atlas
     from harness.publishing.adapter_grid import document as adapter_grid_document
     from harness.publishing.findings import findings_rows
     from harness.publishing.growth import lately
 
-    document = build_matrix(select_runs(RESULTS), None, {s.id: s.spec for s in discover()})
+    atlas = Atlas(RESULTS, {s.id: s.spec for s in discover()})
+    document = build_matrix(atlas)
     # as publish() makes it: the findings (their "changed:" lists), what changed lately, the adapters grid
-    document["findings"] = findings_rows(load_all(RESULTS / "findings"), RESULTS)
-    document["lately"] = lately(RESULTS)
-    document["adapter_grid"] = adapter_grid_document(RESULTS)
+    document["findings"] = findings_rows(atlas.store)
+    document["lately"] = lately(atlas)
+    document["adapter_grid"] = adapter_grid_document(atlas.store)
     return write_site(document, tmp_path / "site", RESULTS / "advisories")
 
 

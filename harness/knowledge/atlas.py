@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.define import setup as vocabulary
+from harness.define.packages import AXIS_PACKAGES, public_version, short_name
 from harness.define.profile import DATE_AXIS
 from harness.knowledge import flips as flip_model
 from harness.knowledge.broken import broken_stacks
+from harness.knowledge.entries import Entry, Row, entry_of
 from harness.knowledge.evidence import OTHER, SHOWS, depends_of, device_class, stack_of, state, world_size
 from harness.knowledge.failures import KnownFailure, Observation, known_failures, observations
 from harness.knowledge.fixes import FixObservation, fix_observations
@@ -24,9 +26,11 @@ from harness.knowledge.flips import fullest_versions
 from harness.knowledge.judge import Query, evaluate
 from harness.knowledge.pitfalls import Pitfall, pitfalls, without_pitfalls
 from harness.knowledge.selection import Selection, select_runs, selected_flip_runs
+from harness.knowledge.store import Store
 from harness.knowledge.tables import compile_tables
 from harness.paths import DECLARED_FILE
 from harness.recording.flip import Flip
+from harness.recording.verdicts import Verdict, verdict
 from harness.versions.declared import read_declared
 
 
@@ -50,9 +54,12 @@ class Atlas:
         specs: dict[str, dict[str, Any]] | None = None,
         run_ids: list[str] | None = None,
         selection: Selection | None = None,
+        store: Store | None = None,
     ) -> None:
         self.results_dir = results_dir
         self.run_ids = run_ids
+        #: The one reader of the results folder: every file this atlas and its views need, read once.
+        self.store = store or Store(results_dir)
         if specs is None:
             from harness.define.registry import discover
 
@@ -74,16 +81,21 @@ class Atlas:
             selection.run_ids, [*selection.records, *records], selection.metas, selection.conflicting,
             selection.probes, selection.results_dir,
         )  # fmt: skip
-        return Atlas(self.results_dir, self.specs, self.run_ids, grown)
+        return Atlas(self.results_dir, self.specs, self.run_ids, grown, self.store)
 
     @cached_property
     def selection(self) -> Selection:
-        return select_runs(self.results_dir, self.run_ids)
+        return select_runs(self.results_dir, self.run_ids, self.store)
 
     @cached_property
     def table(self) -> list[dict[str, Any]]:
         """The table's records: the newest per key of the selected runs."""
         return self.selection.latest()[0]
+
+    def records_of_profile(self, profile: str) -> list[dict[str, Any]]:
+        """The table's records of one profile's runs (the dated atlas's days: what `matrix --grow` compares)."""
+        mine = {m["run_id"] for m in self.selection.metas if m.get("profile") == profile}
+        return [r for r in self.table if r.get("run_id") in mine]
 
     @cached_property
     def probes(self) -> list[dict[str, Any]]:
@@ -102,19 +114,19 @@ class Atlas:
         """The flips of the dated runs that are evidence and of the release watch, masking decided once. A run whose
         records a newer run hides entirely is not in the table, so its flips are not either (the table's flips
         section reads the same runs)."""
-        runs = selected_flip_runs(self.results_dir)
+        runs = selected_flip_runs(self.store)
         if self.run_ids is None:  # (an atlas narrowed to named runs keeps every selected run's flips)
             shown = set(self.selection.run_ids)
             runs = [r for r in runs if r in shown]
-        found = flip_model.flips_of_runs(self.results_dir, runs)
-        found += flip_model.watched_flips(self.results_dir)
+        found = flip_model.flips_of_runs(self.store, runs)
+        found += flip_model.watched_flips(self.store)
         return flip_model.with_masking(found, self.table, self.specs)
 
     @cached_property
     def changes(self) -> list[flip_model.Change]:
         """Every release the unmasked flips, sweeps and verified findings name."""
         atlas_of_run = flip_model.atlas_of_runs([*self.table, *self.probes])
-        return flip_model.changes_for(self.flips, atlas_of_run) + flip_model.finding_changes(self.results_dir)
+        return flip_model.changes_for(self.flips, atlas_of_run) + flip_model.finding_changes(self.store.findings)
 
     @cached_property
     def observations(self) -> list[Observation]:
@@ -169,7 +181,7 @@ class Atlas:
     @cached_property
     def bisect_verdicts(self) -> list[Flip]:
         """The `bisect` command's verdicts (results/bisect/*/verdict.json): the release a bisect named."""
-        return flip_model.bisect_verdicts(self.results_dir)
+        return flip_model.bisect_verdicts(self.store)
 
     @cached_property
     def configs(self) -> dict[tuple[str, str], dict[str, Any]]:
@@ -213,6 +225,45 @@ class Atlas:
                 found.append(Row.of(cell, versions, mine))
         return found
 
+    @cached_property
+    def scenarios(self) -> list[str]:
+        """The table's scenarios, by their number (S2 before S10)."""
+        return sorted({r["scenario"] for r in self.table}, key=lambda s: (int(s[1:].split("-")[0]), s))
+
+    @cached_property
+    def entries(self) -> list[list[Entry]]:
+        """Per row (`rows`' order), one entry per scenario (`scenarios`' order): the one fold of what the records
+        show at a stack that ran (`entries.py`), read by the glance, matrix.json's entries and the summary."""
+        found = []
+        for row in self.rows:
+            answers = self.judge(row.query())
+            found.append([entry_of(self, row, s, [a for a in answers if a["scenario"] == s]) for s in self.scenarios])
+        return found
+
+    @cached_property
+    def row_labels(self) -> list[str]:
+        """Each row named by the versions its records ran and its day ('torch 2.9.1 ... (2026-11-27)'); two rows of
+        one device and world size that read the same (two profiles that ran the same stack) told apart by profile."""
+        labels = []
+        for row in self.rows:
+            named = " ".join(
+                f"{short_name(p)} {public_version(str(row.versions[p]))}" for p in AXIS_PACKAGES if row.versions.get(p)
+            )
+            labels.append((named or row.cell) + (f" ({row.day})" if row.day else ""))
+        groups = [(row.device, row.ranks) for row in self.rows]
+        return [
+            f"{label} [{row.cell.split('@', 1)[1]}]"
+            if "@" in row.cell and sum(1 for i, other in enumerate(labels) if other == label and groups[i] == group) > 1
+            else label
+            for label, row, group in zip(labels, self.rows, groups, strict=True)
+        ]
+
+    def verdict_of(self, records: list[dict[str, Any]], scenario: str) -> Verdict | None:
+        """The verdict of records a view holds of its own (`check`'s runs of this environment, a finding's flip
+        day), by the same pitfall rule as every entry: None where nothing but pitfall configs ran."""
+        counted = self.counted(records)[0]
+        return verdict(counted, self.specs.get(scenario)) if counted else None
+
     def records_at(
         self, scenario: str, versions: dict[str, str], device: str | None, ranks: int | None = None,
         keep_pitfalls: bool = False,
@@ -241,9 +292,7 @@ class Atlas:
         """scenario -> (the packages its config depends on, its stack, the record) for every record, table first."""
         found: dict[str, list[tuple[list[str], dict[str, str], dict[str, Any]]]] = defaultdict(list)
         for record in [*self.table, *self.probes]:
-            spec = self.specs.get(record["scenario"])
-            if spec is None:
-                continue
+            spec = self.specs.get(record["scenario"])  # (none: a scenario no spec describes depends on every package)
             depends = depends_of(spec, vocabulary.setup_of(record.get("config"), spec))
             found[record["scenario"]].append((depends, stack_of(record), record))
         return found
@@ -267,31 +316,6 @@ class Atlas:
 
     def setup_of(self, record: dict[str, Any]) -> dict[str, str]:
         return vocabulary.narrowing(vocabulary.setup_of(record.get("config"), self.specs.get(record["scenario"])))
-
-
-@dataclass
-class Row:
-    """A stack that ran: its cell, the versions its records ran, where, and the records."""
-
-    cell: str
-    versions: dict[str, str]
-    device: str
-    ranks: int
-    day: str | None
-    records: list[dict[str, Any]]
-
-    @classmethod
-    def of(cls, cell: str, versions: dict[str, str], records: list[dict[str, Any]]) -> Row:
-        hardware = [r.get("hardware") or {} for r in records]
-        device = "cuda" if any(h.get("device") == "cuda" for h in hardware) else "cpu"
-        gpus = max((int(h.get("gpu_count") or 0) for h in hardware), default=0)
-        ranks = gpus if device == "cuda" and gpus else max((int(h.get("world_size") or 1) for h in hardware), default=1)
-        day = next((str(r["pins"][DATE_AXIS]) for r in records if (r.get("pins") or {}).get(DATE_AXIS)), None)
-        return cls(cell, versions, device, ranks, day, records)
-
-    def query(self) -> Query:
-        """The judge's question at this row: exactly its releases, on its device (a GPU row at its GPU count)."""
-        return Query(dict(self.versions), {}, self.device, self.ranks if self.device == "cuda" else None)
 
 
 def _split_by_versions(records: list[dict[str, Any]]) -> list[tuple[dict[str, str], list[dict[str, Any]]]]:

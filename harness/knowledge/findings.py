@@ -93,6 +93,11 @@ class Finding:
         needed = set.intersection(*flipped) - set.union(*held)
         return tuple(f for f in CPU_FLAGS if f in needed)
 
+    @property
+    def script_text(self) -> str:
+        """The reproducer as it now reads (repro.py beside finding.toml): what an issue body shows."""
+        return (self.folder / "repro.py").read_text()
+
     def release_words(self) -> str:
         if self.direction == "starts":
             return f"since {self.package} {self.bad} (last good: {self.good})"

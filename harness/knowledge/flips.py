@@ -8,11 +8,9 @@ install day of an atlas, over the day's stack as its fullest record names it."""
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.define.packages import AXIS_PACKAGES
 from harness.define.profile import DATE_AXIS
@@ -20,6 +18,10 @@ from harness.knowledge.evidence import atlas_of
 from harness.recording.flip import Flip
 from harness.recording.verdicts import verdict
 from scenarios.failure_names import family as failure_family
+
+if TYPE_CHECKING:
+    from harness.knowledge.findings import Finding
+    from harness.knowledge.store import Store
 
 
 def fullest_versions(cell_records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -130,24 +132,17 @@ def config_state(found: Any, config_id: str) -> tuple[str, list[dict[str, Any]]]
     return "not-reproduced", []
 
 
-def flips_of_runs(results_dir: Path, run_ids: list[str]) -> list[Flip]:
+def flips_of_runs(store: Store, run_ids: list[str]) -> list[Flip]:
     """The named flips of the given dated runs (results/flips/<run-id>/flips.json), each with its run id."""
-    found: list[Flip] = []
-    for run_id in run_ids:
-        path = results_dir / "flips" / run_id / "flips.json"
-        if path.is_file():
-            found += [Flip.from_json(flip | {"run_id": run_id}) for flip in json.loads(path.read_text())]
-    return found
+    return [
+        Flip.from_json(flip | {"run_id": run_id}) for run_id in run_ids for flip in store.flip_files.get(run_id, [])
+    ]
 
 
-def watched_flips(results_dir: Path) -> list[Flip]:
+def watched_flips(store: Store) -> list[Flip]:
     """The release watch's named flips (results/watch/<day>/flips.json, and a GPU profile's watch in
     results/watch/<day>/<profile>/flips.json): each release that changed a target alone."""
-    found = []
-    watch = results_dir / "watch"
-    for path in sorted([*watch.glob("*/flips.json"), *watch.glob("*/*/flips.json")]):
-        found += [Flip.from_json(entry) for entry in json.loads(path.read_text())]
-    return found
+    return [Flip.from_json(entry) for entry in store.watch_flip_entries]
 
 
 def with_masking(flips: list[Flip], records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> list[Flip]:
@@ -211,13 +206,11 @@ def changes_for(flips: list[Flip], atlas_of_run: dict[str, str]) -> list[Change]
     return found
 
 
-def finding_changes(results_dir: Path) -> list[Change]:
+def finding_changes(findings: list[Finding]) -> list[Change]:
     """The release each verified finding names, as a change of its scenario's configs: its reproducer flipped at
     both releases with every other pin held (`findings --verify`), the evidence a masked flip could not give."""
-    from harness.knowledge.findings import load_all
-
     found = []
-    for finding in load_all(results_dir / "findings"):
+    for finding in findings:
         if not finding.verified:
             continue
         family = str(finding.flip.get("family") or "")
@@ -248,6 +241,6 @@ def named_packages(targets: list[str]) -> set[str]:
     return set().union(*(upstream_packages(t) for t in targets)) if targets else set()
 
 
-def bisect_verdicts(results_dir: Path) -> list[Flip]:
+def bisect_verdicts(store: Store) -> list[Flip]:
     """Each `compat-matrix bisect` verdict (results/bisect/<name>/verdict.json), in its folders' order."""
-    return [Flip.from_json(json.loads(p.read_text())) for p in sorted((results_dir / "bisect").glob("*/verdict.json"))]
+    return [Flip.from_json(entry) for entry in store.bisect_verdict_entries]

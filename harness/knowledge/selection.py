@@ -6,18 +6,14 @@ id shared by two profiles told apart; and the probe records (flips' moves and sw
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.paths import MEASURED_FOLDER
-from harness.recording import runs
-from harness.recording.packing import run_dirs
-from harness.recording.records import read_records, record_key
-from harness.recording.signatures import rename_all
+from harness.knowledge.store import Store
+from harness.recording.records import record_key
 
 
 @dataclass(frozen=True)
@@ -44,13 +40,13 @@ class Selection:
         return records, flaky | set(self.conflicting)
 
 
-def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Selection:
+def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None, store: Store | None = None) -> Selection:
     """The named runs (all their records), or by default the newest evidence per profile and GPU count
     (`evidence_group`): runs of a group newest first, each contributing the (cell, scenario) pairs no newer run of
     that group covers. A run that re-checks one scenario on one cell then updates that entry without hiding the
-    rest. Retired runs (`retired`) are left out."""
-    run_root = results_dir / "runs"
-    metas = {d.name: _shown_meta(d) for d in sorted(run_root.glob("*")) if (d / "meta.json").is_file()}
+    rest. Retired runs (`retired`) are left out. Files are read through `store` (one per atlas), once each."""
+    store = store or Store(results_dir)
+    metas = store.metas
     if run_ids:
         chosen = list(run_ids)
         unknown = [r for r in chosen if r not in metas]
@@ -58,7 +54,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
             from harness.errors import UsageError
 
             raise UsageError(f"unknown run id(s): {', '.join(unknown)} (known: {', '.join(metas) or 'none'})")
-        records = [rec for r in chosen for rec in rename_all(read_records(run_root / r / "records.jsonl"))]
+        records = [rec for r in chosen for rec in store.run_records(r)]
         return Selection(
             chosen, qualify_shared_cells(records, metas), [metas[r] for r in chosen], results_dir=results_dir
         )
@@ -72,7 +68,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
         shown: dict[tuple[str, ...], str] = {}
         shown_by: dict[tuple[str, ...], Evidence] = {}
         newest_first = sorted(by_profile[profile], key=lambda r: metas[r].get("started_at", ""), reverse=True)
-        runs = ((r, rename_all(read_records(run_root / r / "records.jsonl"))) for r in newest_first)
+        runs = ((r, store.run_records(r)) for r in newest_first)
         for run_id, fresh, hidden in newest_per_pair(runs, config_slices(metas)):
             for rec in hidden:
                 if record_key(rec) in shown and shown[record_key(rec)] != rec["outcome"]:
@@ -88,7 +84,7 @@ def select_runs(results_dir: Path, run_ids: Iterable[str] | None = None) -> Sele
     records = qualify_shared_cells(records, metas, shared)
     # A flaky key of a shared cell follows its cell to the qualified id.
     conflicting = {(_shown_cell(key[0], profile, shared), *key[1:]) for profile, key in disagreeing}
-    probes = tuple(probe_records(results_dir, metas))
+    probes = tuple(probe_records(store))
     return Selection(chosen, records, [metas[r] for r in chosen], frozenset(conflicting), probes, results_dir)
 
 
@@ -177,12 +173,6 @@ def qualify_shared_cells(
     return qualified
 
 
-def _shown_meta(run_dir: Path) -> dict[str, Any]:
-    """meta.json with the status a reader should see: a `running` run whose writer died is `interrupted`."""
-    meta = runs.read_meta(run_dir)
-    return meta | {"status": runs.effective_status(run_dir, meta)}
-
-
 Evidence = tuple[dict[str, Any], dict[str, Any]]  # (run meta, record)
 
 
@@ -213,22 +203,17 @@ def latest_by_key(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
     return chosen, flaky
 
 
-#: Folders of the results that hold probe runs of scenarios (a `bisect-script` verdict's runs are a user's script's).
-PROBE_FOLDERS = ("flips", "bisect", "watch", MEASURED_FOLDER)
-
-
-def probe_records(results_dir: Path, metas: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def probe_records(store: Store) -> list[dict[str, Any]]:
     """Every record of every probe run (flips' moves and sweeps, bisects, the release watch, `lookup --measure`),
     named by today's rules: evidence at exact releases beside the table's install days. The probes of a dated run that
     is no evidence any more (`results/flips/<run>/`, the run superseded or withdrawn) are left out with it."""
-    metas = metas if metas is not None else _metas(results_dir)
     found = []
-    for folder in PROBE_FOLDERS:
-        for run_dir in run_dirs(results_dir / folder) if (results_dir / folder).is_dir() else []:
-            owner = _dated_run_of(run_dir, results_dir / folder) if folder == "flips" else None
-            if owner and retired(metas.get(owner, {})):
+    for folder, dirs in store.probe_run_dirs.items():
+        for run_dir in dirs:
+            owner = _dated_run_of(run_dir, store.results_dir / folder) if folder == "flips" else None
+            if owner and retired(store.metas.get(owner, {})):
                 continue
-            found += rename_all(read_records(run_dir / "records.jsonl", warn=False))
+            found += store.records_in(run_dir, warn=False)
     return found
 
 
@@ -240,16 +225,6 @@ def _dated_run_of(run_dir: Path, root: Path) -> str | None:
         return None
 
 
-def _metas(results_dir: Path) -> dict[str, dict[str, Any]]:
-    root = results_dir / "runs"
-    return {d.name: json.loads((d / "meta.json").read_text()) for d in root.glob("*") if (d / "meta.json").is_file()}
-
-
-def selected_flip_runs(results_dir: Path) -> list[str]:
+def selected_flip_runs(store: Store) -> list[str]:
     """The dated runs whose flips are evidence: every run with a flips.json that is not superseded or withdrawn."""
-    metas = _metas(results_dir)
-    return [
-        path.parent.name
-        for path in sorted((results_dir / "flips").glob("*/flips.json"))
-        if not retired(metas.get(path.parent.name, {}))
-    ]
+    return [run_id for run_id in store.flip_files if not retired(store.metas.get(run_id, {}))]

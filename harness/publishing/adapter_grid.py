@@ -10,16 +10,14 @@ by several releases until a sweep names one. A cell no record holds is "not meas
 from __future__ import annotations
 
 import itertools
-import json
-import lzma
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES
+from harness.knowledge.store import Store
 from harness.recording.flip import Flip
 
-FOLDER = "adapter-grid"
 SCENARIO = "S10-adapter-roundtrip"
 OUTPUT = "ADAPTER-GRID.md"
 
@@ -40,21 +38,6 @@ def grid_fields(flip: Flip) -> dict[str, Any]:
     """A grouped grid flip as sweep.json keeps it (feature, direction, the days and outcomes, the fixed days)."""
     return {"feature": flip.feature, "direction": flip.side, "before_day": flip.older, "after_day": flip.newer,
             "before": flip.older_state, "after": flip.newer_state, "fixed_days": list(flip.fixed_days)}  # fmt: skip
-
-
-def newest_run(results_dir: Path) -> Path | None:
-    runs = sorted(p.parent for p in (results_dir / FOLDER).glob("*/meta.json"))
-    done = [r for r in runs if json.loads((r / "meta.json").read_text()).get("status") == "done"]
-    return done[-1] if done else None
-
-
-def read_run(run: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
-    meta = json.loads((run / "meta.json").read_text())
-    packed = run / "pairs.jsonl.xz"
-    text = lzma.decompress(packed.read_bytes()).decode() if packed.is_file() else (run / "pairs.jsonl").read_text()
-    pairs = [json.loads(x) for x in text.splitlines() if x.strip()]
-    saves = [json.loads(x) for x in (run / "saves.jsonl").read_text().splitlines() if x.strip()]
-    return meta, pairs, saves
 
 
 def order(meta: dict[str, Any]) -> list[str]:
@@ -142,19 +125,19 @@ def names_words(config: dict[str, Any], renamed: dict[str, str]) -> list[str]:
     ]
 
 
-def document(results_dir: Path) -> dict[str, Any] | None:
+def document(store: Store) -> dict[str, Any] | None:
     """The newest finished run as the page and ADAPTER-GRID.md show it: per feature, its grid's cells in words, the
     errors named, and the flips."""
-    run = newest_run(results_dir)
+    run = store.newest_adapter_grid
     if run is None:
         return None
-    meta, pairs, saves = read_run(run)
+    meta, pairs, saves = run.meta, run.pairs, run.saves
     days = order(meta)
     seed = meta["configs"][meta.get("seed") or features(meta)[0]]
     cell = {(p["config_id"], p["saved_on"], p["loaded_on"]): p for p in pairs}
     saved = {(s["config_id"], s["day"]): s for s in saves}
     found = flips(meta, pairs)
-    swept = read_sweep(run)
+    swept = run.sweep
     label = {d: f"{d.split('date-')[-1]} (peft {meta['days'][d].get('peft', '?')})" for d in days}
     shown = []
     for feature in features(meta):
@@ -169,13 +152,13 @@ def document(results_dir: Path) -> dict[str, Any] | None:
             "errors": [f"E {sig}: {example}" for sig, example in sorted(errors.items())],
             "flips": _flip_lines([f for f in found if f.feature == feature], label, swept, config),
         })  # fmt: skip
-    return {"run": run.name, "loads": len(pairs), "saves": len(saves), "days": [label[d] for d in days],
+    return {"run": run.folder.name, "loads": len(pairs), "saves": len(saves), "days": [label[d] for d in days],
             "columns": [d.split("date-")[-1][2:] for d in days], "features": shown}  # fmt: skip
 
 
-def render(results_dir: Path) -> str | None:
+def render(store: Store) -> str | None:
     """ADAPTER-GRID.md's text from the newest finished run, or None where there is none."""
-    found = document(results_dir)
+    found = document(store)
     if found is None:
         return None
     lines = [
@@ -217,14 +200,6 @@ def _cell(pair: dict[str, Any] | None, save: dict[str, Any] | None, errors: dict
         return f"✗ {leg}" + (f" {off:.2g}x" if isinstance(off, int | float) else "")
     errors.setdefault(str(pair.get("signature")), str(pair.get("message", ""))[:160].replace("|", "/"))
     return "E"
-
-
-def read_sweep(run: Path) -> dict[str, dict[str, Any]]:
-    """The run's flips as `adapters-grid --sweep` named them (sweep.json), by flip key; empty where not swept."""
-    path = run / "sweep.json"
-    if not path.is_file():
-        return {}
-    return {entry["key"]: entry for entry in json.loads(path.read_text()).get("flips", [])}
 
 
 def _flip_lines(
@@ -303,10 +278,10 @@ def _upstream_words(package: str, release: str, before: str, after: str, config:
     return "; upstream: " + "; ".join(words)
 
 
-def write(results_dir: Path) -> Path | None:
-    text = render(results_dir)
+def write(store: Store) -> Path | None:
+    text = render(store)
     if text is None:
         return None
-    path = results_dir / OUTPUT
+    path = store.results_dir / OUTPUT
     path.write_text(text)
     return path

@@ -28,8 +28,9 @@ from typing import Any
 
 from harness.knowledge.atlas import Atlas
 from harness.knowledge.failures import Condition, KnownFailure
-from harness.knowledge.findings import load_finding
+from harness.knowledge.findings import Finding
 from harness.knowledge.judge import fix_where
+from harness.knowledge.store import Store
 from scenarios.failure_names import upstream, upstream_change, upstream_packages
 
 SCHEMA_VERSION = "1.7.0"
@@ -43,21 +44,21 @@ def build(atlas: Atlas) -> list[dict[str, Any]]:
     """Every known failure of the atlas as an OSV advisory, in the judge's order."""
     tables = {f["id"]: f for f in atlas.tables["failures"]}
     return [
-        _advisory(failure, tables[failure.id], atlas.results_dir, [atlas.configs.get((failure.scenario, c), {})
-                                                                   for c in failure.config_ids])
+        _advisory(failure, tables[failure.id], atlas.store, [atlas.configs.get((failure.scenario, c), {})
+                                                             for c in failure.config_ids])
         for failure in atlas.failures
     ]  # fmt: skip
 
 
 def _advisory(
-    failure: KnownFailure, table: dict[str, Any], results_dir: Path, configs: list[dict[str, Any]]
+    failure: KnownFailure, table: dict[str, Any], store: Store, configs: list[dict[str, Any]]
 ) -> dict[str, Any]:
     where = "on GPUs" if failure.device == "cuda" else "on CPU"
     setups = [s["words"] for s in table["setups"]]
     condition = f"; applies if {table['detail']}" if table["detail"] else ""
     summary = clip(f"{failure.scenario}: {table['title']} ({where}, {'; '.join(setups)}{condition})")
     conditions = [_condition_json(c) for c in failure.conditions]
-    evidence = [_evidence_json(c, results_dir) for c in failure.conditions]
+    evidence = [_evidence_json(c, store) for c in failure.conditions]
     off = [o.off_by for o in failure.observed if o.off_by is not None and failure.state(o) == "shows"]
     first = _first_shown(failure)
     return {
@@ -68,7 +69,7 @@ def _advisory(
         "summary": summary,
         "details": _details(failure, table, where, off),
         "affected": _affected(failure, table),
-        "references": _references(failure, results_dir, configs),
+        "references": _references(failure, configs),
         "database_specific": {
             "scenario": failure.scenario,
             "failure": failure.signature,
@@ -109,7 +110,7 @@ def _condition_json(condition: Condition) -> dict[str, Any]:
     return {"package": condition.package, "events": [{e.kind: e.release} for e in condition.events]}
 
 
-def _evidence_json(condition: Condition, results_dir: Path) -> dict[str, Any]:
+def _evidence_json(condition: Condition, store: Store) -> dict[str, Any]:
     events = []
     for event in condition.events:
         entry: dict[str, Any] = {event.kind: event.release, "records": event.records}
@@ -120,7 +121,7 @@ def _evidence_json(condition: Condition, results_dir: Path) -> dict[str, Any]:
         if event.masked:
             entry["masked"] = event.masked
         if event.finding:  # its reproducer ran at both releases, every other pin held: evidence at each
-            runs = _finding_runs(results_dir / "findings" / event.finding)
+            runs = _finding_runs(store.finding(event.finding))
             entry["finding"] = event.finding
             entry["records"] = entry["records"] or runs.get(event.release, [])
             if "before" in entry:
@@ -129,9 +130,8 @@ def _evidence_json(condition: Condition, results_dir: Path) -> dict[str, Any]:
     return {"package": condition.package, "events": events}
 
 
-def _finding_runs(folder: Path) -> dict[str, list[dict[str, Any]]]:
+def _finding_runs(finding: Finding) -> dict[str, list[dict[str, Any]]]:
     """release -> the finding's newest verification run at it: its reproducer's exit (1: the failure, 0: it holds)."""
-    finding = load_finding(folder)
     found: dict[str, list[dict[str, Any]]] = {}
     for side, run in finding.runs.items():
         outcome = {1: "fail", 0: "pass"}.get(run.get("exit_code"), "no-evidence")
@@ -240,7 +240,7 @@ def _details(failure: KnownFailure, table: dict[str, Any], where: str, off: list
 _MIXED = "it shows on some stacks and passes on others, and no release is named between: only exact records decide"
 
 
-def _references(failure: KnownFailure, results_dir: Path, configs: list[dict[str, Any]]) -> list[dict[str, str]]:
+def _references(failure: KnownFailure, configs: list[dict[str, Any]]) -> list[dict[str, str]]:
     found: list[dict[str, str]] = []
     for issue in upstream(failure.signature, configs):
         repo, _, number = issue.partition("#")

@@ -9,7 +9,7 @@ from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES, public_version, short_name
 from harness.define.profile import DATE_AXIS
-from harness.knowledge.flips import CONFIG_SERIES, dated_verdicts, family_state, masking
+from harness.knowledge.flips import CONFIG_SERIES, dated_verdicts, family_state
 from harness.recording.flip import Flip
 from harness.recording.verdicts import variant_kinds
 from harness.textsafe import code, md
@@ -85,7 +85,7 @@ def plot_timeline(
             continue  # not a flip under today's rules (see flips_markdown)
         row, col = scenarios.index(flip.scenario), dates.index(flip.newer)
         by = f"{flip.package} {flip.release or '?'}" if flip.package else "?"
-        if masking(flip, verdicts):
+        if flip.masked_by:
             by = "masked"  # another failure, or configs not applicable here, hide the target: no cause to name
         ax.plot([col - 0.02, col - 0.02], [row - 0.05, row + 0.95], color="black", linewidth=2)
         box = {"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "black", "linewidth": 0.6}
@@ -205,7 +205,7 @@ def flips_markdown(
         # (a timeout or another failure is no evidence either way).
         package = md(flip.package) if flip.package else md(f"not named: {flip.why_not_named()}")
         release = md(flip.release_words()) if flip.package else "-"
-        others = masking(flip, verdicts) if verdicts else []
+        others = flip.masked_by  # decided once, by the atlas (`knowledge.flips.with_masking`)
         if others:
             # A target hidden by another failure is not caused by a release: the cause columns stay empty.
             change += " (masked by " + ", ".join(code(o) for o in others) + ")"

@@ -10,39 +10,33 @@ passed). `finding.toml` holds only what no run measures: where it came from and 
 
 from __future__ import annotations
 
-import json
-import tomllib
-from pathlib import Path
 from typing import Any
 
-from harness.errors import UsageError
+from harness.knowledge.atlas import Atlas
 from harness.knowledge.findings import Finding
 from harness.knowledge.selection import retired
+from harness.knowledge.store import Store
 from harness.publishing.blame_section import blame_section
 from harness.publishing.upstream import issue_title as upstream_title
 from harness.recording.flip import Flip
-from harness.recording.records import read_records
-from harness.recording.signatures import rename_all
-from harness.recording.verdicts import variant_kinds, verdict
+from harness.recording.verdicts import variant_kinds
 from harness.textsafe import code, md
 
 #: Changed functions whose diff the issue body shows (the last called first; changed.json holds them all).
 DIFFS_SHOWN = 3
 
 
-def still_seen(finding: Finding, results_dir: Path) -> str | None:
+def still_seen(finding: Finding, store: Store) -> str | None:
     """None while the atlas flip that found it still stands (its run not superseded, the flip in its flips.json with
     the same package and releases); else why it is no longer seen."""
     if finding.probe:
-        return _probe_still_seen(finding, results_dir)
+        return _probe_still_seen(finding, store)
     run = finding.flip.get("run", "")
-    meta_path = results_dir / "runs" / run / "meta.json"
-    if not meta_path.is_file():
+    if run not in store.metas:
         return f"its run {run} is not in results/runs"
-    if retired(json.loads(meta_path.read_text())):
+    if retired(store.metas[run]):
         return f"its run {run} is superseded or withdrawn"
-    path = results_dir / "flips" / run / "flips.json"
-    flips = [Flip.from_json(e) for e in json.loads(path.read_text())] if path.is_file() else []
+    flips = [Flip.from_json(e) for e in store.flip_files.get(run, [])]
     for flip in flips:
         same_day = (flip.scenario, flip.older, flip.newer) == (
             finding.scenario,
@@ -59,37 +53,34 @@ def still_seen(finding: Finding, results_dir: Path) -> str | None:
     return f"no flip of {finding.scenario} between {finding.flip.get('older')} and {finding.flip.get('newer')} in {run}"
 
 
-def _probe_still_seen(finding: Finding, results_dir: Path) -> str | None:
+def _probe_still_seen(finding: Finding, store: Store) -> str | None:
     """A finding found by a probe (no atlas flip names it): None while the probe run's record of the config still shows
     the failure by today's rules."""
-    from harness.recording.packing import run_dirs
-
     run = str(finding.probe.get("run"))
-    folders = [d for d in run_dirs(results_dir) if d.name == run]
-    if not folders:
-        return f"its probe run {run} is not under {results_dir}"
-    records = rename_all(read_records(folders[0] / "records.jsonl"))
+    records = store.records_of_run_named(run)
+    if records is None:
+        return f"its probe run {run} is not under {store.results_dir}"
     mine = [r for r in records if r["config_id"] == finding.probe.get("config") and r["variant"] == "baseline"]
     if any(r.get("signature") == finding.signature for r in mine):
         return None
     return f"its probe run {run} no longer shows {finding.signature} on config {finding.probe.get('config')}"
 
 
-def fixes_that_pass(finding: Finding, results_dir: Path, spec: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+def fixes_that_pass(finding: Finding, atlas: Atlas, spec: dict[str, Any] | None) -> list[tuple[str, str, str]]:
     """(variant, kind, what it does) of every change that removed the failure on the flip's failing day, from the
-    scenario's records there (the table's own verdict)."""
+    scenario's records there (the table's own verdict, by the atlas's one pitfall rule)."""
     if finding.probe:
         return []  # no atlas day holds the finding's own flip: its fixes are in the table, per day
     run = finding.flip.get("run", "")
     day = finding.flip.get("newer") if finding.direction == "starts" else finding.flip.get("older")
     records = [
         r
-        for r in rename_all(read_records(results_dir / "runs" / run / "records.jsonl"))
+        for r in atlas.store.run_records(run)
         if r["scenario"] == finding.scenario and (r.get("pins") or {}).get("date") == day
     ]
-    if not records:
+    found = atlas.verdict_of(records, finding.scenario)
+    if found is None:
         return []
-    found = verdict(records, spec)
     kinds = variant_kinds(spec)
     described = {name: value[1] for name, value in ((spec or {}).get("variants") or {}).items()}
     return [(name, kinds.get(name, "fix"), described.get(name, "")) for name in found.fixed]
@@ -101,7 +92,7 @@ def issue_title(finding: Finding) -> str:
     return upstream_title(str(bad.get("line") or finding.title).removeprefix("FAIL: "), finding.release_words())
 
 
-def issue_body(finding: Finding, results_dir: Path | None = None, spec: dict[str, Any] | None = None) -> str:
+def issue_body(finding: Finding, atlas: Atlas | None = None, spec: dict[str, Any] | None = None) -> str:
     """The issue body, in the shape of the upstream bug template (System Info, Reproduction, Expected, Actual), plus
     the release, the code that changed and the workaround."""
     bad, good = finding.runs.get("bad") or {}, finding.runs.get("good") or {}
@@ -125,7 +116,7 @@ def issue_body(finding: Finding, results_dir: Path | None = None, spec: dict[str
         f"{finding.good}):",
         "",
         "```python",
-        (finding.folder / "repro.py").read_text().rstrip(),
+        finding.script_text.rstrip(),
         "```",
         "",
         "### Expected behavior\n",
@@ -141,7 +132,7 @@ def issue_body(finding: Finding, results_dir: Path | None = None, spec: dict[str
         *_changed_lines(finding),
         *_blame_lines(finding),
     ]
-    fixes = fixes_that_pass(finding, results_dir, spec) if results_dir else []
+    fixes = fixes_that_pass(finding, atlas, spec) if atlas else []
     if fixes:
         lines += ["", "### Workaround\n"]
         lines += [f"- `{name}` ({kind}): {what}" for name, kind, what in fixes]
@@ -217,12 +208,12 @@ def _changed_lines(finding: Finding) -> list[str]:
     return lines
 
 
-def findings_rows(findings: list[Finding], results_dir: Path) -> list[dict[str, Any]]:
+def findings_rows(store: Store) -> list[dict[str, Any]]:
     """One row per finding, the same for the terminal list and the site's section: what the user sees, the
     release, verified or not, still seen by the atlas or why not."""
     rows = []
-    for finding in findings:
-        gone = still_seen(finding, results_dir)
+    for finding in store.findings:
+        gone = still_seen(finding, store)
         rows.append(
             {
                 "id": finding.id,
@@ -238,37 +229,22 @@ def findings_rows(findings: list[Finding], results_dir: Path) -> list[dict[str, 
     return rows
 
 
-def findings_list_lines(findings: list[Finding], results_dir: Path) -> list[str]:
+def findings_list_lines(store: Store) -> list[str]:
     """One line per finding, for the terminal (`findings_rows`, as the site shows them)."""
-    if not findings:
+    if not store.findings:
         return ["no findings under results/findings/"]
     lines = []
-    for row in findings_rows(findings, results_dir):
+    for row in findings_rows(store):
         state = "verified" if row["verified"] else "NOT verified"
         seen = f"no longer seen ({row['no_longer_seen']})" if row["no_longer_seen"] else "seen"
         lines.append(f"{row['id']}: {row['status']}, {state}, {seen}: {row['title']} {row['release']}")
     return lines
 
 
-WITHOUT_A_FINDING = "without-a-finding.toml"
-
-
-def without_a_finding(root: Path) -> dict[str, list[dict[str, str]]]:
-    """The flips and failure families no upstream record names that have no finding, each with why not."""
-    path = root / WITHOUT_A_FINDING
-    if not path.is_file():
-        return {"flip": [], "family": []}
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: {exc}") from None
-    return {"flip": list(data.get("flip") or []), "family": list(data.get("family") or [])}
-
-
-def accounts_for(flip: Flip, findings: list[Finding], root: Path) -> str | None:
+def accounts_for(flip: Flip, store: Store) -> str | None:
     """How a flip of the table with no upstream record is accounted for: a finding's id, or the reason there is
     none (without-a-finding.toml); None where neither says anything."""
-    for finding in findings:
+    for finding in store.findings:
         days = (finding.flip.get("older"), finding.flip.get("newer"))
         # A flip's family is its failure's, or for a scenario whose flips are per config, the config's series.
         if (finding.scenario, *days) == (flip.scenario, flip.older, flip.newer) and flip.family in (
@@ -277,16 +253,17 @@ def accounts_for(flip: Flip, findings: list[Finding], root: Path) -> str | None:
             finding.flip.get("family"),
         ):
             return f"finding {finding.id}"
-    for entry in without_a_finding(root)["flip"]:
+    for entry in store.without_a_finding["flip"]:
         key = (entry.get("scenario"), entry.get("older"), entry.get("newer"))
         if key == (flip.scenario, flip.older, flip.newer) and entry.get("family") in (None, flip.family):
             return str(entry.get("why", ""))
     return None
 
 
-def findings_markdown(findings: list[Finding], results_dir: Path, specs: dict[str, dict[str, Any]]) -> str:
+def findings_markdown(atlas: Atlas) -> str:
     """results/FINDINGS.md: the findings still seen (each with its issue body), then the ones no longer seen."""
-    seen = [(f, still_seen(f, results_dir)) for f in findings]
+    store, specs = atlas.store, atlas.specs
+    seen = [(f, still_seen(f, store)) for f in store.findings]
     current = [f for f, gone in seen if gone is None]
     lines = [
         "# Findings for maintainers",
@@ -318,9 +295,9 @@ def findings_markdown(findings: list[Finding], results_dir: Path, specs: dict[st
             "",
             f"## {finding.id}",
             "",
-            issue_body(finding, results_dir, specs.get(finding.scenario)),
+            issue_body(finding, atlas, specs.get(finding.scenario)),
         ]
-    without = without_a_finding(results_dir / "findings")
+    without = store.without_a_finding
     lines += ["", "## Without a finding, and why", ""]
     for entry in without["flip"]:
         family = f" ({entry['family']})" if entry.get("family") else ""

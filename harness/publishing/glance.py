@@ -11,11 +11,12 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from harness.define import setup as vocabulary
-from harness.define.packages import AXIS_PACKAGES, public_version, short_name
+from harness.define.packages import AXIS_PACKAGES
 from harness.knowledge import pitfalls as knowledge
 from harness.knowledge.atlas import Atlas
+from harness.knowledge.entries import Entry
 from harness.knowledge.judge import Query, fix_answers
-from harness.recording.verdicts import first_change, largest_off_by, variant_kinds, verdict
+from harness.recording.verdicts import Format, first_change, headline, largest_off_by, variant_kinds, verdict
 from harness.textsafe import md, slug
 from scenarios.fix_words import fix_words
 
@@ -112,39 +113,22 @@ def scenario_anchor(scenario: str) -> str:
     return "scenario-" + slug(scenario)
 
 
-def version_label(versions: dict[str, Any]) -> str:
-    return " ".join(f"{short_name(p)} {public_version(str(versions[p]))}" for p in AXIS_PACKAGES if versions.get(p))
-
-
 def glance_tables(atlas: Atlas) -> list[dict[str, Any]]:
     """One table per (device, world size): its scenario columns and its rows (`Atlas.rows`: a stack that ran, split
     where a cell's records ran other versions), newest first, each named by the versions its records ran, with one short
-    entry per scenario. The entry's symbol is the judge's (a known failure of the scenario applies, measured at exactly
-    the row's releases), its count and first fix the row's records' (pitfall configs never counted); `failing` lists
-    the setups whose failure applies there, so the page narrows the grid to a user's setup without judging again."""
+    entry per scenario. Each entry is a view of the atlas's (`Atlas.entries`, the one fold): the symbol is the judge's
+    (a known failure of the scenario applies, measured at exactly the row's releases), its count and first fix the
+    records' there (pitfall configs never counted); `failing` lists the setups whose failure applies there, so the
+    page narrows the grid to a user's setup without judging again."""
     specs = atlas.specs
-    scenarios = sorted({r["scenario"] for r in atlas.table}, key=lambda s: (int(s[1:].split("-")[0]), s))
+    scenarios = atlas.scenarios
     groups: dict[tuple[str, int], list[tuple[tuple, dict[str, Any]]]] = defaultdict(list)
-    for found_row in atlas.rows:
+    for found_row, label, entries in zip(atlas.rows, atlas.row_labels, atlas.entries, strict=True):
         device = "GPU" if found_row.device == "cuda" else "CPU"
-        answers = atlas.judge(found_row.query())
-        date = found_row.day or ""
-        label = (version_label(found_row.versions) or found_row.cell) + (f" ({date})" if date else "")
-        entries = [
-            _entry_of(atlas, found_row, scenario, [a for a in answers if a["scenario"] == scenario])
-            for scenario in scenarios
-        ]
         order = tuple(found_row.versions.get(p) or "0" for p in AXIS_PACKAGES)
-        row = {"label": label, "cell": found_row.cell, "day": date or None, "versions": dict(found_row.versions),
-               "entries": entries}  # fmt: skip
+        row = {"label": label, "cell": found_row.cell, "day": found_row.day, "versions": dict(found_row.versions),
+               "entries": [glance_entry(atlas, e) for e in entries]}  # fmt: skip
         groups[(device, found_row.ranks)].append((order, row))
-    for rows in groups.values():
-        # Two profiles that ran the same stack (the coffee-break `default` and the full `cpu`) are two rows of
-        # their own evidence: each is told apart by its profile where their versions read the same.
-        labels = [row["label"] for _, row in rows]
-        for _, row in rows:
-            if labels.count(row["label"]) > 1 and "@" in row["cell"]:
-                row["label"] += f" [{row['cell'].split('@', 1)[1]}]"
     tables = []
     for (device, ranks), rows in sorted(groups.items()):
         newest_first = sorted(rows, key=lambda item: (tuple(map(_as_version, item[0])), item[1]["label"]), reverse=True)
@@ -163,39 +147,41 @@ def glance_tables(atlas: Atlas) -> list[dict[str, Any]]:
     return tables
 
 
-#: The judge's states that mark an entry failing (measured at exactly the row's releases).
-FAILING = ("applies", "applies-if")
-
-
-def _entry_of(atlas: Atlas, row: Any, scenario: str, answers: list[dict[str, Any]]) -> dict[str, Any]:
-    """The entry of a row's scenario: its records at exactly the row's releases of every package the scenario
-    depends on (the row's own, and any other run's at those releases: the judge's points), counted over the setups
-    the judge's failure applies to there; its symbol is the judge's."""
-    spec = atlas.specs.get(scenario)
-    counted, left_out = atlas.counted(atlas.records_at(scenario, row.versions, row.device, row.ranks, True))
-    failing = [a for a in answers if a["state"] in FAILING and a["sure"] == "exact"]
-    if failing:  # counted over the setups the failure applies to there: another setup's configs are not its n
-        setups = [s for a in failing for s in a.get("setups", [])]
-        counted = [r for r in counted if atlas.setup_of(r) in setups] or counted
-    found = verdict(counted, spec) if counted else None
-    text = entry(found, spec, len(left_out)) if found or left_out else "-"
-    if failing and not text.startswith("✗"):  # the judge decides the symbol: its failure shows at these releases
+def glance_text(atlas: Atlas, found: Entry) -> str:
+    """'✗ 5/6 · try ...': the verdict's count and first fix, the judge's symbol (its failure shows here)."""
+    text = entry(found.verdict, atlas.specs.get(found.scenario), len(found.pitfalls)) if found.ran else "-"
+    if found.failing and not text.startswith("✗"):
         text = f"✗ {text}" if text != "-" else "✗ (records of other runs at these releases)"
-    state = found.state if found else "empty"
+    return text
+
+
+def entry_lines(found: Entry, spec: dict[str, Any] | None, code: Format = str, text: Format = str) -> list[str]:
+    """An entry in full (the summary's cell, matrix.json's `headline`): its verdict's lines, then the pitfall
+    configs left out of its count, by id."""
+    lines = headline(found.verdict or verdict([], spec), spec, code, text)
+    if found.pitfalls:
+        lines.append(f"pitfall configs not counted: {', '.join(code(c) for c in found.pitfalls)}")
+    return lines
+
+
+def glance_entry(atlas: Atlas, found: Entry) -> dict[str, Any]:
+    """An entry as the glance shows it: its text (the verdict's count and first fix, the judge's symbol), state,
+    the judge's word, the setups it fails for (each with the settings that clear it there) and the pitfalls left
+    out."""
     return {
-        "scenario": scenario,
-        "text": text,
-        "state": state,
-        "judged": "fails" if failing else "holds" if found and state in ("not-reproduced", "passes") else "none",
+        "scenario": found.scenario,
+        "text": glance_text(atlas, found),
+        "state": found.state,
+        "judged": found.judged,
         # Each setup the failure applies to there, and the settings (a fix's) that clear it where a user has them.
         "failing": sorted(
             {
-                json.dumps({"setup": k, "unless": _clearing(atlas, a["id"], row.query())}, sort_keys=True)
-                for a in failing
+                json.dumps({"setup": k, "unless": _clearing(atlas, a["id"], found.row.query())}, sort_keys=True)
+                for a in found.failing
                 for k in a.get("setups", [])
             }
         ),
-        "pitfalls": sorted(left_out),
+        "pitfalls": found.pitfalls,
     }
 
 

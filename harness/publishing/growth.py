@@ -3,27 +3,26 @@ day? (`matrix --resume RUN --grow` prints it and writes it beside the run as new
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES, public_version
 from harness.define.registry import discover
 from harness.knowledge import pitfalls as knowledge
+from harness.knowledge.atlas import Atlas
 from harness.knowledge.flips import dated_verdicts
 from harness.knowledge.selection import latest_by_key
-from harness.recording.records import read_records
-from harness.recording.signatures import rename_all
+from harness.knowledge.store import Store
 from harness.textsafe import md
 
 
-def newest_change_text(run_dir: Path) -> str:
+def newest_change_text(store: Store, run_id: str) -> str:
     """Markdown: the newest day against the one before it, per scenario (target state and fixes), and what
-    moved in the stack between them."""
-    records, _ = latest_by_key(rename_all(read_records(run_dir / "records.jsonl")))
+    moved in the stack between them, in one dated run."""
+    records, _ = latest_by_key(store.run_records(run_id))
     dates, stacks, verdicts = dated_verdicts(records, {s.id: s.spec for s in discover()})
     if len(dates) < 2:
-        return f"Newest stack: only {len(dates)} day recorded in {run_dir.name}, nothing to compare."
+        return f"Newest stack: only {len(dates)} day recorded in {run_id}, nothing to compare."
     old, new = dates[-2], dates[-1]
     moved = _moved(stacks.get(old, {}), stacks.get(new, {}))
     changed, same = [], []
@@ -67,19 +66,10 @@ def newest_changes(records: list[dict[str, Any]]) -> tuple[str | None, list[str]
     return (dates[-1] if dates else None), changed, same
 
 
-def profile_records(results_dir: Path, profile_name: str) -> list[dict[str, Any]]:
-    """The records the table shows of one profile's runs."""
-    from harness.knowledge.selection import select_runs
-
-    selection = select_runs(results_dir)
-    mine = {m["run_id"] for m in selection.metas if m.get("profile") == profile_name}
-    return [r for r in selection.latest()[0] if r.get("run_id") in mine]
-
-
-def newest_change_markdown(results_dir: Path, profile_name: str) -> str:
+def newest_change_markdown(atlas: Atlas, profile_name: str) -> str:
     """Markdown: each scenario's newest day against its previous day in the table, over every run of the dated
     profile the table reads. What `matrix --grow` prints and the weekly workflow puts in its summary."""
-    newest, changed, same = newest_changes(profile_records(results_dir, profile_name))
+    newest, changed, same = newest_changes(atlas.records_of_profile(profile_name))
     if newest is None:
         return f"## The newest day\n\nNo day of profile {profile_name} is in the table."
     head = (
@@ -94,13 +84,11 @@ def newest_change_markdown(results_dir: Path, profile_name: str) -> str:
     return "\n".join(lines)
 
 
-def lately(results_dir: Path, profile_name: str = "history") -> dict[str, Any]:
+def lately(atlas: Atlas, profile_name: str = "history") -> dict[str, Any]:
     """'What changed lately', for the table and the site: what each scenario's newest day of the dated atlas changed
     against its previous day, and the newest release watch (results/watch/<day>/watch.json)."""
-    newest, changed, _ = newest_changes(profile_records(results_dir, profile_name))
-    watches = sorted((results_dir / "watch").glob("*/watch.json"))
-    watch = json.loads(watches[-1].read_text()) if watches else None
-    return {"newest_day": newest, "changed": changed, "watch": watch}
+    newest, changed, _ = newest_changes(atlas.records_of_profile(profile_name))
+    return {"newest_day": newest, "changed": changed, "watch": atlas.store.newest_watch}
 
 
 def lately_markdown(found: dict[str, Any]) -> list[str]:
@@ -144,4 +132,4 @@ def _moved(old: dict[str, Any], new: dict[str, Any]) -> str:
 if __name__ == "__main__":  # `atlas_growth.growth_summary`: the summary in a fresh interpreter
     import sys
 
-    print(newest_change_markdown(Path(sys.argv[1]), sys.argv[2]))
+    print(newest_change_markdown(Atlas(Path(sys.argv[1])), sys.argv[2]))

@@ -10,19 +10,23 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES
 from harness.knowledge.atlas import Atlas
 from harness.knowledge.selection import Selection, retired, same_code
-from harness.publishing.glance import SYMBOLS_LEGEND, glance_tables, pick_options, pitfall_rows
-from harness.recording import runs
+from harness.publishing.glance import (
+    SYMBOLS_LEGEND,
+    entry_lines,
+    glance_tables,
+    glance_text,
+    pick_options,
+    pitfall_rows,
+)
 from harness.recording.outcomes import BAD
-from harness.recording.records import read_records, record_key
-from harness.recording.signatures import rename_all
-from harness.recording.verdicts import headline, verdict
+from harness.recording.records import record_key
 from harness.textsafe import code, md, slug
 
 SCHEMA = "compat-matrix/matrix/v1"
@@ -34,34 +38,18 @@ MESSAGE_LIMIT = 1500
 VERSION_KEYS = ("python", *AXIS_PACKAGES)
 
 
-def build_matrix(
-    selection: Selection,
-    repro_index: list[dict[str, Any]] | None = None,
-    specs: dict[str, dict[str, Any]] | None = None,
-    atlas: Atlas | None = None,
-) -> dict[str, Any]:
+def build_matrix(atlas: Atlas, repro_index: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The document behind matrix.json and the site (schema: docs/matrix-json.md); the glance and the pitfalls are
     views of the atlas's judge."""
-    specs = specs or {}
-    atlas = atlas or Atlas.of(selection, specs)
+    specs = atlas.specs
+    selection = atlas.selection
     records, flaky = selection.latest()
     pitfalls = atlas.pitfalls
-    grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for record in records:
-        grouped[(record["cell"], record["scenario"])].append(record)
     repro_by_failure = {
         (e["cell"], e["scenario"], e["variant"], e["signature"]): e["file"] for e in (repro_index or [])
     }
-    entries: dict[tuple[str, str], dict[str, Any]] = {}
     slim = []
     for record in sorted(records, key=lambda r: record_key(r)):
-        key = (record["cell"], record["scenario"])
-        entry = entries.setdefault(
-            key, {"cell": record["cell"], "scenario": record["scenario"], "baseline": defaultdict(int), "records": 0}
-        )
-        entry["records"] += 1
-        if record["variant"] == "baseline":
-            entry["baseline"][record["outcome"]] += 1
         slim.append(
             {
                 "key": list(record_key(record)),
@@ -88,12 +76,6 @@ def build_matrix(
                 ),
             }
         )
-    for key, entry in entries.items():
-        entry["baseline"] = dict(entry["baseline"])
-        entry["state"] = _state(entry["baseline"])
-        found = verdict(grouped[key], specs.get(key[1]))
-        entry["target"] = {"state": found.state, "reproduced_on": len(found.target_records), "of": found.candidates}
-        entry["headline"] = headline(found, specs.get(key[1]))
     return {
         "schema": SCHEMA,
         # The data's time, not the clock's: a report from the same records writes the same document.
@@ -104,7 +86,7 @@ def build_matrix(
             for meta in selection.metas
         ],
         "packages": list(AXIS_PACKAGES),
-        "entries": sorted(entries.values(), key=lambda e: (e["cell"], e["scenario"])),
+        "entries": matrix_entries(atlas),
         "scenarios": {
             sid: {
                 "title": spec.get("title", ""),
@@ -122,6 +104,39 @@ def build_matrix(
     }
 
 
+def matrix_entries(atlas: Atlas) -> list[dict[str, Any]]:
+    """One per row (a stack that ran) and scenario with a record there: the atlas's entry (`Atlas.entries`, the fold
+    the glance shows), with its baseline outcomes, its verdict's lines and the keys of the records it counted (the
+    row's own and any run's at exactly its releases; pitfall configs left out, listed apart)."""
+    found = []
+    for row, label, entries in zip(atlas.rows, atlas.row_labels, atlas.entries, strict=True):
+        for one in entries:
+            if not one.ran:
+                continue
+            spec = atlas.specs.get(one.scenario)
+            baseline = dict(Counter(r["outcome"] for r in one.records if r["variant"] == "baseline"))
+            verdict = one.verdict
+            found.append({
+                "cell": row.cell,
+                "row": label,
+                "scenario": one.scenario,
+                "baseline": baseline,
+                "state": _state(baseline),
+                "records": len(one.records),
+                "keys": sorted("|".join(record_key(r)) for r in one.records),
+                "target": {
+                    "state": one.state,
+                    "reproduced_on": len(verdict.target_records) if verdict else 0,
+                    "of": verdict.candidates if verdict else 0,
+                },
+                "headline": entry_lines(one, spec),
+                "glance": glance_text(atlas, one),
+                "judged": one.judged,
+                "pitfalls": one.pitfalls,
+            })  # fmt: skip
+    return sorted(found, key=lambda e: (e["cell"], e["row"], e["scenario"]))
+
+
 def _state(baseline: dict[str, int]) -> str:
     if not baseline:
         return "none"
@@ -132,12 +147,11 @@ def _state(baseline: dict[str, int]) -> str:
     return "skip"
 
 
-def changes_since_previous(results_dir: Path, selection: Selection) -> dict[str, list[dict[str, Any]]]:
+def changes_since_previous(atlas: Atlas) -> dict[str, list[dict[str, Any]]]:
     """Baseline outcomes that changed against the previous run of each selected run's profile."""
-    run_root = results_dir / "runs"
-    metas = {d.name: runs.read_meta(d) for d in run_root.glob("*") if (d / "meta.json").is_file()}
+    metas = atlas.store.metas
     newly_failing, newly_fixed = [], []
-    for meta in selection.metas:
+    for meta in atlas.selection.metas:
         older = sorted(
             (
                 m
@@ -153,10 +167,10 @@ def changes_since_previous(results_dir: Path, selection: Selection) -> dict[str,
         previous = older[-1]
         before = {
             record_key(r): r
-            for r in rename_all(read_records(run_root / previous["run_id"] / "records.jsonl", warn=False))
+            for r in atlas.store.run_records(previous["run_id"], warn=False)
             if r["variant"] == "baseline"
         }
-        for record in rename_all(read_records(run_root / meta["run_id"] / "records.jsonl", warn=False)):
+        for record in atlas.store.run_records(meta["run_id"], warn=False):
             earlier = before.get(record_key(record))
             if record["variant"] != "baseline" or earlier is None:
                 continue
@@ -301,26 +315,23 @@ def _script_json(value: Any) -> str:
     )
 
 
-def publish(
-    results_dir: Path, selection: Selection, specs: dict[str, dict[str, Any]] | None = None, atlas: Atlas | None = None
-) -> dict[str, Path]:
-    """matrix.json, site/index.html and junit/<run>.xml next to COMPATIBILITY.md."""
-    repro_index_path = results_dir / "repros" / "index.json"
-    repro_index = json.loads(repro_index_path.read_text()) if repro_index_path.is_file() else []
-    document = build_matrix(selection, repro_index, specs, atlas)
-    document["changes"] = changes_since_previous(results_dir, selection)
-    from harness.knowledge.findings import load_all
+def publish(atlas: Atlas, repro_index: list[dict[str, Any]]) -> dict[str, Path]:
+    """matrix.json, site/index.html and junit/<run>.xml next to COMPATIBILITY.md; `repro_index`: the reproducers
+    just written (results/repros/index.json)."""
+    results_dir = atlas.results_dir
+    document = build_matrix(atlas, repro_index)
+    document["changes"] = changes_since_previous(atlas)
     from harness.publishing.findings import findings_rows
 
-    document["findings"] = findings_rows(load_all(results_dir / "findings"), results_dir)
+    document["findings"] = findings_rows(atlas.store)
     from harness.publishing.growth import lately
 
-    document["lately"] = lately(results_dir)
+    document["lately"] = lately(atlas)
     from harness.publishing.adapter_grid import document as adapter_grid_document
 
-    document["adapter_grid"] = adapter_grid_document(results_dir)
+    document["adapter_grid"] = adapter_grid_document(atlas.store)
     matrix_path = results_dir / "matrix.json"
     matrix_path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
     site = write_site(document, results_dir / "site")  # its data/advisories.js: stage.write_advisories, after them
-    write_junit(selection, results_dir / "junit")
+    write_junit(atlas.selection, results_dir / "junit")
     return {"matrix": matrix_path, "site": site, "junit": results_dir / "junit"}

@@ -13,13 +13,14 @@ from typing import Any
 
 from harness.define.packages import AXIS_PACKAGES
 from harness.knowledge.atlas import Atlas
+from harness.knowledge.entries import Entry
 from harness.knowledge.flips import fullest_versions
 from harness.knowledge.selection import Selection
-from harness.publishing.glance import glance_markdown, scenario_anchor
+from harness.publishing.glance import entry_lines, glance_markdown, scenario_anchor
 from harness.recording.outcomes import UNSIGNED
 from harness.recording.records import record_key
 from harness.recording.signatures import RULES_DIGEST
-from harness.recording.verdicts import headline, short_reason, verdict
+from harness.recording.verdicts import short_reason
 from harness.textsafe import code, md
 
 LEGEND = """\
@@ -69,12 +70,7 @@ def render_markdown(
     ]
     lines += glance_markdown(atlas)
     lines += _provenance(selection)
-    lines += ["## Summary: baseline outcome and the fixes that work", ""]
-    lines.append("| cell | " + " | ".join(md(s) for s in scenarios) + " |")
-    lines.append("|---|" + "---|" * len(scenarios))
-    for cell in cells:
-        entries = [_summary_entry(grouped.get((cell, s), []), specs.get(s)) for s in scenarios]
-        lines.append(f"| {code(cell)} | " + " | ".join(entries) + " |")
+    lines += _summary(atlas)
     lines += ["", "### Legend", "", LEGEND]
     lines += _inapplicable_section(records)
     lines += _unnamed_section(records)
@@ -291,10 +287,33 @@ def _versions_table(cells: list[str], records: list[dict[str, Any]]) -> list[str
     return [*lines, ""]
 
 
-def _summary_entry(records: list[dict[str, Any]], spec: dict[str, Any] | None) -> str:
-    """One cell x scenario: the target apart from other failures, the fixes on exactly the target's configs
-    (each marked fix or workaround), the controls, and how it ran."""
-    return " <br>".join(headline(verdict(records, spec), spec, named_code, md))
+def _summary(atlas: Atlas) -> list[str]:
+    """One row per stack that ran (a cell; split where its records ran other versions), one entry per scenario: the
+    atlas's entries (`Atlas.entries`), the same the glance and matrix.json show."""
+    scenarios = atlas.scenarios
+    split = {c for c in (r.cell for r in atlas.rows) if sum(1 for r in atlas.rows if r.cell == c) > 1}
+    lines = [
+        "## Summary: baseline outcome and the fixes that work",
+        "",
+        "Each entry counts the records at exactly its stack's releases of every package the scenario depends on "
+        "(the cell's own and any run's at those releases), pitfall configs left out: the glance's entry, in full.",
+        "",
+        "| cell | " + " | ".join(md(s) for s in scenarios) + " |",
+        "|---|" + "---|" * len(scenarios),
+    ]
+    rows = sorted(zip(atlas.rows, atlas.row_labels, atlas.entries, strict=True), key=lambda x: (x[0].cell, x[1]))
+    for row, label, entries in rows:
+        name = f"{code(row.cell)} ({md(label)})" if row.cell in split else code(row.cell)
+        lines.append(
+            f"| {name} | " + " | ".join(_summary_entry(e, atlas.specs.get(e.scenario)) for e in entries) + " |"
+        )
+    return lines
+
+
+def _summary_entry(found: Entry, spec: dict[str, Any] | None) -> str:
+    """One stack x scenario: the target apart from other failures, the fixes on exactly the target's configs
+    (each marked fix or workaround), the controls, and how it ran; the pitfall configs left out, by id."""
+    return " <br>".join(entry_lines(found, spec, named_code, md))
 
 
 def _scenario_section(

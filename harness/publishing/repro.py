@@ -85,9 +85,12 @@ def write_repros(
     return written
 
 
-def sync_repros(records: list[dict[str, Any]], scenarios: dict[str, Scenario], out_dir: Path) -> list[Path]:
+def sync_repros(
+    records: list[dict[str, Any]], scenarios: dict[str, Scenario], out_dir: Path
+) -> tuple[list[Path], list[dict[str, Any]]]:
     """Make `out_dir` mirror the published table: a reproducer per distinct failure in these records,
-    an index.json describing them, and no reproducer of a failure the table no longer shows."""
+    an index.json describing them, and no reproducer of a failure the table no longer shows. Returns the files
+    written and the index (what matrix.json links each failure to)."""
     written = write_repros(records, scenarios, out_dir)
     keep = {p.name for p in written}
     for stale in out_dir.glob("*.py"):
@@ -112,7 +115,7 @@ def sync_repros(records: list[dict[str, Any]], scenarios: dict[str, Scenario], o
                 }
             )
     (out_dir / "index.json").write_text(json.dumps(index, indent=1) + "\n")
-    return written
+    return written, index
 
 
 def check_repro(

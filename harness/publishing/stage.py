@@ -25,6 +25,7 @@ def write_report(results_dir: Path, run_ids: list[str] | None, output: Path | No
 
 
 def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None) -> Path:
+    """Every output from one atlas: each results file is read once, by its store, whatever view asks."""
     from harness.define.registry import discover
     from harness.knowledge.atlas import Atlas
     from harness.publishing.report import render_markdown
@@ -34,23 +35,24 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
     atlas = Atlas(results_dir, specs, run_ids)
     selection = atlas.selection
     if not selection.run_ids:
-        raise NothingToReport(f"no records under {results_dir / 'runs'}; run `nox -s matrix` first")
+        raise NothingToReport(f"no records under {atlas.store.runs_root}; run `nox -s matrix` first")
     text = render_markdown(selection, specs, atlas)
     from harness.publishing.growth import lately, lately_markdown
 
-    recent = lately(results_dir) if run_ids is None else {}
+    recent = lately(atlas) if run_ids is None else {}
     if recent:  # on top of the glance: the newest atlas day's changes and the newest release watch
         head = "## The answer at a glance"
         text = text.replace(head, "\n".join(lately_markdown(recent)) + "\n" + head, 1) if head in text else text
     from harness.publishing.publish import changes_markdown, changes_since_previous
 
-    text += changes_markdown(changes_since_previous(results_dir, selection))
-    from harness.knowledge.flips import dated_by_device, flips_of_runs
+    text += changes_markdown(changes_since_previous(atlas))
+    from harness.knowledge.flips import dated_by_device
     from harness.publishing.atlas import atlas_words, flips_markdown, held_torch
     from harness.publishing.device_compare import disagreements_markdown
 
-    flips = flips_of_runs(results_dir, selection.run_ids)
-    dated = dated_by_device(selection.latest()[0])
+    dated = dated_by_device(atlas.table)
+    # The selected runs' flips, their masking decided once by the atlas (a run the table no longer shows: none).
+    flips = [f for f in atlas.flips if f.run_id in set(selection.run_ids)]
     flips_of = {device: [f for f in flips if f.run_id in {r["run_id"] for r in rs}] for device, rs in dated.items()}
     for device, records in dated.items():
         fixed = held_torch(records)
@@ -66,35 +68,39 @@ def _write_all(results_dir: Path, run_ids: list[str] | None, output: Path | None
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
     if output == results_dir / "COMPATIBILITY.md":
-        from harness.publishing.publish import publish
-        from harness.publishing.repro import sync_repros
-
-        sync_repros(selection.records, {s.id: s for s in known}, results_dir / "repros")
-        publish(results_dir, selection, specs, atlas)
-        from harness.publishing.plots import plot_real_size
-        from harness.publishing.report import real_size_rows
-
-        latest = selection.latest()[0]
-        plot_real_size(real_size_rows(latest), results_dir / "s5-real-size.png")
-        from harness.publishing.atlas import plot_s5_history, plot_timeline
-
-        for device, records in dated.items():
-            # cpu: history-timeline.png; cuda: gpu-history-timeline.png; cuda-ws2: gpu-ws2-history-timeline.png
-            prefix = "" if device == "cpu" else device.replace("cuda", "gpu") + "-"
-            name = f"{prefix}history-timeline.png"
-            plot_timeline(records, specs, flips_of[device], results_dir / name, device)
-        plot_s5_history(dated.get("cpu", []), results_dir / "history-s5-ratio.png")
-        from harness.knowledge.findings import load_all
-        from harness.publishing.findings import findings_markdown
-
-        (results_dir / "FINDINGS.md").write_text(
-            findings_markdown(load_all(results_dir / "findings"), results_dir, specs)
-        )
-        write_advisories(atlas)
-        from harness.publishing import adapter_grid
-
-        adapter_grid.write(results_dir)  # ADAPTER-GRID.md, from the newest adapters-grid run
+        _write_beside(atlas, known, dated, flips_of)
     return output
+
+
+def _write_beside(
+    atlas: Any, known: list[Any], dated: dict[str, list[dict[str, Any]]], flips_of: dict[str, list[Any]]
+) -> None:
+    """What the full report writes beside COMPATIBILITY.md: reproducers, matrix.json and the site, pictures,
+    FINDINGS.md, the advisories and ADAPTER-GRID.md, all from the same atlas."""
+    from harness.publishing.publish import publish
+    from harness.publishing.repro import sync_repros
+
+    results_dir, specs = atlas.results_dir, atlas.specs
+    _, repro_index = sync_repros(atlas.selection.records, {s.id: s for s in known}, results_dir / "repros")
+    publish(atlas, repro_index)
+    from harness.publishing.plots import plot_real_size
+    from harness.publishing.report import real_size_rows
+
+    plot_real_size(real_size_rows(atlas.table), results_dir / "s5-real-size.png")
+    from harness.publishing.atlas import plot_s5_history, plot_timeline
+
+    for device, records in dated.items():
+        # cpu: history-timeline.png; cuda: gpu-history-timeline.png; cuda-ws2: gpu-ws2-history-timeline.png
+        prefix = "" if device == "cpu" else device.replace("cuda", "gpu") + "-"
+        plot_timeline(records, specs, flips_of[device], results_dir / f"{prefix}history-timeline.png", device)
+    plot_s5_history(dated.get("cpu", []), results_dir / "history-s5-ratio.png")
+    from harness.publishing.findings import findings_markdown
+
+    (results_dir / "FINDINGS.md").write_text(findings_markdown(atlas))
+    write_advisories(atlas)
+    from harness.publishing import adapter_grid
+
+    adapter_grid.write(atlas.store)  # ADAPTER-GRID.md, from the newest adapter-grid run
 
 
 def write_advisories(atlas: Any) -> Path:

@@ -6,7 +6,6 @@ Everything comes from the run's own record and the reproducer file; nothing is t
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -14,17 +13,18 @@ from typing import Any
 from harness.define.packages import PINNED_PACKAGES
 from harness.errors import UsageError
 from harness.knowledge.atlas import Atlas
+from harness.knowledge.store import Store, read_script_blame, read_script_verdict
 from harness.recording.flip import Flip
 
 
-def find_entry(results_dir: Path, which: str) -> dict[str, Any]:
+def find_entry(store: Store, which: str) -> dict[str, Any]:
     """The index entry of a reproducer named by its file name, its path, or its id."""
-    index_path = results_dir / "repros" / "index.json"
-    if not index_path.is_file():
-        raise UsageError(f"no {index_path}; run `nox -s report` (or a matrix) first")
+    index_path = store.results_dir / "repros" / "index.json"
+    if not store.repro_index:
+        raise UsageError(f"no reproducer in {index_path}; run `nox -s report` (or a matrix) first")
     name = Path(which).name
     name = name if name.endswith(".py") else f"{name}.py"
-    for entry in json.loads(index_path.read_text()):
+    for entry in store.repro_index:
         if entry["file"] == name:
             return entry
     raise UsageError(f"{which}: no such reproducer in {index_path}")
@@ -33,12 +33,11 @@ def find_entry(results_dir: Path, which: str) -> dict[str, Any]:
 def report_body(atlas: Atlas, entry: dict[str, Any], repros: Path | None = None) -> str:
     """The issue body (Markdown) for the failure behind `entry`: its record as the table holds it (a shared cell is
     `<cell>@<profile>` there, as in the index), the flips of the runs the table shows."""
-    results_dir = atlas.results_dir
     key = (str(entry.get("run_id")), entry["cell"], entry["scenario"], entry["variant"], str(entry["config_id"]))
     record = atlas.records_by_key.get(key)
     if record is None:
         raise UsageError(f"run {entry.get('run_id')}: no record for {entry['file']} in the table")
-    source = ((repros or results_dir / "repros") / entry["file"]).read_text()
+    source = atlas.store.repro_source(entry["file"], repros)
     versions = record.get("versions") or {}
     hw = record.get("hardware") or {}
     device = hw.get("device", "cpu") + (
@@ -179,14 +178,9 @@ def _script_blame_lines(folder: Path | None, flip: Flip) -> list[str]:
     """The verdict's blame (blame.json beside it, `blame-script`), where it is of this flip."""
     from harness.publishing.blame_section import blame_section
 
-    path = folder / "blame.json" if folder else None
-    if path is None or not path.is_file():
+    blame, changed = read_script_blame(folder)
+    if blame is None or blame.get("flip") != [flip.older, flip.newer]:
         return []
-    blame = json.loads(path.read_text())
-    if blame.get("flip") != [flip.older, flip.newer]:
-        return []
-    changed_path = path.parent / "changed.json"
-    changed = json.loads(changed_path.read_text()) if changed_path.is_file() else None
     return blame_section(blame, changed, str(flip.package), str(flip.release))
 
 
@@ -350,9 +344,8 @@ def _imported_distributions(script: str, versions: dict[str, str]) -> list[str]:
 
 def script_report(folder: Path) -> str:
     """The issue body for a bisect-script verdict folder (its verdict.json and the script it ran)."""
-    verdict = json.loads((folder / "verdict.json").read_text())
+    verdict, script, runs = read_script_verdict(folder)
     named = [f for f in (Flip.from_json(x) for x in verdict["flips"]) if f.package and f.release]
     if not named:
         raise UsageError(f"{folder}: the bisect named no release, so there is nothing to report upstream")
-    runs = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
-    return script_issue_body(verdict, (folder / "script.py").read_text(), named[0], runs, folder)
+    return script_issue_body(verdict, script, named[0], runs, folder)

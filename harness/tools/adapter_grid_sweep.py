@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.knowledge.store import read_adapter_grid
 from harness.publishing import adapter_grid as grid
 from harness.publishing.adapter_grid import grid_fields, grouped
 from harness.recording.flip import Flip
@@ -64,7 +65,8 @@ class Sweeper:
         from harness.paths import MATRIX_DIR
 
         self.run, self.store, self.stream = run, store, stream
-        self.meta, self.pairs, _ = grid.read_run(run)
+        found = read_adapter_grid(run)
+        self.meta, self.pairs = found.meta, found.pairs
         self.history = load_profile(self.meta.get("profile") or "history", MATRIX_DIR)
         self.path = run / SWEEP_FILE
         self.doc: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}

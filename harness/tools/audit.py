@@ -27,8 +27,9 @@ from typing import Any
 from harness.define.packages import AXIS_PACKAGES
 from harness.errors import UsageError
 from harness.knowledge.judge import Query, evaluate, fix_answers
+from harness.knowledge.store import Store
 from harness.knowledge.ways_out import way_out
-from harness.paths import MEASURED_FOLDER, RESULTS_DIR
+from harness.paths import RESULTS_DIR
 from harness.publishing.advisories import JUDGE_FILE, read_tables
 from harness.tools.requirements_edit import Moved, move
 from harness.tools.target import here, target_of
@@ -116,7 +117,7 @@ def load_tables(results_dir: Path) -> dict[str, Any]:
 def measured_since(results_dir: Path, when: float) -> bool:
     """Whether a run was measured here (`lookup --measure`, `audit --fix --measure`) after the tables were written:
     then the judge reads the records themselves, so the next audit of those pins answers from that run."""
-    return any(p.stat().st_mtime > when for p in (results_dir / MEASURED_FOLDER).glob("*/runs/*/records.jsonl"))
+    return Store(results_dir).measured_after(when)
 
 
 def tables_from_records(results_dir: Path) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from harness.knowledge.atlas import Atlas
 from harness.knowledge.evidence import device_class
 from harness.knowledge.judge import Query
 from harness.recording.record import judge, make_record
-from harness.recording.verdicts import headline, verdict
+from harness.recording.verdicts import Verdict, headline, verdict
 from scenarios.fix_words import fix_words
 
 JOB_TIMEOUT_S = 600.0
@@ -115,8 +115,9 @@ def published_atlas(results_dir: Path) -> Atlas | None:
 def live_lines(records: list[dict[str, Any]], spec: dict[str, Any], atlas: Atlas | None) -> list[str]:
     """What this check's own runs of a scenario showed (the table's lines), its pitfall configs apart: they fail on
     every release measured, so they are never counted, nor in the exit code."""
-    counted, left_out = atlas.counted(records) if atlas else (records, set())
-    lines = list(headline(verdict(counted, spec), spec)) if counted else []
+    left_out = atlas.counted(records)[1] if atlas else set()
+    found = live_verdict(records, spec, atlas)
+    lines = list(headline(found, spec)) if found else []
     for config_id in sorted(left_out):
         mine = [r for r in records if r["config_id"] == config_id and r["variant"] == "baseline"]
         if not mine or atlas is None:
@@ -132,14 +133,22 @@ def live_lines(records: list[dict[str, Any]], spec: dict[str, Any], atlas: Atlas
     return lines
 
 
+def live_verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None, atlas: Atlas | None) -> Verdict | None:
+    """The verdict of this check's own runs by the atlas's one pitfall rule (`Atlas.verdict_of`); without a published
+    table there is no pitfall known, and every record counts."""
+    if atlas is not None and records:
+        return atlas.verdict_of(records, records[0]["scenario"])
+    return verdict(records, spec) if records else None
+
+
 def reproduced_here(
     live: dict[str, list[dict[str, Any]]], atlas: Atlas | None, specs: dict[str, dict[str, Any]]
 ) -> list[str]:
     """The scenarios whose target this check's own runs showed (pitfall configs left out): the exit code's reason."""
     found = []
     for scenario, records in live.items():
-        counted = atlas.counted(records)[0] if atlas else records
-        hits = verdict(counted, specs.get(scenario)).target_records
+        shown = live_verdict(records, specs.get(scenario), atlas)
+        hits = shown.target_records if shown else []
         if hits:
             found.append(f"{scenario} ({', '.join(sorted({str(r['signature']) for r in hits}))})")
     return found

@@ -294,14 +294,15 @@ def findings_root(results_dir: Path) -> Path:
 
 def command(args: Any) -> int:
     """`compat-matrix findings [ID] [--verify]`: list the findings, print one's issue body, or verify it."""
-    from harness.knowledge.findings import load_all
+    from harness.knowledge.atlas import Atlas
+    from harness.knowledge.store import Store
     from harness.publishing.findings import findings_list_lines, issue_body
 
     root = findings_root(args.results_dir)
     if not args.finding:
         if args.verify:
             raise UsageError("--verify needs a finding id (compat-matrix findings lists them)")
-        for line in findings_list_lines(load_all(root), args.results_dir):
+        for line in findings_list_lines(Store(args.results_dir)):
             print(line)
         return 0
     folder = root / args.finding
@@ -315,5 +316,5 @@ def command(args: Any) -> int:
 
     finding: Finding = load_finding(folder)
     specs = {s.id: s.spec for s in discover()}
-    print(issue_body(finding, args.results_dir, specs.get(finding.scenario)), end="")
+    print(issue_body(finding, Atlas(args.results_dir, specs), specs.get(finding.scenario)), end="")
     return 0

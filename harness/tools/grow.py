@@ -28,8 +28,8 @@ from harness.define.registry import discover
 from harness.environments.envs import InstallOptions, default_envs_dir
 from harness.errors import UsageError
 from harness.execution.options import MatrixOptions
+from harness.knowledge.atlas import Atlas
 from harness.paths import MATRIX_DIR, REPO_ROOT
-from harness.publishing.growth import profile_records
 from harness.recording import runs
 from harness.recording.flip import Flip
 from harness.recording.records import read_records
@@ -137,7 +137,7 @@ def new_flips(results: Path, profile_name: str, since: str) -> list[Flip]:
     """The flips of the table's records of the profile whose newer day is after `since` (the newest day before this
     growth) or is its scenario's newest day, that no flips.json under results/flips/ holds yet."""
     specs = {s.id: s.spec for s in discover()}
-    found = flips_in(dated_states(profile_records(results, profile_name), specs))
+    found = flips_in(dated_states(Atlas(results, specs).records_of_profile(profile_name), specs))
     newest: dict[str, str] = {}
     for flip in found:
         newest[flip.scenario] = max(newest.get(flip.scenario, ""), flip.newer)

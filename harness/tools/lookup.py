@@ -106,7 +106,7 @@ def lookup(
         raise UsageError("--measure runs here on CPU: name the scenarios to run with --scenario (and no --device cuda)")
     atlas = Atlas(results_dir, {s.id: s.spec for s in discover()})
     if not atlas.selection.run_ids:
-        raise UsageError(f"no records under {results_dir / 'runs'}")
+        raise UsageError(f"no records under {atlas.store.runs_root}")
     if device is None and gpus is None and all(atlas.specs[s].get("device", "any") != "cuda" for s in asked):
         device = "cpu"  # a question about scenarios that run on CPU: answered from CPU records
     query = query_of(wanted, vocabulary.parse_words(setup or []), device, gpus)

@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from harness.knowledge.selection import select_runs
+from harness.knowledge.atlas import Atlas
 from harness.publishing.publish import build_matrix, write_site
 
 
@@ -41,7 +41,7 @@ def bench_site(results_dir: Path, workdir: Path, loads: int = 5) -> dict[str, An
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.support.ui import WebDriverWait
 
-    document = build_matrix(select_runs(results_dir), None, {s.id: s.spec for s in discover()})
+    document = build_matrix(Atlas(results_dir, {s.id: s.spec for s in discover()}))
     site = write_site(document, workdir / "site")
     pages = {"split (today)": site, "inline (before)": inline_page(site.parent)}
     options = webdriver.ChromeOptions()
