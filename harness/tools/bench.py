@@ -345,6 +345,61 @@ def bench_cold_bisect_script(workdir: Path, days: list[str], torch_index: str | 
     return out
 
 
+#: Runs `compat-matrix report` on the results folder given, counting each record file it opens; prints the counts.
+_COUNTED_REPORT = """
+import collections, json, sys
+import harness.recording.records as records
+opened = collections.Counter()
+real = records.open_records
+def counting(path):
+    opened[str(path)] += 1
+    return real(path)
+records.open_records = counting
+from harness.cli import main
+code = main(["report", "--results-dir", sys.argv[1]])
+print(json.dumps({"exit": code, "opens": sum(opened.values()), "files": len(opened), "most": max(opened.values())}))
+"""
+
+
+def bench_report(workdir: Path, before: str, pairs: int) -> dict[str, object]:
+    """`compat-matrix report` over the committed results as HEAD and as `before` hold them (each in a git worktree
+    of its own, so the same records are read by each version of the code), in turn (A B A B: a machine that slows
+    down slows both): wall seconds, the ratio pair by pair, and how many record files each opened how often."""
+    sides = {"today": "HEAD", "before": before}
+    trees = {name: workdir / name for name in sides}
+    for name, ref in sides.items():
+        subprocess.run(["git", "-C", str(REPO_ROOT), "worktree", "add", "-q", "--detach", str(trees[name]), ref],
+                       check=True, capture_output=True, text=True)  # fmt: skip
+    out: dict[str, object] = {"refs": {n: _commit(r) for n, r in sides.items()}, "pairs": pairs}
+    walls: dict[str, list[float]] = {name: [] for name in sides}
+    try:
+        for pair in range(pairs):
+            for name, tree in trees.items():
+                start = time.perf_counter()
+                proc = subprocess.run(
+                    [sys.executable, "-c", _COUNTED_REPORT, str(tree / "results")], cwd=tree, capture_output=True,
+                    text=True, env=dict(os.environ, PYTHONPATH=str(tree)),
+                )  # fmt: skip
+                walls[name].append(time.perf_counter() - start)
+                if proc.returncode != 0:
+                    raise SystemExit(f"report at {sides[name]} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+                out[f"{name}_reads"] = json.loads(proc.stdout.strip().splitlines()[-1])
+                print(f"  pair {pair + 1}/{pairs}, {name}: {walls[name][-1]:.1f} s", flush=True)
+    finally:
+        for tree in trees.values():
+            subprocess.run(["git", "-C", str(REPO_ROOT), "worktree", "remove", "--force", str(tree)], check=False,
+                           capture_output=True)  # fmt: skip
+    ratios = sorted(b / t for b, t in zip(walls["before"], walls["today"], strict=True))
+    out |= {f"{n}_wall_s": sorted(round(w, 2) for w in ws) for n, ws in walls.items()}
+    out["before_over_today"] = round(ratios[len(ratios) // 2], 2)
+    return out
+
+
+def _commit(ref: str) -> str:
+    done = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", ref], capture_output=True, text=True)
+    return done.stdout.strip() or ref
+
+
 def _bytes(root: Path, apparent: bool = False) -> int:
     """Disk of a folder, each file once (its allocated blocks, or its length where `apparent`)."""
     seen, total = set(), 0
@@ -400,6 +455,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--torch-index", metavar="URL|DIR", help="with --cold-bisect-script: the CPU-only torch source")
     parser.add_argument(
+        "--report",
+        metavar="REF",
+        help=(
+            "only: `compat-matrix report` on the committed results at HEAD and at git REF in turn (--pairs of them), "
+            "each in a worktree of its own: seconds, the ratio, and the record files each opened"
+        ),
+    )
+    parser.add_argument("--pairs", type=int, default=3, help="with --report: how many A/B pairs (default 3)")
+    parser.add_argument(
         "--site",
         metavar="LOADS",
         nargs="?",
@@ -413,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.first_run or args.history_cell or args.site or args.fix_measure or args.cold_bisect_script:
+    if args.first_run or args.history_cell or args.site or args.fix_measure or args.cold_bisect_script or args.report:
         return _only(args)
     if args.configs < 2:
         parser.error("--configs must be at least 2")
@@ -476,6 +540,9 @@ def _only(args: argparse.Namespace) -> int:
             print(f"cold bisect-script over {', '.join(days)}: PyPI's torch, then {args.torch_index} ...", flush=True)
             # One entry per set of days: a later run over other days is kept beside it in today's file.
             report[f"cold_bisect_script {' '.join(days)}"] = bench_cold_bisect_script(Path(tmp), days, args.torch_index)
+        if args.report:
+            print(f"report: HEAD and {args.report} in turn, {args.pairs} pairs ...", flush=True)
+            report["report"] = bench_report(Path(tmp), args.report, args.pairs)
         if args.history_cell:
             print(f"history: one more day ({args.history_cell[1]}) on a copy of {args.history_cell[0]} ...", flush=True)
             report["history_cell"] = bench_history_cell(Path(tmp), *args.history_cell)
@@ -611,7 +678,21 @@ def _fix_measure_rows(m: dict) -> list[Row]:
     ]  # fmt: skip
 
 
+def _report_rows(r: dict) -> list[Row]:
+    rows = []
+    for name in ("today", "before"):
+        walls, reads = r[f"{name}_wall_s"], r[f"{name}_reads"]
+        rows.append((
+            f"report, {name} ({r['refs'][name]})", f"{walls[len(walls) // 2]:.1f} s",
+            f"min {walls[0]:.1f}, max {walls[-1]:.1f}; {reads['opens']} record-file opens of {reads['files']} files "
+            f"(at most {reads['most']} of one)",
+        ))  # fmt: skip
+    rows.append(("report, before / today", f"{r['before_over_today']:.2f}x", f"median of {r['pairs']} pairs"))
+    return rows
+
+
 _SECTIONS = (
+    ("report", _report_rows),
     ("fix_measure", _fix_measure_rows),
     ("site", _site_rows),
     ("first_run", _first_run_rows),
