@@ -274,28 +274,38 @@ class Atlas:
         `keep_pitfalls`: with the pitfall configs' records too."""
         spec = self.specs.get(scenario) or {}
         chosen: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}
-        for depends, stack, record in self._by_scenario.get(scenario, []):
+        for record in self._agreeing(scenario, versions):
             if device and device_class(record) != device:
                 continue
             if ranks and device == "cuda" and int(spec.get("world_size") or 1) > 1 and world_size(record) != ranks:
                 continue
-            if all(stack[p] == versions.get(p) for p in depends if p in stack):  # a package it lacks: not installed
-                rank = _worst(record, spec)
-                key = (record["config_id"], record["variant"])
-                if key not in chosen or rank > chosen[key][0]:
-                    chosen[key] = (rank, record)
+            rank = _worst(record, spec)
+            key = (record["config_id"], record["variant"])
+            if key not in chosen or rank > chosen[key][0]:
+                chosen[key] = (rank, record)
         found = [record for _, record in chosen.values()]
         return found if keep_pitfalls else self.counted(found)[0]
 
+    def _agreeing(self, scenario: str, versions: dict[str, str]) -> list[dict[str, Any]]:
+        """The scenario's records (table first, then probes) whose stack is `versions` on every package their config
+        depends on that they have (a package a record lacks was not installed there): looked up, not scanned."""
+        found: list[tuple[int, dict[str, Any]]] = []
+        for present, by_stack in self._stack_index.get(scenario, {}).items():
+            found += by_stack.get(tuple(versions.get(p) for p in present), [])
+        return [record for _, record in sorted(found, key=lambda item: item[0])]
+
     @cached_property
-    def _by_scenario(self) -> dict[str, list[tuple[list[str], dict[str, str], dict[str, Any]]]]:
-        """scenario -> (the packages its config depends on, its stack, the record) for every record, table first."""
-        found: dict[str, list[tuple[list[str], dict[str, str], dict[str, Any]]]] = defaultdict(list)
-        for record in [*self.table, *self.probes]:
+    def _stack_index(self) -> dict[str, dict[tuple[str, ...], dict[tuple[str | None, ...], list[tuple[int, Any]]]]]:
+        """scenario -> the packages a record's config depends on that it has -> their releases -> (its place, the
+        record), for every record, table first: what `records_at` looks a stack up in."""
+        index: dict[str, dict[tuple[str, ...], dict[tuple[str | None, ...], list[tuple[int, Any]]]]] = {}
+        for place, record in enumerate([*self.table, *self.probes]):
             spec = self.specs.get(record["scenario"])  # (none: a scenario no spec describes depends on every package)
-            depends = depends_of(spec, vocabulary.setup_of(record.get("config"), spec))
-            found[record["scenario"]].append((depends, stack_of(record), record))
-        return found
+            stack = stack_of(record)
+            present = tuple(p for p in depends_of(spec, vocabulary.setup_of(record.get("config"), spec)) if p in stack)
+            by_present = index.setdefault(record["scenario"], {}).setdefault(present, {})
+            by_present.setdefault(tuple(stack[p] for p in present), []).append((place, record))
+        return index
 
     def days(self, device: str) -> list[Day]:
         """The install days of the device's atlas, each with its stack as its fullest record names it."""

@@ -10,6 +10,7 @@ which is how a fix that worked in the cell is checked to still work.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import defaultdict
@@ -57,16 +58,21 @@ def _repro_config(record: dict[str, Any]) -> dict[str, Any]:
     return record.get("minimal_config") or record["config"]
 
 
-def passing_fixes(records: list[dict[str, Any]], failure: dict[str, Any]) -> list[str]:
+Passes = dict[tuple[str, str, str], list[str]]
+
+
+def passes_by_config(records: list[dict[str, Any]]) -> Passes:
+    """(cell, scenario, config id) -> the variants that passed there, sorted: read once for every reproducer."""
+    found: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for r in records:
+        if r.get("outcome") == "pass":
+            found[(r["cell"], r["scenario"], r["config_id"])].append(r["variant"])
+    return {key: sorted(variants) for key, variants in found.items()}
+
+
+def passing_fixes(passes: Passes, failure: dict[str, Any]) -> list[str]:
     """Variants that passed on the failing record's config in the same cell."""
-    return sorted(
-        r["variant"]
-        for r in records
-        if r["cell"] == failure["cell"]
-        and r["scenario"] == failure["scenario"]
-        and r["config_id"] == failure["config_id"]
-        and r.get("outcome") == "pass"
-    )
+    return passes.get((failure["cell"], failure["scenario"], failure["config_id"]), [])
 
 
 def write_repros(
@@ -75,12 +81,13 @@ def write_repros(
     """Write (or rewrite) a reproducer for every distinct failure; returns the files written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
+    passes = passes_by_config(records)
     for failure in distinct_failures(records):
         scenario = scenarios.get(failure["scenario"])
         if scenario is None:
             continue
         path = out_dir / f"{repro_id(failure)}.py"
-        path.write_text(render(failure, scenario, passing_fixes(records, failure), python))
+        path.write_text(render(failure, scenario, passing_fixes(passes, failure), python))
         written.append(path)
     return written
 
@@ -97,6 +104,7 @@ def sync_repros(
         if stale.name not in keep:
             stale.unlink()
     index = []
+    passes = passes_by_config(records)
     for failure in distinct_failures(records):
         if failure["scenario"] in scenarios:
             index.append(
@@ -111,7 +119,7 @@ def sync_repros(
                     "minimal_config_id": failure.get("minimal_config_id"),
                     "distributed": int(scenarios[failure["scenario"]].spec.get("world_size", 1)) > 1,
                     "device": (failure.get("hardware") or {}).get("device", "cpu"),
-                    "passing_fixes": [v for v in passing_fixes(records, failure) if v != failure["variant"]],
+                    "passing_fixes": [v for v in passing_fixes(passes, failure) if v != failure["variant"]],
                 }
             )
     (out_dir / "index.json").write_text(json.dumps(index, indent=1) + "\n")
@@ -185,7 +193,7 @@ def render(failure: dict[str, Any], scenario: Scenario, fixes: list[str], python
     ]
     if "hypothesis" not in versions:
         deps.append("hypothesis")  # scenarios build their strategy at import
-    source = Path(scenario.module.__file__ or "").read_text()
+    source = _source(scenario.module.__file__ or "")
     helpers = _helper_sources(source)
     scenario_code = source.replace("from __future__ import annotations\n", "", 1)
     world_size = int(scenario.spec.get("world_size", 1))
@@ -252,10 +260,17 @@ def _doc_line(text: str) -> str:
     return kept.replace('"', "'").rstrip()
 
 
+@functools.cache
+def _source(path: str) -> str:
+    """A module's source, read once per process (every reproducer of a scenario embeds the same)."""
+    return Path(path).read_text()
+
+
+@functools.cache
 def _helper_sources(source: str) -> dict[str, str]:
     """Sources of the scenarios.* modules a scenario imports, transitively, by dotted name, plus the runtime's
     job module: everything the reproducer needs besides the stack."""
-    found: dict[str, str] = {name: _module_file(name).read_text() for name in RUNTIME_MODULES}
+    found: dict[str, str] = {name: _source(str(_module_file(name))) for name in RUNTIME_MODULES}
     todo = [source]
     while todo:
         text = todo.pop()
@@ -265,7 +280,7 @@ def _helper_sources(source: str) -> dict[str, str]:
                 module = f"{package}.{name}" if _module_file(f"{package}.{name}").is_file() else package
                 if module in found or not _module_file(module).is_file():
                     continue
-                found[module] = _module_file(module).read_text()
+                found[module] = _source(str(_module_file(module)))
                 todo.append(found[module])
     return dict(sorted(found.items()))
 
