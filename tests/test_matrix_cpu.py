@@ -266,13 +266,20 @@ def test_site_json_and_markdown_show_the_facts_of_the_records(ci_run: Path) -> N
         for line in markdown.splitlines()
         if line.startswith("| `")
     }
+    by_key = {"|".join(record_key(r)): r for r in records}
     for entry in document["entries"]:
-        baseline = [
+        # An entry counts the records it lists: the row's own, pitfall configs apart, and where the judge says the
+        # scenario fails there, only those of the setups it fails in (a passing setup is not the failure's n).
+        own = [
             r
             for r in records
             if (r["cell"], r["scenario"], r["variant"]) == (entry["cell"], entry["scenario"], "baseline")
         ]
-        assert sum(entry["baseline"].values()) == len(baseline)
+        baseline = [by_key[k] for k in entry["keys"] if by_key[k]["variant"] == "baseline"]
+        assert {r["config_id"] for r in baseline} <= {r["config_id"] for r in own}
+        left_out = [r for r in own if r not in baseline]
+        assert all(r["config_id"] in entry["pitfalls"] or entry["judged"] == "fails" for r in left_out), entry
+        assert sum(entry["baseline"].values()) == len(baseline) > 0
         for outcome, count in entry["baseline"].items():
             assert count == sum(1 for r in baseline if r["outcome"] == outcome)
         shown = rows[entry["cell"]][[s.strip() for s in scenarios].index(entry["scenario"])]

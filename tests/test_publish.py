@@ -77,7 +77,9 @@ def test_site_in_headless_chromium(tmp_path: Path) -> None:
         Select(browser.find_element(By.ID, "filter-peft")).select_by_visible_text("0.12.0")  # apply a filter
         assert "peft=0.12.0" in browser.current_url
         cells = browser.find_elements(By.CSS_SELECTOR, "td.entry[data-key]")
-        assert [c.get_attribute("data-key") for c in cells] == ["old_a|torch 2.13.0 peft 0.12.0|S1-x"]  # cell|row|scenario
+        assert [c.get_attribute("data-key") for c in cells] == [
+            "old_a|torch 2.13.0 peft 0.12.0|S1-x"
+        ]  # cell|row|scenario
         cells[0].click()  # open the entry
         browser.find_element(By.CSS_SELECTOR, "#record-list li").click()  # and its failing record
         message = browser.find_element(By.ID, "record-message").text

@@ -1,7 +1,7 @@
-"""The one fold of "what the records show" at a stack that ran: an entry is a row (`Row`: a stack that ran) and a scenario, with
-the records at exactly the row's releases of every package the scenario depends on (the row's own and any run's at
-those releases: the judge's points), pitfall configs left out by the one pitfall rule, counted over the setups the
-judge's failure applies to there, and the verdict of those records.
+"""The one fold of "what the records show" at a stack that ran: an entry is a row (`Row`: a stack that ran) and a
+scenario, with the records at exactly the row's releases of every package the scenario depends on (the row's own and
+any run's at those releases: the judge's points), pitfall configs left out by the one pitfall rule, counted over the
+setups the judge's failure applies to there, and the verdict of those records.
 
 The glance, `matrix.json`'s entries, the summary, `check`'s exit code and the findings' fixes all read entries (or
 `Atlas.verdict_of` for records of their own): none of them folds the records again, so they cannot disagree.
