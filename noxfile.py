@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import os
+
 import nox
 
 nox.needs_version = ">=2025.2.9"
@@ -50,11 +52,19 @@ def list_(session: nox.Session) -> None:
     session.run("compat-matrix", "list", *(session.posargs or ["scenarios"]))
 
 
+def _workers() -> list[str]:
+    """Two pytest-xdist workers where this process may use two cores or more: the `matrix` tests one after another
+    in one (tests/conftest.py groups them), the unit tests beside them in the other. One core: one process."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return ["-n", "2", "--dist", "loadgroup"] if cores >= 2 else []
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Unit tests of the harness plus a real mini matrix on CPU (pass `-- -m "not matrix"` for the fast part)."""
+    """Unit tests of the harness plus a real mini matrix on CPU (pass `-- -m "not matrix"` for the fast part,
+    `-- -n 0` for one process)."""
     session.install(*HARNESS_DEPS, *TEST_DEPS)
-    session.run("python", "-m", "pytest", *session.posargs)
+    session.run("python", "-m", "pytest", *_workers(), *session.posargs)
 
 
 @nox.session

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -48,6 +49,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         test = getattr(item, "obj", None)
         if test is not None and is_hypothesis_test(test):
             seed(chosen)(test)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Under pytest-xdist's `--dist loadgroup` (what `nox -s tests` passes on 2 cores or more) the `matrix` tests
+    run one after another in one worker: their torchrun ranks take both cores and they share the session's `ci`
+    run; the other worker takes the unit tests beside them. Without xdist the group does nothing."""
+    if item.get_closest_marker("matrix") is not None:
+        item.add_marker(pytest.mark.xdist_group("matrix"))
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -143,9 +152,25 @@ def write_profile(tmp_path: Path, text: str, name: str = "p") -> Path:
     return path
 
 
+_faults_reported = 0
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    """Each fault row this process recorded since the last report rides on this report (under pytest-xdist the
+    summary is printed by the main process, which sees the reports and not the workers' ledgers)."""
+    global _faults_reported
+    from tests.fault_ledger import FAULT_PROPERTY, LEDGER
+
+    report = yield
+    report.user_properties.extend((FAULT_PROPERTY, row) for row in LEDGER[_faults_reported:])
+    _faults_reported = len(LEDGER)
+    return report
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """Print the fault-injection counts (issue: faults injected, classified, records lost, orphans)."""
-    from tests.fault_ledger import summary_lines
+    from tests.fault_ledger import rows_of, summary_lines
 
     slurm = [
         r
@@ -157,8 +182,11 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.section("slurm")
         for report in slurm:
             why = f": {report.longrepr[2]}" if report.skipped and isinstance(report.longrepr, tuple) else ""
-            terminalreporter.write_line(f"{report.nodeid.split('::')[-1]}: {report.outcome}{why}")
-    lines = summary_lines()
+            name = report.nodeid.split("::")[-1].split("@")[0]  # pytest-xdist's loadgroup adds "@group"
+            terminalreporter.write_line(f"{name}: {report.outcome}{why}")
+    reports = [r for kept in terminalreporter.stats.values() for r in kept if hasattr(r, "user_properties")]
+    reports.sort(key=lambda r: getattr(r, "start", 0.0))  # in the order the phases ran, as the ledger was filled
+    lines = summary_lines(rows_of(reports))
     if lines:
         terminalreporter.section("fault injection summary")
         for line in lines:
