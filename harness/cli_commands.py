@@ -66,7 +66,7 @@ def matrix(args: argparse.Namespace) -> int:
 
 def _grow_atlas(args: argparse.Namespace, profile: Any, options: Any) -> int:
     """`matrix --grow` without --resume: what the table lacks of the days the date rule gives now, as new runs."""
-    from harness.tools.atlas_growth import grow
+    from harness.tools.growth.atlas_growth import grow
 
     summaries, text = grow(profile, options)
     (args.results_dir / "growth-summary.md").write_text(text + "\n")
@@ -88,11 +88,11 @@ def watch(args: argparse.Namespace) -> int:
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.execution.options import MatrixOptions
-    from harness.tools.atlas_growth import watch as watch_releases
+    from harness.tools.growth.atlas_growth import watch as watch_releases
 
     profile = load_profile(args.profile, MATRIX_DIR)
     if profile.era_packages:  # an era-locked GPU profile: planned here, run on a node, judged here
-        from harness.tools.node_watch import watch as watch_on_node
+        from harness.tools.gpu_node.node_watch import watch as watch_on_node
 
         watched, text = watch_on_node(profile, args.results_dir)
         (args.results_dir / "watch" / f"latest-{profile.name}.md").write_text(text + "\n")
@@ -113,7 +113,7 @@ def watch(args: argparse.Namespace) -> int:
 
 def grow(args: argparse.Namespace) -> int:
     """`grow`: the growth, the watch, the new flips and the report, as the weekly workflows run them."""
-    from harness.tools.grow import command
+    from harness.tools.growth.grow import command
 
     return command(args)
 
@@ -138,7 +138,7 @@ def bisect(args: argparse.Namespace) -> int:
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.execution.options import MatrixOptions
-    from harness.tools.bisection import bisect
+    from harness.tools.release_search.bisection import bisect
 
     if args.offline and args.wheelhouse is None:
         raise UsageError("--offline needs --wheelhouse DIR")
@@ -186,8 +186,8 @@ def flips(args: argparse.Namespace) -> int:
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.execution.options import MatrixOptions
     from harness.recording.packing import records_exist
-    from harness.tools.dated_runs import filed_elsewhere, usable_runs
-    from harness.tools.flips import describe, find_flips
+    from harness.tools.release_search.dated_runs import filed_elsewhere, usable_runs
+    from harness.tools.release_search.flip_naming import describe, find_flips
 
     run_dirs = [args.results_dir / "runs" / run for run in args.runs]
     for run, run_dir in zip(args.runs, run_dirs, strict=True):
@@ -255,8 +255,8 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) ->
     """Flips of a GPU history run (or of several runs of one GPU profile): one planning round
     (harness/tools/node_flips.py)."""
     from harness.recording.flip import changes_words
-    from harness.tools.flips import describe
-    from harness.tools.node_flips import plan_round, write_probe_profile
+    from harness.tools.gpu_node.node_flips import plan_round, write_probe_profile
+    from harness.tools.release_search.flip_naming import describe
 
     run_dir = run_dirs[0]
     if args.from_day or args.to_day:
@@ -376,7 +376,7 @@ def default_profile() -> str:
 
 
 def doc_outputs(args: argparse.Namespace) -> int:
-    from harness.tools import doc_outputs as outputs
+    from harness.tools.upkeep import doc_outputs as outputs
 
     if args.write:
         print(f"{outputs.write()} document(s) written")
@@ -393,7 +393,7 @@ def report(args: argparse.Namespace) -> int:
 
 
 def lookup(args: argparse.Namespace) -> int:
-    from harness.tools.lookup import lookup as nearest_rows
+    from harness.tools.answers.lookup import lookup as nearest_rows
 
     print(
         nearest_rows(args.results_dir, args.versions, args.scenario, args.device, args.setup, args.measure, args.gpus)
@@ -402,7 +402,7 @@ def lookup(args: argparse.Namespace) -> int:
 
 
 def audit(args: argparse.Namespace) -> int:
-    from harness.tools.audit import command
+    from harness.tools.answers.audit import command
 
     try:
         report = command(args)
@@ -413,7 +413,7 @@ def audit(args: argparse.Namespace) -> int:
         return 0
     if not args.measure:
         return report.gate(args.strict)
-    from harness.tools.audit_prove import prove  # --fix --measure: the way out built here and judged again
+    from harness.tools.answers.audit_prove import prove  # --fix --measure: the way out built here and judged again
 
     lines, code = prove(
         report, args.results_dir, say=lambda line: print(line, file=sys.stderr, flush=True), strict=args.strict
@@ -423,10 +423,10 @@ def audit(args: argparse.Namespace) -> int:
 
 
 def adapters_grid(args: argparse.Namespace) -> int:
-    from harness.tools.adapter_grid import run_grid
+    from harness.tools.adapter_grid.grid_run import run_grid
 
     if args.sweep:
-        from harness.tools.adapter_grid_sweep import sweep_grid
+        from harness.tools.adapter_grid.grid_sweep import sweep_grid
 
         if args.resume or args.feature or args.start or args.end:
             raise UsageError("--sweep names the flips of a finished run: it takes no --resume, --feature, --from, --to")
@@ -439,7 +439,7 @@ def adapters_grid(args: argparse.Namespace) -> int:
 
 
 def lock(args: argparse.Namespace) -> int:
-    from harness.tools.locking import write_lock
+    from harness.tools.gpu_node.locking import write_lock
 
     print(f"wrote {write_lock(args.profile, MATRIX_DIR, args.day)}")
     return 0
@@ -482,14 +482,14 @@ def bisect_script(args: argparse.Namespace) -> int:
         raise UsageError("--blame runs here on a CPU verdict; a GPU finding is blamed on the node "
                          "(`findings ID --verify --blame --node-wheels DIR`)")  # fmt: skip
     if args.device == "cuda":  # planned here in rounds, run on a GPU node
-        from harness.tools.node_script import gpu_command
+        from harness.tools.gpu_node.node_script import gpu_command
 
         return gpu_command(args)
-    from harness.tools.script_bisect import command
+    from harness.tools.script_verdicts.script_bisect import command
 
     code = command(args)
     if code == 0 and args.blame:  # then its last step: the named release's changed code, put back
-        from harness.tools.script_blame import command as blame
+        from harness.tools.script_verdicts.script_blame import command as blame
 
         folder = args.results_dir / "script-bisect" / (args.name or args.script.stem)
         return blame(argparse.Namespace(folder=folder, named_only=True))
@@ -497,25 +497,25 @@ def bisect_script(args: argparse.Namespace) -> int:
 
 
 def blame_script(args: argparse.Namespace) -> int:
-    from harness.tools.script_blame import command
+    from harness.tools.script_verdicts.script_blame import command
 
     return command(args)
 
 
 def bisect_script_pack(args: argparse.Namespace) -> int:
-    from harness.tools.node_script import pack_folders
+    from harness.tools.gpu_node.node_script import pack_folders
 
     return pack_folders(args.folders, args.pack)
 
 
 def bisect_script_node(args: argparse.Namespace) -> int:
-    from harness.tools.node_round import node_command
+    from harness.tools.gpu_node.node_round import node_command
 
     return node_command(args)
 
 
 def findings(args: argparse.Namespace) -> int:
-    from harness.tools.findings import command
+    from harness.tools.code_blame.finding_verification import command
 
     return command(args)
 
@@ -535,6 +535,6 @@ def upstream_report(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    from harness.tools.check import run_check
+    from harness.tools.answers.check import run_check
 
     return run_check(args.scenarios, args.results_dir)

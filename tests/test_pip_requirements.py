@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.errors import UsageError
-from harness.tools.pip_requirements import read_requirements
-from harness.tools.target import Target, target_of
-from harness.tools.user_files import read_all, read_file
+from harness.tools.user_files.pins import read_all, read_file
+from harness.tools.user_files.pip_requirements import read_requirements
+from harness.tools.user_files.target import Target, target_of
 from tests.conftest import REPO_ROOT, run_node
 
 SITE_READ = REPO_ROOT / "harness" / "publishing" / "site_read.js"

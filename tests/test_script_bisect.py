@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.execution.script_launch import last_traceback, run_script, script_dependencies
-from harness.tools.script_bisect import Observation, _neighbour_flips, move_order, parse_end
+from harness.tools.script_verdicts.script_bisect import Observation, _neighbour_flips, move_order, parse_end
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -136,7 +136,7 @@ def test_every_failure_the_scan_saw_gets_an_answer(tmp_path: Path) -> None:
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.paths import MATRIX_DIR
-    from harness.tools.script_bisect import End, ScriptBisect, run, summary_lines
+    from harness.tools.script_verdicts.script_bisect import End, ScriptBisect, run, summary_lines
 
     script = tmp_path / "two_failures.py"
     script.write_text(TWO_FAILURES)
@@ -189,7 +189,7 @@ def test_torchrun_hang_gives_every_ranks_stack(tmp_path: Path) -> None:
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.paths import MATRIX_DIR
-    from harness.tools.script_stacks import pinned_stack
+    from harness.tools.script_verdicts.script_stacks import pinned_stack
 
     ci = load_profile("ci", MATRIX_DIR)
     torch_pin = ci.axes["torch"][0]
@@ -217,7 +217,7 @@ def test_a_rank_that_prints_a_line_and_exits_names_the_failure_not_torchrun(tmp_
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.paths import MATRIX_DIR
     from harness.publishing.upstream import issue_title
-    from harness.tools.script_stacks import pinned_stack
+    from harness.tools.script_verdicts.script_stacks import pinned_stack
 
     ci = load_profile("ci", MATRIX_DIR)
     stack = pinned_stack(ci, "torch", {"torch": ci.axes["torch"][0]}, [], InstallOptions(envs_dir=default_envs_dir()))
@@ -400,7 +400,7 @@ def test_a_fix_is_said_as_the_first_release_that_passes_and_the_last_that_fails(
     import json
 
     from harness.publishing.upstream import script_report
-    from harness.tools.script_bisect import summary_lines
+    from harness.tools.script_verdicts.script_bisect import summary_lines
 
     folder = repo_root / "results" / "script-bisect" / "lora-bias-merge"
     said = "\n".join(summary_lines(json.loads((folder / "verdict.json").read_text())))
@@ -431,7 +431,7 @@ def test_every_unusable_move_is_printed_with_its_cause_line() -> None:
     unusable move and probe with it."""
     from harness.environments.envs import summarise_install_error
     from harness.execution.script_launch import cause_line
-    from harness.tools.script_bisect import summary_lines
+    from harness.tools.script_verdicts.script_bisect import summary_lines
 
     frames = "".join(
         f'           File "/root/.cache/x/site-packages/setuptools/build_meta.py", line {n}, in run_setup\n'
@@ -477,9 +477,9 @@ def test_the_environments_to_build_and_their_cost_are_said_before_any_is_built(t
     from harness.environments import envs
     from harness.environments.envs import InstallOptions
     from harness.paths import MATRIX_DIR
-    from harness.tools import script_stacks
-    from harness.tools.script_bisect import End, ScriptBisect, run
-    from harness.tools.script_stacks import LocalStacks, Stack
+    from harness.tools.script_verdicts import script_stacks
+    from harness.tools.script_verdicts.script_bisect import End, ScriptBisect, run
+    from harness.tools.script_verdicts.script_stacks import LocalStacks, Stack
 
     history = load_profile("history", MATRIX_DIR)
     options = InstallOptions(envs_dir=tmp_path / "envs")

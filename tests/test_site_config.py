@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.errors import UsageError
-from harness.tools.user_configs import read_accelerate, read_deepspeed, read_trainer
-from harness.tools.user_text import read_text
+from harness.tools.user_files.user_configs import read_accelerate, read_deepspeed, read_trainer
+from harness.tools.user_files.user_text import read_text
 from tests.conftest import REPO_ROOT, run_node
 
 SITE_CONFIG = REPO_ROOT / "harness" / "publishing" / "site_config.js"

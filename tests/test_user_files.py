@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 
 from harness.cli import main
 from harness.errors import UsageError
-from harness.tools import user_configs, user_files
-from harness.tools.audit import SCHEMA_FILE, SCHEMA_VERSION
-from harness.tools.target import target_of
+from harness.tools.answers.audit import SCHEMA_FILE, SCHEMA_VERSION
+from harness.tools.user_files import pins as user_files
+from harness.tools.user_files import user_configs
+from harness.tools.user_files.target import target_of
 from tests.conftest import REPO_ROOT
 
 CORPUS = REPO_ROOT / "tests" / "audit_inputs"

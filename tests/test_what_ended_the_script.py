@@ -74,7 +74,7 @@ def test_a_stack_whose_only_failure_is_a_native_library_that_cannot_load_is_unus
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions
     from harness.paths import MATRIX_DIR
-    from harness.tools.script_bisect import ScriptBisect, _from_run
+    from harness.tools.script_verdicts.script_bisect import ScriptBisect, _from_run
 
     text = 'raise OSError("libfoo.so.1: cannot open shared object file: No such file or directory")\n'
     run = run_script(Path(sys.executable), _script(tmp_path, text), timeout_s=120)
@@ -117,7 +117,7 @@ def test_a_failure_later_in_the_script_is_evidence_that_the_earlier_one_is_gone(
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.paths import MATRIX_DIR
-    from harness.tools.script_bisect import End, ScriptBisect, run, summary_lines
+    from harness.tools.script_verdicts.script_bisect import End, ScriptBisect, run, summary_lines
 
     script = tmp_path / "early_then_later.py"
     script.write_text(EARLY_THEN_LATER)
@@ -247,7 +247,7 @@ def test_a_library_warning_or_caught_traceback_is_never_what_ended_the_script(tm
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions
     from harness.paths import MATRIX_DIR
-    from harness.tools.script_bisect import ScriptBisect, _from_run
+    from harness.tools.script_verdicts.script_bisect import ScriptBisect, _from_run
 
     script, site = _noisy(tmp_path, FAILS_ON_ITS_OWN_LINE)
     run = run_script(Path(sys.executable), script, timeout_s=120, pythonpath=site)
