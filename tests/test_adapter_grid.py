@@ -118,7 +118,7 @@ def test_the_sweep_names_the_release_by_moving_each_package_alone_and_reuses_its
     """A load-side flip between days that differ in peft and torch: torch moved alone keeps the failure, peft moved
     alone heals it, and the sweep of peft's releases names the first release that heals (0.11.2), with the probe
     behind both of its releases; a second pass measures nothing again."""
-    from harness.tools.adapter_grid.grid_run import Day
+    from harness.tools.adapter_grid.grid_run import GridEnvironment as Day
     from harness.tools.adapter_grid.grid_sweep import Sweeper, grouped
 
     a, b, c = DAYS
@@ -162,7 +162,7 @@ def test_the_sweep_names_the_release_by_moving_each_package_alone_and_reuses_its
 
 
 def test_a_flip_no_single_move_gives_is_not_named(tmp_path: Path) -> None:
-    from harness.tools.adapter_grid.grid_run import Day
+    from harness.tools.adapter_grid.grid_run import GridEnvironment as Day
     from harness.tools.adapter_grid.grid_sweep import Sweeper, grouped
 
     a, b, c = DAYS
@@ -191,7 +191,7 @@ def test_a_save_side_probe_judges_each_flip_by_its_own_adapter(tmp_path: Path, m
     each flip is judged by its own adapter's line (the other's pass does not stand for its failure)."""
     from harness.recording.flip import Flip
     from harness.tools.adapter_grid import grid_sweep as adapter_grid_sweep
-    from harness.tools.adapter_grid.grid_run import Day
+    from harness.tools.adapter_grid.grid_run import GridEnvironment as Day
     from harness.tools.adapter_grid.grid_sweep import Sweeper
 
     _, b, c = DAYS

@@ -31,7 +31,9 @@ PHASE_TIMEOUT_S = 3600
 
 
 @dataclass(frozen=True)
-class Day:
+class GridEnvironment:
+    """Where the grid saves or loads: an atlas day's environment (or a sweep probe's), by its label."""
+
     cell_id: str
     python: Path
     versions: dict[str, str]
@@ -121,14 +123,14 @@ def run_grid(
     before = json.loads((out / "meta.json").read_text()) if resume else {}
     if before:  # a resumed run keeps when it started and what each phase cost the first time
         started, timings = before.get("started_at", started), dict(before.get("seconds") or {})
-    days: list[Day] = []
+    days: list[GridEnvironment] = []
     for number, cell in enumerate(chosen, 1):
         began = time.monotonic()
         env = ensure_env(cell, profile, InstallOptions(envs_dir=default_envs_dir()))
         if env.python is None:
             print(f"[{number}/{len(chosen)}] {cell.cell_id}: no environment ({env.failure}); left out", file=stream)
             continue
-        days.append(Day(cell.cell_id, env.python, dict(env.versions)))
+        days.append(GridEnvironment(cell.cell_id, env.python, dict(env.versions)))
         print(f"[{number}/{len(chosen)}] {cell.cell_id}: environment {'reused' if env.reused else 'built'} "
               f"({time.monotonic() - began:.0f} s)", file=stream, flush=True)  # fmt: skip
     _write_meta(out, run_id, profile_name, days, configs, started, timings, "running")
@@ -149,7 +151,7 @@ def run_grid(
     return out
 
 
-def day_environment(meta: dict[str, Any], cell_id: str) -> Day:
+def day_environment(meta: dict[str, Any], cell_id: str) -> GridEnvironment:
     """One of a grid run's days, in its own environment (reused where built; built again where it is gone)."""
     from harness.define.cells import expand
     from harness.define.profile import load_profile
@@ -165,7 +167,7 @@ def day_environment(meta: dict[str, Any], cell_id: str) -> Day:
     env = ensure_env(cell, profile, InstallOptions(envs_dir=default_envs_dir()))
     if env.python is None:
         raise UsageError(f"{cell_id}: no environment ({env.failure})")
-    return Day(cell_id, env.python, dict(env.versions))
+    return GridEnvironment(cell_id, env.python, dict(env.versions))
 
 
 def _atlas_days(results_dir: Path, profile_name: str) -> dict[str, list[str]] | None:
@@ -182,7 +184,7 @@ def _day(cell_id: str) -> str:
     return cell_id.split("date-", 1)[-1][:10]
 
 
-def load_phase(env: Day, label: str, pairs: list[Any], configs: dict[str, Any], store: Path) -> float:
+def load_phase(env: GridEnvironment, label: str, pairs: list[Any], configs: dict[str, Any], store: Path) -> float:
     """Load `pairs` ((saved on, config id)) in `env`'s environment, written under `label`: every adapter in one
     process under the first of S10's fixed hash seeds, one with several modules_to_save heads again under each other
     seed, in a process of its own (which saved head a load matches can depend on the process's string hash:
@@ -217,7 +219,9 @@ def _scenario_module() -> Any:
     return next(s for s in discover() if s.id == SCENARIO).module
 
 
-def _phase(day: Day, phase: str, job: dict[str, Any], store: Path, more_env: dict[str, str] | None = None) -> float:
+def _phase(
+    day: GridEnvironment, phase: str, job: dict[str, Any], store: Path, more_env: dict[str, str] | None = None
+) -> float:
     """One day's save or load phase, in that day's environment; its output kept in the store's logs."""
     from harness.execution.launcher import stack_env
 
@@ -247,7 +251,7 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def _collect(store: Path, out: Path, days: list[Day]) -> None:
+def _collect(store: Path, out: Path, days: list[GridEnvironment]) -> None:
     """The store's save and load lines, with both days' releases and each failure's signature, as the run's files."""
     from harness.recording.signatures import classify
 
@@ -299,8 +303,8 @@ def _signature(entry: dict[str, Any], classify: Any) -> str | None:
     return None
 
 
-def _write_meta(out: Path, run_id: str, profile: str, days: list[Day], configs: dict[str, Any], started: str,
-                timings: dict[str, float], status: str) -> None:  # fmt: skip
+def _write_meta(out: Path, run_id: str, profile: str, days: list[GridEnvironment], configs: dict[str, Any],
+                started: str, timings: dict[str, float], status: str) -> None:  # fmt: skip
     from harness.recording.runs import now_iso
 
     meta = {

@@ -31,7 +31,7 @@ from harness.knowledge.store import read_adapter_grid
 from harness.publishing import adapter_grid as grid
 from harness.publishing.adapter_grid import grid_fields, grouped
 from harness.recording.flip import Flip
-from harness.tools.adapter_grid.grid_run import FOLDER, Day, _lines, _phase, load_phase, loaded
+from harness.tools.adapter_grid.grid_run import FOLDER, GridEnvironment, _lines, _phase, load_phase, loaded
 from harness.tools.adapter_grid.grid_run import _day as _date
 from harness.tools.release_search import flip_search
 
@@ -72,12 +72,14 @@ class Sweeper:
         self.doc: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}
         self.doc.setdefault("probes", [])
         self.doc["run"] = run.name
-        self.days: dict[str, Day] = {}
+        self.days: dict[str, GridEnvironment] = {}
         self.releases = candidates  # the index's releases of a package between two (a test gives its own)
 
     # --- environments ---------------------------------------------------------------------------------------------
 
-    def _env(self, before_day: str, after_day: str, package: str, version: str) -> tuple[Day | None, str, str]:
+    def _env(
+        self, before_day: str, after_day: str, package: str, version: str
+    ) -> tuple[GridEnvironment | None, str, str]:
         """The older day's stack with `package` at `version` (dependencies as of the older day, else the newer)."""
         from harness.define.cells import expand
         from harness.environments.envs import InstallOptions, default_envs_dir, ensure_env
@@ -94,11 +96,11 @@ class Sweeper:
             env = ensure_env(cell, single, InstallOptions(envs_dir=default_envs_dir()))
             if env.python is not None:
                 label = f"sweep-{package}-{version}-on-{_date(before_day)}-{mode.split('-')[0]}"
-                return Day(label, env.python, dict(env.versions)), mode, ""
+                return GridEnvironment(label, env.python, dict(env.versions)), mode, ""
             failure = str(env.failure)[:300]
         return None, "", failure
 
-    def _day_env(self, day: str) -> Day:
+    def _day_env(self, day: str) -> GridEnvironment:
         """A grid day's own environment (the grid built it; rebuilt where it is gone)."""
         from harness.tools.adapter_grid.grid_run import day_environment
 
@@ -135,7 +137,7 @@ class Sweeper:
               file=self.stream, flush=True)  # fmt: skip
         return entry
 
-    def _measure(self, flips: list[Flip], env: Day) -> dict[str, Any]:
+    def _measure(self, flips: list[Flip], env: GridEnvironment) -> dict[str, Any]:
         configs = {f.feature: self.meta["configs"][f.feature] for f in flips}
         sweep_store = self.store / "sweep"
         (sweep_store / "saved").mkdir(parents=True, exist_ok=True)
@@ -160,7 +162,7 @@ class Sweeper:
                 states[flip.grid_key] = f"save-{saved.get(flip.feature, {}).get('outcome', 'missing')}"
                 continue
             day = self._day_env(loaded_on)
-            label = Day(f"{env.cell_id}-loaded-on-{_date(loaded_on)}", day.python, day.versions)
+            label = GridEnvironment(f"{env.cell_id}-loaded-on-{_date(loaded_on)}", day.python, day.versions)
             lines = self._load(label, label.cell_id, [(env.cell_id, flip.feature)], configs, sweep_store)
             # the load day's file holds every feature this probe loaded there: this flip's line only
             mine = [e for e in lines if (e["saved_on"], e["config_id"]) == (env.cell_id, flip.feature)]
@@ -168,7 +170,7 @@ class Sweeper:
             loads += [_short(e) | {"loaded_on": loaded_on} for e in mine]
         return {"states": states, "loads": loads}
 
-    def _load(self, env: Day, label: str, wanted: list[tuple[str, str]], configs: dict[str, Any],
+    def _load(self, env: GridEnvironment, label: str, wanted: list[tuple[str, str]], configs: dict[str, Any],
               sweep_store: Path) -> list[dict[str, Any]]:  # fmt: skip
         load_phase(env, label, wanted, configs, sweep_store)
         from harness.recording.signatures import classify
@@ -282,7 +284,7 @@ def candidates(package: str, old: str, new: str, python: str | None) -> list[str
     return candidates_between(package, old, new, python)
 
 
-def _change(package: str, change: flip_search.Change, raw: dict[str, str]) -> dict[str, Any]:
+def _change(package: str, change: flip_search.SweptChange, raw: dict[str, str]) -> dict[str, Any]:
     before, after = raw[change.last_before], raw[change.release]
     direction = "ended" if after == "pass" else "started" if before == "pass" else "changed"
     return {"package": package, "release": change.release, "last_before": change.last_before, "before": before,

@@ -104,7 +104,7 @@ FEW_RELEASES = 8
 
 
 @dataclass(frozen=True)
-class Change:
+class SweptChange:
     """One change the sweep found: the first release with the new state, the last one with the old state before it,
     and releases between them that were no evidence (stepped over: the change may hide in them)."""
 
@@ -125,7 +125,7 @@ class Sweep:
     """Where a sweep stands: the releases to measure next, or (none left) every change found, in order."""
 
     probes: list[str]
-    changes: list[Change] = field(default_factory=list)
+    changes: list[SweptChange] = field(default_factory=list)
     stepped_over: list[str] = field(default_factory=list)
     #: Releases of the range the sweep never measured (no change can be named inside them from the records).
     unmeasured: list[str] = field(default_factory=list)
@@ -182,7 +182,7 @@ def next_sweep(candidates: list[str], known: dict[str, str], few: int = FEW_RELE
     usable = [(i, v) for i, v in enumerate(candidates) if v in known and evidence_state(known[v]) != NO_EVIDENCE]
     stepped = [v for v in candidates if v in known and evidence_state(known[v]) == NO_EVIDENCE]
     probes: list[str] = []
-    changes: list[Change] = []
+    changes: list[SweptChange] = []
     for (i, older), (j, newer) in itertools.pairwise(usable):
         if evidence_state(known[older]) == evidence_state(known[newer]):
             continue
@@ -191,7 +191,7 @@ def next_sweep(candidates: list[str], known: dict[str, str], few: int = FEW_RELE
             probes += spread(gap, 1)
         else:
             between = [v for v in candidates[i + 1 : j] if v in stepped]
-            changes.append(Change(newer, older, known[older], known[newer], between))
+            changes.append(SweptChange(newer, older, known[older], known[newer], between))
     if probes:
         return Sweep(probes)
     unmeasured = [v for v in candidates if v not in known]
