@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.execution.script_launch import last_traceback, run_script, script_dependencies
-from harness.tools.script_verdicts.script_bisect import Observation, _neighbour_flips, move_order, parse_end
+from harness.execution.script_launch import ScriptRun, last_traceback, run_script, script_dependencies
+from harness.tools.script_verdicts.script_bisect import _neighbour_flips, move_order, parse_end
+from harness.tools.script_verdicts.stack_run import StackRun
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -288,8 +289,9 @@ def test_ends_and_bad_input(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
-def _seen(label: str, state: str, versions: dict[str, str], error: str = "", traceback: str = "") -> Observation:
-    found = Observation("scan", label, "fail", None, error, 1.0, {"versions": versions}, label, traceback=traceback)
+def _seen(label: str, state: str, versions: dict[str, str], error: str = "", traceback: str = "") -> StackRun:
+    run = ScriptRun("fail", None, 1.0, error=error, traceback=traceback)
+    found = StackRun("scan", label, run, {"versions": versions}, label)
     found.state = state
     return found
 

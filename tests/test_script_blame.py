@@ -49,7 +49,10 @@ def _bisect(tmp_path: Path, sites: dict[str, Path]) -> tuple[ScriptBisect, dict]
     failing = _run(bisect, _ToyStacks(sites).scan(End(pins={"toypkg": "2.0"})), "bad")  # its signature is the target
     flip = Flip("toypkg==1.0", "toypkg==2.0", "pass", "target", {"toypkg": ["1.0", "2.0"]})
     flip.package, flip.release, flip.last_release_before = "toypkg", "2.0", "1.0"
-    verdict = {"flips": [flip.as_script_json()], "target": {"signature": failing.signature, "error": failing.error}}
+    verdict = {
+        "flips": [flip.as_script_json()],
+        "target": {"signature": failing.run.signature, "error": failing.run.error},
+    }
     return prepared(bisect, verdict), verdict
 
 

@@ -23,8 +23,9 @@ from harness.environments import envs
 from harness.environments import overlay as target_overlay
 from harness.errors import UsageError
 from harness.tools.gpu_node.node_script import PLAN, PlannedStacks, stack_label
-from harness.tools.script_verdicts.script_bisect import End, ScriptBisect, Unplanned, read_json_lines, run
+from harness.tools.script_verdicts.script_bisect import End, ScriptBisect, Unplanned, run
 from harness.tools.script_verdicts.script_stacks import Stack
+from harness.tools.script_verdicts.stack_run import read_json_lines
 
 #: Seconds a node keeps in hand at the end of its call to copy its runs back, and an overlay's install.
 RESERVE_S = 60.0

@@ -35,12 +35,11 @@ from harness.tools.script_verdicts.script_bisect import (
     ScriptBisect,
     Unplanned,
     checked_ends,
-    earlier_runs,
-    read_json_lines,
     run,
     write_issue,
 )
 from harness.tools.script_verdicts.script_stacks import Stack, releases_after
+from harness.tools.script_verdicts.stack_run import earlier_runs, read_json_lines
 
 PLAN = "node-plan.json"
 CALLS = "device-calls.jsonl"
@@ -170,7 +169,7 @@ class PlannedStacks:
             return planned  # observe() stops here: the next round runs it
         if label not in self.plan.get("pack", {}).get("stacks", []):  # its wheels are not in this round's pack
             raise Unplanned({**request, "stopped": "not carried in this round's pack"})
-        return self.node.install(planned, entry, max((o.seconds for o in self.bisect.observations), default=0.0))
+        return self.node.install(planned, entry, max((o.run.seconds for o in self.bisect.observations), default=0.0))
 
 
 def launch_of(bisect: ScriptBisect, atlas: NodeAtlas, all_moves: bool) -> dict[str, Any]:

@@ -53,6 +53,7 @@ from harness.recording.signatures import cannot_run_here
 from harness.tools.release_search import flip_search
 from harness.tools.script_verdicts import script_stacks
 from harness.tools.script_verdicts.script_stacks import LocalStacks, Stack
+from harness.tools.script_verdicts.stack_run import StackRun, earlier_runs
 from harness.versions import releases
 
 KNOWN = ("target", "pass")
@@ -119,43 +120,6 @@ class Unplanned(Exception):
 
 
 @dataclass
-class Observation:
-    """One run of the script in one stack, and what it says about the failure asked about."""
-
-    phase: str
-    label: str
-    outcome: str  # pass | fail | timeout | skip | install-failed
-    signature: str | None
-    error: str | None
-    seconds: float
-    stack: dict[str, Any]
-    key: str
-    exit_code: int | None = None
-    traceback: str = ""
-    stderr_tail: str = ""
-    rank_stacks: dict[str, str] = field(default_factory=dict)
-    waiting_in: dict[str, str | None] = field(default_factory=dict)
-    reused: bool = False
-    state: str = ""
-    #: What really ran, measured inside the script's ranks (`script_launch.measured_setup`); empty for runs made
-    #: before the harness measured it, which then state nothing about their setup.
-    setup: dict[str, Any] = field(default_factory=dict)
-    #: The failure's whole text (`error` is its first line).
-    error_text: str | None = None
-    #: Under torchrun, each failing rank's own error, the first failure in time first.
-    rank_errors: dict[str, str] = field(default_factory=dict)
-    #: What ended the script ("exception", "exit", "end"), where in it (its own frames' lines, outermost first),
-    #: the tracebacks a library printed and went past, and what this machine could not load (`script_launch`).
-    ended: str | None = None
-    script_lines: list[int] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    machine_limits: list[str] = field(default_factory=list)
-    #: Set by the search: this run failed another way at a later point of the script than the failure asked about
-    #: (so that failure is gone on its stack: evidence, `ScriptBisect.state_of`).
-    later: bool = False
-
-
-@dataclass
 class Cost:
     environments_built: int = 0
     environments_reused: int = 0
@@ -207,7 +171,7 @@ class ScriptBisect:
         text = script.read_bytes()
         self.script_sha = hashlib.sha256(text).hexdigest()
         self.cost = Cost()
-        self.observations: list[Observation] = []
+        self.observations: list[StackRun] = []
         self.target: str | None = None
         self.target_error: str | None = None
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -223,12 +187,12 @@ class ScriptBisect:
         #: A GPU node's calls that made the runs (tools/node_script.py), for the verdict's cost.
         self.device_calls: list[dict[str, Any]] = []
         #: Told of each run as it is recorded (a node keeps its call's account current: a killed call loses none).
-        self.after_run: Callable[[Observation], None] | None = None
+        self.after_run: Callable[[StackRun], None] | None = None
         if fresh and self.runs_path.exists():
             self.runs_path.rename(out_dir / f"runs-{now_iso().replace(':', '')}.jsonl")
 
     # -- running ---------------------------------------------------------------------------------------------
-    def observe(self, phase: str, stack: Stack) -> Observation:
+    def observe(self, phase: str, stack: Stack) -> StackRun:
         """Run the script in `stack` (or take the same run from an earlier invocation) and record it."""
         self._count_stack(stack, phase)
         facts = {
@@ -244,14 +208,14 @@ class ScriptBisect:
         }
         key = self.key_of(stack)
         if key in self.earlier:
-            found = Observation(**{**self.earlier[key], "phase": phase, "label": stack.label, "reused": True})
+            found = StackRun.from_json({**self.earlier[key], "phase": phase, "label": stack.label, "reused": True})
             self.cost.runs_reused += 1
         elif stack.identity is not None and stack.python is None and not stack.failure:
             raise Unplanned(stack.request or {"label": stack.label})
         elif stack.failure or stack.python is None:
             # Its cause line names it (the build's exception, the resolver's reason); the whole summary is the stack's.
             why = cause_line(stack.failure or "") or "the stack could not be built"
-            found = Observation(phase, stack.label, "install-failed", None, why, 0.0, facts, key)
+            found = StackRun(phase, stack.label, ScriptRun("install-failed", None, 0.0, error=why), facts, key)
         else:
             run = run_script(
                 stack.python,
@@ -262,22 +226,22 @@ class ScriptBisect:
                 pythonpath=stack.pythonpath,
             )
             self.cost.runs += 1
-            found = _from_run(phase, stack.label, run, facts, key)
+            found = StackRun.of(phase, stack.label, run, facts, key)
         if not (found.reused and stack.identity is not None):
             found.stack = facts  # (a planned stack's run keeps the facts of the node that ran it)
         if not found.reused:
             with open(self.runs_path, "a") as handle:
                 handle.write(
-                    json.dumps({**asdict(found), "script_sha256": self.script_sha, "nproc": self.nproc}) + "\n"
+                    json.dumps({**found.as_json(), "script_sha256": self.script_sha, "nproc": self.nproc}) + "\n"
                 )
             if self.after_run is not None:
                 self.after_run(found)
         found.state = self.state_of(found)
         self.observations.append(found)
-        what = found.error or ""
+        what = found.run.error or ""
         self.say(
-            f"  {phase:<6} {stack.label:<40} {found.outcome:<14} {found.state:<9} "
-            f"{found.seconds:6.1f} s{' (earlier run)' if found.reused else ''}  {what[:90]}"
+            f"  {phase:<6} {stack.label:<40} {found.run.outcome:<14} {found.state:<9} "
+            f"{found.run.seconds:6.1f} s{' (earlier run)' if found.reused else ''}  {what[:90]}"
         )
         return found
 
@@ -290,42 +254,42 @@ class ScriptBisect:
             json.dumps([CLASSIFIER_VERSION, self.script_sha, self.nproc, self.torchrun, what]).encode()
         ).hexdigest()[:16]
 
-    def state_of(self, found: Observation) -> str:
+    def state_of(self, found: StackRun) -> str:
         """A run's state by the one rule (`flip_search.run_evidence`), in a script verdict's words: target, pass,
         other (no evidence: another failure, or a timeout where the target is not a hang) or unusable. A run that
         failed another way at a later point of the script than the failure asked about got past it: that failure is
         gone there, so for its search the run is a pass (`later` says so in the verdict). One that failed earlier,
         or where no point is known, stays no evidence."""
         found.later = False
-        if found.outcome in ("install-failed", "skip"):
+        if found.run.outcome in ("install-failed", "skip"):
             return "unusable"
         if _cannot_run(found) or _needs_left_out(found):
             return "unusable"  # the stack cannot run on this machine at all: no evidence either way
-        if found.outcome != "pass" and self.match is None and self.target is None:
+        if found.run.outcome != "pass" and self.match is None and self.target is None:
             return ""  # no target chosen yet
-        state = _SCRIPT_STATE[flip_search.run_evidence(found.outcome, self._is_target(found))]
-        if state == "other" and found.outcome == "fail" and self._past_the_target(found):
+        state = _SCRIPT_STATE[flip_search.run_evidence(found.run.outcome, self._is_target(found))]
+        if state == "other" and found.run.outcome == "fail" and self._past_the_target(found):
             found.later = True
             return "pass"
         return state
 
-    def _past_the_target(self, found: Observation) -> bool:
+    def _past_the_target(self, found: StackRun) -> bool:
         """Whether `found` ended at a later point of the script than every run that showed the failure asked about
         (the script's own frames, outermost first: a later module-level statement, or a later line inside the same
         one). Unknown points are never later."""
-        points = [o.script_lines for o in self.observations if o.script_lines and self._is_target(o)]
-        if not found.script_lines or not points:
+        points = [o.run.script_lines for o in self.observations if o.run.script_lines and self._is_target(o)]
+        if not found.run.script_lines or not points:
             return False
         # The module-level statement only: inside one statement, which call of it comes first is not known here.
-        return all(found.script_lines[0] > point[0] for point in points)
+        return all(found.run.script_lines[0] > point[0] for point in points)
 
-    def _is_target(self, found: Observation) -> bool:
+    def _is_target(self, found: StackRun) -> bool:
         if self.match is not None:
-            return bool(self.match.search(f"{found.error or ''}\n{found.traceback}\n{found.stderr_tail}"))
-        return found.signature == self.target
+            return bool(self.match.search(f"{found.run.error or ''}\n{found.run.traceback}\n{found.run.stderr_tail}"))
+        return found.run.signature == self.target
 
-    def set_target(self, found: Observation) -> None:
-        self.target, self.target_error = found.signature, found.error
+    def set_target(self, found: StackRun) -> None:
+        self.target, self.target_error = found.run.signature, found.run.error
         for other in self.observations:
             other.state = self.state_of(other)
 
@@ -375,7 +339,7 @@ def run(bisect: ScriptBisect, ends: list[End], bad: End | None, *, all_moves: bo
         for line in script_stacks.build_cost_lines(to_build(ends), len(ends), _free_bytes(bisect.options.envs_dir)):
             say(line)
     stacks: dict[str, Stack] = {}
-    scan: list[Observation] = []
+    scan: list[StackRun] = []
     for index, end in enumerate(ends, 1):
         stack = bisect.stack_for(end)
         stacks[end.label] = stack
@@ -417,17 +381,17 @@ def _free_bytes(folder: Path) -> int | None:
 
 
 def _answer_other_failures(
-    bisect: ScriptBisect, scan: list[Observation], stacks: dict[str, Stack], by_label: dict[str, End], all_moves: bool
+    bisect: ScriptBisect, scan: list[StackRun], stacks: dict[str, Stack], by_label: dict[str, End], all_moves: bool
 ) -> dict[str, list[Flip]]:
     """Every other failure the scan saw gets its own answer where the scan brackets it: the same search, the same
     evidence rule, with that failure in the place of the one asked about (its release where it ended, or started
     inside the scan; a stack showing yet another failure is no evidence either way). The failure asked about and its
     states are put back afterwards."""
     asked = (bisect.target, bisect.target_error, bisect.match)
-    others: list[Observation] = []
+    others: list[StackRun] = []
     for found in scan:
-        if found.state == "other" and found.outcome in ("fail", "timeout"):
-            if found.signature not in {o.signature for o in others}:
+        if found.state == "other" and found.run.outcome in ("fail", "timeout"):
+            if found.run.signature not in {o.run.signature for o in others}:
                 others.append(found)
     answers: dict[str, list[Flip]] = {}
     try:
@@ -438,7 +402,7 @@ def _answer_other_failures(
             for flip in flips:
                 older, newer = by_label[flip.older], by_label[flip.newer]
                 _name_flip(bisect, flip, stacks[flip.older], older, newer, all_moves)
-            answers[str(first.signature)] = flips
+            answers[str(first.run.signature)] = flips
     finally:
         bisect.target, bisect.target_error, bisect.match = asked
         for found in bisect.observations:
@@ -446,27 +410,27 @@ def _answer_other_failures(
     return answers
 
 
-def _choose_target(bisect: ScriptBisect, scan: list[Observation], bad: End | None) -> Observation | None:
+def _choose_target(bisect: ScriptBisect, scan: list[StackRun], bad: End | None) -> StackRun | None:
     """The failure asked about: the user's --match, else the bad end's failure, else the newest failing stack's. A
     stack that cannot run on this machine (a native library that cannot load here) is never where it is taken."""
-    failing = [o for o in scan if o.outcome in ("fail", "timeout") and o.state != "unusable"]
+    failing = [o for o in scan if o.run.outcome in ("fail", "timeout") and o.state != "unusable"]
     if bisect.match is not None:
         matched = [o for o in failing if o.state == "target"]
         return matched[-1] if matched else None
     if bad is not None:
         at = next((o for o in scan if o.label == bad.label), None)
         if at is not None and at.state == "unusable":
-            bisect.say(f"the bad end {bad.label} cannot run on this machine ({at.error}): nothing to bisect")
+            bisect.say(f"the bad end {bad.label} cannot run on this machine ({at.run.error}): nothing to bisect")
             return None
-        if at is None or at.outcome not in ("fail", "timeout"):
-            outcome = at.outcome if at else "not run"
+        if at is None or at.run.outcome not in ("fail", "timeout"):
+            outcome = at.run.outcome if at else "not run"
             bisect.say(f"the bad end {bad.label} does not fail ({outcome}): nothing to bisect")
             return None
         return at
     return failing[-1] if failing else None
 
 
-def _neighbour_flips(scan: list[Observation]) -> list[Flip]:
+def _neighbour_flips(scan: list[StackRun]) -> list[Flip]:
     known = [o for o in scan if o.state in KNOWN]
     return [
         Flip(a.label, b.label, a.state, b.state, _changed(a, b))
@@ -475,15 +439,15 @@ def _neighbour_flips(scan: list[Observation]) -> list[Flip]:
     ]
 
 
-def _end_flips(scan: list[Observation]) -> list[Flip]:
+def _end_flips(scan: list[StackRun]) -> list[Flip]:
     good, bad = scan
     if good.state != "pass":
-        return [Flip(good.label, bad.label, good.state, bad.state, _changed(good, bad), note=(
-            f"the good end does not pass ({good.outcome}: {good.error}), so no release can be named"))]  # fmt: skip
+        why = f"the good end does not pass ({good.run.outcome}: {good.run.error}), so no release can be named"
+        return [Flip(good.label, bad.label, good.state, bad.state, _changed(good, bad), note=why)]
     return [Flip(good.label, bad.label, good.state, bad.state, _changed(good, bad))]
 
 
-def _changed(a: Observation, b: Observation) -> dict[str, list[str]]:
+def _changed(a: StackRun, b: StackRun) -> dict[str, list[str]]:
     va, vb = a.stack["versions"], b.stack["versions"]
     return {
         name: [va.get(name), vb.get(name)]
@@ -492,14 +456,14 @@ def _changed(a: Observation, b: Observation) -> dict[str, list[str]]:
     }
 
 
-def move_order(changed: dict[str, list[str]], failing: Observation | None) -> list[str]:
+def move_order(changed: dict[str, list[str]], failing: StackRun | None) -> list[str]:
     """Packages to move, most suspect first: those whose files the failing traceback passes through (innermost
     first), then those its error line names, then the atlas packages, then the rest. torch's CUDA libraries and
     triton are no move of their own: they move with torch."""
     movable = [p for p, (_, new) in changed.items() if new is not None and not script_stacks.is_torch_runtime(p)]
-    text = f"{failing.traceback if failing else ''}"
+    text = f"{failing.run.traceback if failing else ''}"
     frames = re.findall(r'File "[^"]*/(?:site-packages|site)/([^/"]+)/', text)[::-1]
-    error = (failing.error or "").lower() if failing else ""
+    error = (failing.run.error or "").lower() if failing else ""
     order: list[str] = []
     for module in frames:
         order += [p for p in movable if import_name(p) == module and p not in order]
@@ -626,7 +590,7 @@ def _release_notes(bisect: ScriptBisect, flip: Flip, package: str) -> None:
         None,
     )
     if past is not None:
-        flip.note = f"where {past.error}, later in the script, takes over. "
+        flip.note = f"where {past.run.error}, later in the script, takes over. "
     gone = [v for v in bisect.source.yanked(package) if _between(v, flip.last_release_before, flip.release)]
     if gone:
         flip.note += f"{', '.join(gone)} (yanked from the index) lies between and was not tried. "
@@ -700,25 +664,25 @@ def search_order(candidates: list[str], known: dict[str, str], before: str, afte
     return order[:limit]
 
 
-def _cannot_run(found: Observation) -> bool:
+def _cannot_run(found: StackRun) -> bool:
     """Whether what ended the run says its stack cannot run here at all (bitsandbytes with no library for the node's
     CUDA, deepspeed with no CPU accelerator): judged on the ending exception's whole traceback (such messages run
     long), or on the script's own exit line. A warning or a traceback a library printed and went past (bitsandbytes'
     caught GLIBCXX traceback on import) is not what ended it and never makes the run unusable; only a run whose ending
     no process could note (killed, or recorded before the runner) is judged on the whole stderr."""
-    if found.ended == "exit":
-        text = found.error_text or ""
-    elif found.ended == "exception":
-        text = f"{found.traceback}\n{found.error_text or ''}"
+    if found.run.ended == "exit":
+        text = found.run.error_text or ""
+    elif found.run.ended == "exception":
+        text = f"{found.run.traceback}\n{found.run.error_text or ''}"
     else:
-        text = f"{found.traceback}\n{found.stderr_tail}"
-    return cannot_run_here(found.signature, found.error, text)
+        text = f"{found.run.traceback}\n{found.run.stderr_tail}"
+    return cannot_run_here(found.run.signature, found.run.error, text)
 
 
-def _needs_left_out(found: Observation) -> bool:
+def _needs_left_out(found: StackRun) -> bool:
     """Whether the run failed importing a package its stack had to leave out (it cannot be imported there)."""
     left_out = (found.stack or {}).get("left_out") or {}
-    text = f"{found.error or ''}\n{found.traceback}"
+    text = f"{found.run.error or ''}\n{found.run.traceback}"
     return any(f"No module named '{import_name(name)}" in text for name in left_out)
 
 
@@ -726,25 +690,26 @@ def _between(version: str, low: str, high: str) -> bool:
     return Version(low) < Version(version) < Version(high)
 
 
-def _brief(found: Observation) -> dict[str, Any]:
+def _brief(found: StackRun) -> dict[str, Any]:
     return {
         "state": found.state,
-        "outcome": found.outcome,
-        "signature": found.signature,
-        "error": found.error,
+        "outcome": found.run.outcome,
+        "signature": found.run.signature,
+        "error": found.run.error,
         "mode": found.stack.get("mode"),
         "reused": found.reused,
-        **({"setup": found.setup} if found.setup else {}),
-        **({"script_lines": found.script_lines} if found.script_lines else {}),
+        **({"setup": found.run.setup} if found.run.setup else {}),
+        **({"script_lines": found.run.script_lines} if found.run.script_lines else {}),
         **({"later": True} if found.later else {}),
     }
 
 
 def _verdict(
-    bisect: ScriptBisect, scan: list[Observation], flips: list[Flip], answers: dict[str, list[Flip]] | None = None
+    bisect: ScriptBisect, scan: list[StackRun], flips: list[Flip], answers: dict[str, list[Flip]] | None = None
 ) -> dict[str, Any]:
     others = sorted(
-        {(o.signature or "", o.error or "") for o in bisect.observations if o.state == "other"}, key=lambda x: x[0]
+        {(o.run.signature or "", o.run.error or "") for o in bisect.observations if o.state == "other"},
+        key=lambda x: x[0],
     )
     answers = answers or {}
     verdict = {
@@ -772,15 +737,15 @@ def _verdict(
         "runs": "runs.jsonl",
         # What this machine could not load, and tracebacks libraries printed and went past: said once, never a
         # failure of the script.
-        "machine_limits": sorted({limit for o in bisect.observations for limit in o.machine_limits}),
-        "printed_and_passed": sorted({shown_note(note) for o in bisect.observations for note in o.notes}),
+        "machine_limits": sorted({limit for o in bisect.observations for limit in o.run.machine_limits}),
+        "printed_and_passed": sorted({shown_note(note) for o in bisect.observations for note in o.run.notes}),
     }
     verdict |= _device_facts(bisect)
     if bisect.device_calls:  # the node's calls made the runs (and timed them); this side only read them back
         seconds: dict[str, float] = {}
         for o in bisect.observations:
             phase = {"move": "moves"}.get(o.phase, o.phase)  # the phases' names as a run here times them
-            seconds[phase] = round(seconds.get(phase, 0.0) + o.seconds, 1)
+            seconds[phase] = round(seconds.get(phase, 0.0) + o.run.seconds, 1)
         verdict["cost"] |= {
             "runs": sum(c["runs"] for c in bisect.device_calls), "runs_reused": 0, "phase_seconds": seconds,
         }  # fmt: skip
@@ -930,36 +895,6 @@ def _answer_line(flip: Flip) -> str:
     return (
         f"between {flip.older} ({flip.older_state}) and {flip.newer} ({flip.newer_state}): {flip.note or 'not named'}"
     )
-
-
-def _from_run(phase: str, label: str, run: ScriptRun, facts: dict[str, Any], key: str) -> Observation:
-    return Observation(
-        phase, label, run.outcome, run.signature, run.error, round(run.seconds, 2), facts, key, run.exit_code,
-        run.traceback, run.stderr_tail, run.rank_stacks, run.waiting_in, setup=dict(run.setup),
-        error_text=run.error_text, rank_errors=dict(run.rank_errors), ended=run.ended,
-        script_lines=list(run.script_lines), notes=list(run.notes), machine_limits=list(run.machine_limits),
-    )  # fmt: skip
-
-
-def earlier_runs(path: Path) -> dict[str, dict[str, Any]]:
-    """Runs an earlier invocation made, by key (a torn last line from a kill is skipped)."""
-    found: dict[str, dict[str, Any]] = {}
-    for data in read_json_lines(path):
-        data.pop("script_sha256", None)
-        data.pop("nproc", None)
-        found[data["key"]] = data
-    return found
-
-
-def read_json_lines(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines of `path` (none if absent), a torn line of a killed writer skipped."""
-    found = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            found.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return found
 
 
 def atlas_days(results_dir: Path, history: Profile) -> list[str]:

@@ -19,8 +19,9 @@ from harness.recording.flip import Flip
 from harness.tools.code_blame import blame as blaming
 from harness.tools.code_blame import changed_code
 from harness.tools.code_blame.finding_verification import TRACER_DIR
-from harness.tools.script_verdicts.script_bisect import End, Observation, ScriptBisect, _from_run, parse_end
+from harness.tools.script_verdicts.script_bisect import End, ScriptBisect, parse_end
 from harness.tools.script_verdicts.script_stacks import Stack
+from harness.tools.script_verdicts.stack_run import StackRun
 
 #: File endings of native code: a package holding any is not blamed by reverting its Python.
 NATIVE_SUFFIXES = (".so", ".pyd", ".dylib")
@@ -86,9 +87,9 @@ def blame_flip(bisect: ScriptBisect, flip: Flip, older: End, newer: End) -> dict
         traces = Path(scratch)
         for name, side in sides.items():
             found = _run(bisect, side.stack, f"traced {name}", trace=traces / name, package=package)
-            side.state, side.line, side.seconds = found.state, found.error or found.outcome, found.seconds
-            side.error_text = f"{found.error_text or found.error or ''}\n{found.traceback}"
-            say(f"  traced at {package} {side.release}: {found.outcome} ({side.state}) in {found.seconds} s")
+            side.state, side.line, side.seconds = found.state, found.run.error or found.run.outcome, found.run.seconds
+            side.error_text = f"{found.run.error_text or found.run.error or ''}\n{found.run.traceback}"
+            say(f"  traced at {package} {side.release}: {found.run.outcome} ({side.state}) in {found.run.seconds} s")
         if (sides["older"].state, sides["newer"].state) != (flip.older_state, flip.newer_state):
             shown = ", ".join(f"{s.release}: {s.state or 'no state'}" for s in sides.values())
             return _not_blamed(flip, f"the traced runs did not flip here ({shown})", sides)
@@ -163,7 +164,7 @@ def prepared(bisect: ScriptBisect, verdict: dict[str, Any]) -> ScriptBisect:
     than the target's counts as a pass only against them)."""
     target = verdict.get("target") or {}
     bisect.target, bisect.target_error = target.get("signature"), target.get("error")
-    bisect.observations = [Observation(**data) for data in bisect.earlier.values()]
+    bisect.observations = [StackRun.from_json(data) for data in bisect.earlier.values()]
     for observation in bisect.observations:
         observation.state = bisect.state_of(observation)
     return bisect
@@ -174,7 +175,7 @@ def _end(label: str) -> End:
 
 
 def _run(bisect: ScriptBisect, stack: Stack, label: str, *, trace: Path | None = None, package: str = "",
-         extra_env: dict[str, str] | None = None, first: str | None = None) -> Observation:  # fmt: skip
+         extra_env: dict[str, str] | None = None, first: str | None = None) -> StackRun:  # fmt: skip
     """One run of the script in `stack`, judged as the verdict judges its runs (not recorded in runs.jsonl: a blame
     run is not a stack's run). `first`: a runtime folder put on the path before the stack's own."""
     from harness.execution.script_launch import run_script
@@ -189,7 +190,7 @@ def _run(bisect: ScriptBisect, stack: Stack, label: str, *, trace: Path | None =
     assert stack.python is not None
     run = run_script(stack.python, bisect.script, nproc=bisect.nproc, torchrun=bisect.torchrun,
                      timeout_s=bisect.timeout_s, pythonpath=pythonpath, extra_env=env)  # fmt: skip
-    found = _from_run("blame", label, run, {}, "")
+    found = StackRun.of("blame", label, run, {}, "")
     found.state = bisect.state_of(found)
     return found
 
@@ -202,8 +203,9 @@ def _reverted(bisect: ScriptBisect, stack: Stack, plan: dict, flip: Flip) -> dic
         failed = read_failed()
     state = found.state
     outcome = blaming.OLDER if state == flip.older_state else blaming.NEWER if state == flip.newer_state else None
-    return {"outcome": outcome or blaming.NEITHER, "line": found.error or found.outcome, "seconds": found.seconds,
-            "failed": failed, "error": (found.error or found.outcome) if outcome is None else None}  # fmt: skip
+    line = found.run.error or found.run.outcome
+    return {"outcome": outcome or blaming.NEITHER, "line": line, "seconds": found.run.seconds,
+            "failed": failed, "error": line if outcome is None else None}  # fmt: skip
 
 
 def _side_json(side: Side) -> dict[str, Any]:
