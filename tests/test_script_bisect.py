@@ -476,7 +476,7 @@ def test_the_environments_to_build_and_their_cost_are_said_before_any_is_built(t
     """A cold scan builds one environment per atlas day (several GB each): bisect-script says which it will build,
     their disk and time estimate, and the free disk, before the first one; a day built already is not counted."""
     from harness.define.profile import load_profile
-    from harness.environments import envs
+    from harness.environments import disk, envs
     from harness.environments.envs import InstallOptions
     from harness.paths import MATRIX_DIR
     from harness.tools.script_verdicts import script_stacks
@@ -508,10 +508,18 @@ def test_the_environments_to_build_and_their_cost_are_said_before_any_is_built(t
     said = next(i for i, e in enumerate(events) if e.startswith("  to build first: 1 of the 2 stacks"))
     assert said < events.index("built 2024-09-26"), events
     line = events[said]
-    assert "(2024-12-07)" in line and f"{script_stacks.ENV_DISK_GB:.0f} GB of disk" in line, line
+    # The disk as every command estimates it (`disk.estimate`): a day whose torch is not known counts a whole stack.
+    whole = disk.FALLBACK_STACK["cuda"] / disk.GB
+    assert "(2024-12-07)" in line and f"up to {whole:.1f} GB of disk" in line, line
     assert events[said + 1].startswith("  free disk here: "), events
-    assert script_stacks.build_cost_lines([], 2, None) == [
+    # Two days the records show on one torch release: its stack once, then the second day's own files.
+    shared = LocalStacks(history, [], options, {"2024-12-07": "2.5.1", "2025-03-20": "2.5.1"})
+    two = [End(day="2024-12-07"), End(day="2025-03-20")]
+    need = disk.estimate(shared.planned(two), options.envs_dir, None)
+    assert need.new_torches == ["2.5.1 (cuda)"] and need.unknown_torch == 0, need
+    assert "an estimate of about " in script_stacks.build_cost_lines(shared.to_build(two), 2, need)[0]
+    assert script_stacks.build_cost_lines([], 2, need) == [
         "  every one of the 2 stacks to scan is built already: no environment to build"
     ]
-    short = script_stacks.build_cost_lines(["a", "b"], 2, int(1e9))
+    short = script_stacks.build_cost_lines(["a", "b"], 2, disk.DiskNeed(0, 2, 12 * disk.GB, free=int(1e9)))
     assert "less than the" in short[-1] and "may run out" in short[-1], short

@@ -36,6 +36,7 @@ from packaging.version import InvalidVersion, Version
 
 from harness.define.packages import AXIS_PACKAGES, import_name
 from harness.define.profile import DATE_AXIS, Profile
+from harness.environments import disk
 from harness.environments.envs import InstallOptions
 from harness.errors import UsageError
 from harness.execution.script_launch import (
@@ -149,6 +150,7 @@ class ScriptBisect:
         source: Any = None,
         device: dict[str, Any] | None = None,
         search: str = "sweep",
+        day_torch: dict[str, str] | None = None,
     ) -> None:
         if not script.is_file():
             raise UsageError(f"{script}: no such file")
@@ -178,7 +180,7 @@ class ScriptBisect:
         self.runs_path = out_dir / "runs.jsonl"
         self.earlier = {} if fresh else earlier_runs(self.runs_path)
         #: Where stacks come from: this machine's environments, or a GPU round's plan (tools/node_script.py).
-        self.source = source or LocalStacks(history, self.extras, options)
+        self.source = source or LocalStacks(history, self.extras, options, day_torch)
         #: The machine the runs happen on ({"kind": "cpu"} here; a node's GPUs), written into each run's facts.
         self.device = device or {"kind": "cpu"}
         #: The runs the search expects to need next, most likely first (what a GPU round carries beyond the one
@@ -334,9 +336,8 @@ def run(bisect: ScriptBisect, ends: list[End], bad: End | None, *, all_moves: bo
     say = bisect.say
     started = time.monotonic()
     say(f"bisect-script: {bisect.script.name}, {bisect.nproc} process(es), {len(ends)} stacks to scan")
-    to_build = getattr(bisect.source, "to_build", None)
-    if to_build is not None:  # environments built here (a GPU round's stacks are planned, not built)
-        for line in script_stacks.build_cost_lines(to_build(ends), len(ends), _free_bytes(bisect.options.envs_dir)):
+    if isinstance(bisect.source, LocalStacks):  # environments built here (a GPU round's stacks are planned, not built)
+        for line in _cost_lines(bisect.source, ends, bisect.options):
             say(line)
     stacks: dict[str, Stack] = {}
     scan: list[StackRun] = []
@@ -367,17 +368,10 @@ def run(bisect: ScriptBisect, ends: list[End], bad: End | None, *, all_moves: bo
     return verdict
 
 
-def _free_bytes(folder: Path) -> int | None:
-    """Free disk where the environments go (its nearest existing folder), or None where it cannot be read."""
-    import shutil
-
-    for place in (folder, *folder.parents):
-        if place.exists():
-            try:
-                return shutil.disk_usage(place).free
-            except OSError:
-                return None
-    return None
+def _cost_lines(source: LocalStacks, ends: list[End], options: InstallOptions) -> list[str]:
+    """What the scan's environments will cost, said before the first is built (`disk.estimate`, as every command)."""
+    need = disk.estimate(source.planned(ends), options.envs_dir, options.cap())
+    return script_stacks.build_cost_lines(source.to_build(ends), len(ends), need)
 
 
 def _answer_other_failures(
@@ -909,6 +903,21 @@ def atlas_days(results_dir: Path, history: Profile) -> list[str]:
     return sorted(resolved.axes[DATE_AXIS])
 
 
+def day_torches(results_dir: Path, history: Profile) -> dict[str, str]:
+    """The torch release each atlas day resolved, as the history runs' records show it (the newest run's where two
+    differ): the scan's disk estimate counts the days that share one torch once."""
+    from harness.recording.records import read_records
+
+    found: dict[str, str] = {}
+    for run_dir in sorted((results_dir / "runs").glob(f"{history.name}-*")):
+        for record in read_records(run_dir / "records.jsonl", warn=False):
+            day = (record.get("pins") or {}).get(DATE_AXIS)
+            torch = (record.get("versions") or {}).get("torch")
+            if day and torch:
+                found[day] = str(torch).split("+")[0]
+    return found
+
+
 def checked_ends(args: Any) -> tuple[End | None, End | None]:
     """The command's input checked as a user gave it (one-line errors): the --good and --bad ends, if given."""
     if args.nproc < 1:
@@ -965,6 +974,7 @@ def command(args: Any) -> int:
         args.script, out_dir, history, options, nproc=args.nproc, torchrun=args.torchrun, timeout_s=args.timeout,
         match=args.match,
         fresh=args.fresh, search="bisect" if args.bisect else "sweep",
+        day_torch=day_torches(args.results_dir, history) if ends[0].day else None,
     )  # fmt: skip
     verdict = run(bisect, ends, bad, all_moves=args.all_moves)
     return write_issue(verdict, bisect)

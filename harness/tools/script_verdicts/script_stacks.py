@@ -77,8 +77,13 @@ class Stack:
 class LocalStacks:
     """The stacks of this machine: the atlas's environments, a user's pins, and uv overlays over them."""
 
-    def __init__(self, history: Profile, extras: list[str], options: InstallOptions) -> None:
+    def __init__(
+        self, history: Profile, extras: list[str], options: InstallOptions, day_torch: dict[str, str] | None = None
+    ) -> None:
         self.history, self.extras, self.options = history, extras, options
+        #: The torch each atlas day resolved, as its records show (`script_bisect.day_torches`): the disk estimate
+        #: counts the days that share one torch release once.
+        self.day_torch = day_torch or {}
 
     def scan(self, end: Any) -> Stack:
         if end.day:
@@ -87,16 +92,18 @@ class LocalStacks:
 
     def to_build(self, ends: list[Any]) -> list[str]:
         """The labels of the ends whose environment is not built yet here (what the scan will build first)."""
-        missing = []
+        return [end.label for end, planned in zip(ends, self.planned(ends), strict=True) if not _built(planned)]
+
+    def planned(self, ends: list[Any]) -> list[disk.Planned]:
+        """The environment each end's scan uses, with its torch where known, for the disk estimate (`disk.estimate`)."""
+        found = []
         for end in ends:
-            cell, profile = (
-                (_day_cell(self.history, end.day), self.history)
-                if end.day
-                else _pinned_cell(self.history, end.pins, self.extras)
-            )
-            if not (envs.env_dir_for(cell, profile, self.options) / envs.MARKER).is_file():
-                missing.append(end.label)
-        return missing
+            if end.day:
+                cell, profile = _day_cell(self.history, end.day), self.history
+            else:
+                cell, profile = _pinned_cell(self.history, end.pins, self.extras)
+            found.append(envs.planned_env(cell, profile, self.options, self.day_torch.get(end.day or "")))
+        return found
 
     def move(self, base: Stack, package: str, version: str, older: Any, newer: Any) -> Stack:
         label = f"{base.label} + {package}=={version}"
@@ -116,33 +123,45 @@ class LocalStacks:
         return [] if self.options.offline else [str(v) for v in releases.yanked(package)]
 
 
-#: What one atlas day's environment costs here, measured (docs/bring-your-own-failure.md, "What a cold run costs"): its
-#: disk counted alone, 5.5 to 7.1 GB on five days (the CUDA build of torch from PyPI, its CUDA libraries and triton are
-#: most of it; the files are hard links into uv's cache, so a day that shares a torch release with a built one may add
-#: as little as 0.3 GB), and its build, 1.1 min with uv's cache empty (2024-09-26, downloads included) and up to about
-#: 2.5 min per day on a loaded machine (the cold scan of issue 75: 40 minutes for 16 days).
-ENV_DISK_GB = 6.0
+#: How long one atlas day's environment takes to build here, measured (docs/bring-your-own-failure.md, "What a cold
+#: run costs"): 1.1 min with uv's cache empty (2024-09-26, downloads included) and up to about 2.5 min per day on a
+#: loaded machine (the cold scan of issue 75: 40 minutes for 16 days). Its disk is `disk.estimate`'s.
 ENV_BUILD_MINUTES = (1.0, 2.5)
 
 
-def build_cost_lines(to_build: list[str], scanned: int, free_bytes: int | None) -> list[str]:
-    """The cost of the environments a scan will build, said before it builds them: which, the disk they take and the
-    time, both estimated from one measured day each (said so), and whether this machine's free disk holds them."""
+def _built(planned: disk.Planned) -> bool:
+    return (planned.path / envs.MARKER).is_file()
+
+
+def build_cost_lines(to_build: list[str], scanned: int, need: disk.DiskNeed) -> list[str]:
+    """The cost of the environments a scan will build, said before it builds them: which, the disk they add as
+    `disk.estimate` reckons it for every command (each new torch's whole stack, a torch already held only the
+    environment's own files; "up to" where a day's torch is not known before it resolves), the time, estimated from
+    measured days (said so), and whether this machine's free disk holds them."""
     if not to_build:
         return [f"  every one of the {scanned} stacks to scan is built already: no environment to build"]
     shown = ", ".join(to_build[:8]) + (f" and {len(to_build) - 8} more" if len(to_build) > 8 else "")
-    disk = len(to_build) * ENV_DISK_GB
+    size = f"{'up to' if need.unknown_torch else 'about'} {need.new_bytes / disk.GB:.1f} GB"
+    why = []
+    if need.new_torches:
+        named = ", ".join(need.new_torches[:4]) + (" ..." if len(need.new_torches) > 4 else "")
+        why.append(f"{len(need.new_torches)} torch release(s) no environment holds, each a whole stack: {named}")
+    if need.unknown_torch:
+        why.append(f"{need.unknown_torch} whose torch resolves as of its day, each counted whole")
     warm, cold = (max(1, round(len(to_build) * m)) for m in ENV_BUILD_MINUTES)
+    because = f" ({'; '.join(why)})" if why else ""
     lines = [
-        f"  to build first: {len(to_build)} of the {scanned} stacks' environments ({shown}): an estimate of up to "
-        f"{disk:.0f} GB of disk (about {ENV_DISK_GB:.0f} GB a day measured, times {len(to_build)}; less where days "
-        f"share a torch release) and {warm} to {cold} min of builds ({ENV_BUILD_MINUTES[0]:.0f} to "
-        f"{ENV_BUILD_MINUTES[1]} min a day); a torch move builds one more, other moves are overlays of a few MB"
+        f"  to build first: {len(to_build)} of the {scanned} stacks' environments ({shown}): an estimate of {size} of "
+        f"disk{because} and {warm} to {cold} min of builds ({ENV_BUILD_MINUTES[0]:.0f} to {ENV_BUILD_MINUTES[1]} min "
+        "a day); a torch move builds one more, other moves are overlays of a few MB"
     ]
-    if free_bytes is not None:
-        free = free_bytes / 1e9
-        short = f", less than the {disk:.0f} GB estimated: the scan may run out (--from/--to bound the days)"
-        lines.append(f"  free disk here: {free:.0f} GB" + (short if free < disk else ""))
+    if need.free is not None:
+        short = need.free < need.new_bytes
+        lines.append(
+            f"  free disk here: {need.free / disk.GB:.0f} GB"
+            + (f", less than the {need.new_bytes / disk.GB:.1f} GB estimated: the scan may run out" if short else "")
+            + (" (--from/--to bound the days)" if short else "")
+        )
     return lines
 
 
