@@ -12,7 +12,17 @@ from typing import Any
 from harness.cli_options import BY_NAME, built_from
 from harness.errors import NothingToJudge, UsageError
 from harness.execution import hardware
-from harness.paths import MATRIX_DIR
+from harness.paths import (
+    BISECT_FOLDER,
+    FLIPS_FOLDER,
+    MATRIX_DIR,
+    PROBES_FOLDER,
+    SCRIPT_BISECT_FOLDER,
+    WATCH_FOLDER,
+    flips_folder,
+    records_file,
+    run_path,
+)
 from harness.publishing.stage import NothingToReport, write_report
 
 
@@ -95,14 +105,14 @@ def watch(args: argparse.Namespace) -> int:
         from harness.tools.gpu_node.node_watch import watch as watch_on_node
 
         watched, text = watch_on_node(profile, args.results_dir)
-        (args.results_dir / "watch" / f"latest-{profile.name}.md").write_text(text + "\n")
+        (args.results_dir / WATCH_FOLDER / f"latest-{profile.name}.md").write_text(text + "\n")
         return 0
     install = InstallOptions(
         envs_dir=args.envs_dir or default_envs_dir(), max_env_gb=args.max_env_gb, torch_index=args.torch_index
     )
     options = MatrixOptions(results_dir=args.results_dir, install=install)
-    watched, text = watch_releases(profile, options, args.results_dir / "watch")
-    (args.results_dir / "watch" / "latest.md").write_text(text + "\n")
+    watched, text = watch_releases(profile, options, args.results_dir / WATCH_FOLDER)
+    (args.results_dir / WATCH_FOLDER / "latest.md").write_text(text + "\n")
     if watched:
         try:
             print(f"table: {write_report(args.results_dir, None, None)}")
@@ -166,7 +176,7 @@ def bisect(args: argparse.Namespace) -> int:
         new=new,
         cell_glob=args.cell,
         signature=args.signature,
-        out_root=args.results_dir / "bisect",
+        out_root=args.results_dir / BISECT_FOLDER,
     )
     print(f"\n{verdict.package} on {verdict.scenario} / {verdict.variant}, base cell {verdict.base_cell}")
     print(f"releases in range: {', '.join(verdict.candidates)}")
@@ -189,13 +199,13 @@ def flips(args: argparse.Namespace) -> int:
     from harness.tools.release_search.dated_runs import filed_elsewhere, usable_runs
     from harness.tools.release_search.flip_naming import describe, find_flips
 
-    run_dirs = [args.results_dir / "runs" / run for run in args.runs]
+    run_dirs = [run_path(args.results_dir, run) for run in args.runs]
     for run, run_dir in zip(args.runs, run_dirs, strict=True):
-        if not records_exist(run_dir / "records.jsonl"):
-            raise UsageError(f"--run {run}: no {run_dir / 'records.jsonl'}")
+        if not records_exist(records_file(run_dir)):
+            raise UsageError(f"--run {run}: no {records_file(run_dir)}")
     profile = load_profile(args.profile, MATRIX_DIR)
     usable_runs(run_dirs, profile.name)
-    elsewhere = filed_elsewhere(run_dirs, args.results_dir / "flips")
+    elsewhere = filed_elsewhere(run_dirs, args.results_dir / FLIPS_FOLDER)
     if elsewhere:
         raise UsageError(
             f"flips are filed under {', '.join(elsewhere)} already: name that run first (--run {elsewhere[0]}), so "
@@ -209,7 +219,7 @@ def flips(args: argparse.Namespace) -> int:
 
     print(disk.per_environment(install.envs_dir, install.cap(), install.torch_source() is not None).line(), flush=True)
     for flip in find_flips(
-        run_dirs, profile, options, args.results_dir / "flips", scenarios=args.scenario, again=args.again,
+        run_dirs, profile, options, args.results_dir / FLIPS_FOLDER, scenarios=args.scenario, again=args.again,
         span=(args.from_day, args.to_day), windows=args.windows, sweep=not args.bisect,
     ):  # fmt: skip
         print(describe(flip), flush=True)
@@ -265,7 +275,7 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) ->
         raise UsageError("--windows sweeps: it cannot be planned with --bisect")
     search = "bisect" if args.bisect else "sweep"
     flips, by_scenario = plan_round(
-        run_dirs, profile, args.results_dir / "flips", getattr(args, "scenario", None), search, args.windows
+        run_dirs, profile, args.results_dir / FLIPS_FOLDER, getattr(args, "scenario", None), search, args.windows
     )
     for flip in flips:
         if flip.older_state == flip.newer_state:
@@ -288,7 +298,7 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) ->
         return 0
     needed = sorted({day for days in by_scenario.values() for day in days})
     path = write_probe_profile(profile, needed, sorted(by_scenario), MATRIX_DIR)
-    probes = args.results_dir / "flips" / run_dir.name / "probes"
+    probes = flips_folder(args.results_dir, run_dir.name) / PROBES_FOLDER
     print(f"{len(needed)} probe day(s) needed: {' '.join(needed)}")
     print(f"next: python -m harness wheelhouse --profile {path.stem} " + " ".join(f"--day {d}" for d in needed))
     for scenario, days in sorted(by_scenario.items()):
@@ -491,7 +501,7 @@ def bisect_script(args: argparse.Namespace) -> int:
     if code == 0 and args.blame:  # then its last step: the named release's changed code, put back
         from harness.tools.script_verdicts.script_blame import command as blame
 
-        folder = args.results_dir / "script-bisect" / (args.name or args.script.stem)
+        folder = args.results_dir / SCRIPT_BISECT_FOLDER / (args.name or args.script.stem)
         return blame(argparse.Namespace(folder=folder, named_only=True))
     return code
 

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
-from harness.paths import REPO_ROOT
+from harness.paths import ADAPTER_GRID_FOLDER, REPO_ROOT, meta_file, profile_runs, run_path
 
 SCENARIO = "S10-adapter-roundtrip"
-FOLDER = "adapter-grid"
 #: A day's saves or loads (a process importing its stack once, then every adapter in turn).
 PHASE_TIMEOUT_S = 3600
 
@@ -66,11 +65,11 @@ def drawn_configs(results_dir: Path, runs: list[str]) -> dict[str, dict[str, Any
     from harness.tools.release_search.dated_runs import run_records, usable_runs
     from harness.tools.release_search.flip_naming import drawn_configs as draws_of
 
-    run_dirs = [results_dir / "runs" / run for run in runs]
+    run_dirs = [run_path(results_dir, run) for run in runs]
     for run_dir in run_dirs:
         if not run_dir.is_dir():
             raise UsageError(f"--drawn {run_dir.name}: no {run_dir}")
-    profile = load_profile(json.loads((run_dirs[0] / "meta.json").read_text()).get("profile", "history"), MATRIX_DIR)
+    profile = load_profile(json.loads(meta_file(run_dirs[0]).read_text()).get("profile", "history"), MATRIX_DIR)
     usable_runs(run_dirs, profile.name)
     records = run_records(run_dirs)
     failing = {r["config_id"] for r in records if r["scenario"] == SCENARIO and r["variant"] == "baseline"
@@ -103,8 +102,8 @@ def run_grid(
     chosen = [c for c in cells if (not start or _day(c.cell_id) >= start) and (not end or _day(c.cell_id) <= end)]
     if len(chosen) < 2:
         raise UsageError(f"profile {profile_name!r} gives {len(chosen)} day(s) between {start} and {end}: need 2")
-    if resume and (results_dir / FOLDER / resume / "meta.json").is_file():  # the same days as the run resumed
-        kept = json.loads((results_dir / FOLDER / resume / "meta.json").read_text()).get("order") or []
+    if resume and meta_file(results_dir / ADAPTER_GRID_FOLDER / resume).is_file():  # the same days as the run resumed
+        kept = json.loads(meta_file(results_dir / ADAPTER_GRID_FOLDER / resume).read_text()).get("order") or []
         chosen = [c for c in chosen if c.cell_id in kept] or chosen
     configs = seed_configs() | (drawn_configs(results_dir, drawn) if drawn else {})
     if features:
@@ -112,15 +111,15 @@ def run_grid(
         if unknown:
             raise UsageError(f"--feature {unknown[0]}: not one of the grid's config ids ({', '.join(configs)})")
         configs = {k: v for k, v in configs.items() if k in features}
-    run_id = resume or new_run_id(f"{FOLDER}-{profile_name}")
-    store = default_envs_dir().parent / FOLDER / run_id
-    out = results_dir / FOLDER / run_id
-    if resume and not (out / "meta.json").is_file():
+    run_id = resume or new_run_id(f"{ADAPTER_GRID_FOLDER}-{profile_name}")
+    store = default_envs_dir().parent / ADAPTER_GRID_FOLDER / run_id
+    out = results_dir / ADAPTER_GRID_FOLDER / run_id
+    if resume and not meta_file(out).is_file():
         raise UsageError(f"--resume {resume}: no {out / 'meta.json'}")
     store.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     started, timings = now_iso(), {}
-    before = json.loads((out / "meta.json").read_text()) if resume else {}
+    before = json.loads(meta_file(out).read_text()) if resume else {}
     if before:  # a resumed run keeps when it started and what each phase cost the first time
         started, timings = before.get("started_at", started), dict(before.get("seconds") or {})
     days: list[GridEnvironment] = []
@@ -172,7 +171,7 @@ def day_environment(meta: dict[str, Any], cell_id: str) -> GridEnvironment:
 
 def _atlas_days(results_dir: Path, profile_name: str) -> dict[str, list[str]] | None:
     """The days the newest committed run of the profile resolved (the atlas's own days, not today's index)."""
-    metas = sorted((results_dir / "runs").glob(f"{profile_name}-*/meta.json"))
+    metas = [meta_file(r) for r in profile_runs(results_dir, profile_name) if meta_file(r).is_file()]
     for meta in reversed(metas):
         resolved = json.loads(meta.read_text()).get("resolved_axes") or {}
         if resolved.get("date"):
@@ -323,7 +322,7 @@ def _write_meta(out: Path, run_id: str, profile: str, days: list[GridEnvironment
         "seconds": {k: round(v, 1) for k, v in timings.items()},
         "harness_commit": _commit(),
     }
-    (out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    meta_file(out).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
 
 
 def _commit() -> str:

@@ -28,10 +28,11 @@ from typing import Any
 
 from harness.errors import UsageError
 from harness.knowledge.store import read_adapter_grid
+from harness.paths import ADAPTER_GRID_FOLDER, meta_file
 from harness.publishing import adapter_grid as grid
 from harness.publishing.adapter_grid import grid_fields, grouped
 from harness.recording.flip import Flip
-from harness.tools.adapter_grid.grid_run import FOLDER, GridEnvironment, _lines, _phase, load_phase, loaded
+from harness.tools.adapter_grid.grid_run import GridEnvironment, _lines, _phase, load_phase, loaded
 from harness.tools.adapter_grid.grid_run import _day as _date
 from harness.tools.release_search import flip_search
 
@@ -256,10 +257,10 @@ def sweep_grid(run_id: str, results_dir: Path, stream: Any = sys.stdout) -> Path
     """Name every flip of a grid run at release resolution; returns sweep.json's path."""
     from harness.environments.envs import default_envs_dir
 
-    run = results_dir / FOLDER / run_id
-    if not (run / "meta.json").is_file():
+    run = results_dir / ADAPTER_GRID_FOLDER / run_id
+    if not meta_file(run).is_file():
         raise UsageError(f"--sweep {run_id}: no {run / 'meta.json'}")
-    store = default_envs_dir().parent / FOLDER / run_id
+    store = default_envs_dir().parent / ADAPTER_GRID_FOLDER / run_id
     if not (store / "saved").is_dir():
         raise UsageError(f"--sweep {run_id}: its saved adapters are not in {store} (a grid run on this machine "
                          "keeps them there): run `adapters-grid --resume` for it first")  # fmt: skip

@@ -29,7 +29,7 @@ from harness.errors import UsageError
 from harness.knowledge.judge import Query, evaluate, fix_answers
 from harness.knowledge.store import Store
 from harness.knowledge.ways_out import way_out
-from harness.paths import RESULTS_DIR
+from harness.paths import ADVISORIES_FOLDER, RESULTS_DIR
 from harness.publishing.advisories import JUDGE_FILE, read_tables
 from harness.tools.user_files.pins import Pins, environment_pins, loose_ranges, read_all, requirement_name
 from harness.tools.user_files.requirements_edit import Moved, move
@@ -104,7 +104,7 @@ PACKAGED = Path(__file__).resolve().parents[2] / "advisories_feed"
 
 def load_tables(results_dir: Path) -> dict[str, Any]:
     """The judge's tables written with the advisories (a checkout's, else the ones packaged in the wheel)."""
-    folder = results_dir / "advisories"
+    folder = results_dir / ADVISORIES_FOLDER
     if not (folder / JUDGE_FILE).is_file() and results_dir == RESULTS_DIR and (PACKAGED / JUDGE_FILE).is_file():
         folder = PACKAGED
     if not (folder / JUDGE_FILE).is_file():

@@ -23,7 +23,7 @@ from harness.define.profile import DATE_AXIS, Profile, load_profile
 from harness.errors import UsageError, stopped_by
 from harness.execution.matrix import run_matrix
 from harness.execution.options import MatrixOptions
-from harness.paths import MATRIX_DIR, MEASURED_FOLDER
+from harness.paths import MATRIX_DIR, MEASURED_FOLDER, records_file
 from harness.tools.release_search.flip_naming import held_stack
 from harness.versions import releases
 from harness.versions.matching import at_most, matches
@@ -110,7 +110,7 @@ def did_not_run(run_dir: Path) -> str | None:
     """Why the run's stack installed and ran nothing (every record env-broken: it does not import), or None."""
     from harness.recording.records import read_records
 
-    records = read_records(run_dir / "records.jsonl", warn=False)
+    records = read_records(records_file(run_dir), warn=False)
     if not records or any(r["outcome"] != "env-broken" for r in records):
         return None
     return str(records[0].get("message") or records[0].get("signature") or "env-broken").splitlines()[0]
@@ -120,7 +120,7 @@ def could_not_install(run_dir: Path) -> str | None:
     """Why the run's stack did not install (the resolver's cause), or None where it did."""
     from harness.recording.records import read_records
 
-    records = read_records(run_dir / "records.jsonl", warn=False)
+    records = read_records(records_file(run_dir), warn=False)
     if not records or any(r["outcome"] != "install-failed" for r in records):
         return None
     message = records[0].get("message") or "the install failed"

@@ -24,7 +24,7 @@ from typing import Any
 from harness.environments.overlay import uv_binary
 from harness.errors import UsageError
 from harness.knowledge.findings import Finding, load_finding, pair_flips
-from harness.paths import REPO_ROOT
+from harness.paths import FINDINGS_FOLDER, REPO_ROOT
 from harness.recording.machine import describe_machine
 from harness.recording.runs import now_iso
 from harness.tools.code_blame import changed_code
@@ -289,7 +289,7 @@ def _blame(
 
 
 def findings_root(results_dir: Path) -> Path:
-    return results_dir / "findings"
+    return results_dir / FINDINGS_FOLDER
 
 
 def command(args: Any) -> int:

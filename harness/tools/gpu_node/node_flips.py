@@ -25,6 +25,7 @@ from packaging.version import Version
 
 from harness.define.profile import PROBE_DAY, Profile
 from harness.define.registry import discover
+from harness.paths import FLIPS_FILE, PROBES_FOLDER, records_file
 from harness.recording.flip import Flip
 from harness.recording.packing import run_dirs
 from harness.recording.records import read_records
@@ -51,7 +52,7 @@ def probe_records(probe_root: Path) -> dict[str, dict[str, list[dict[str, Any]]]
     per round, for both the probes' states and their cost."""
     grouped: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for run_dir in run_dirs(probe_root):
-        for record in rename_all(read_records(run_dir / "records.jsonl")):
+        for record in rename_all(read_records(records_file(run_dir))):
             day = (record.get("pins") or {}).get("date", "")
             if PROBE_DAY.match(day):
                 grouped.setdefault(record["scenario"], {}).setdefault(day, []).append(record)
@@ -232,7 +233,7 @@ def plan_round(
     records = [r for r in run_records(run_dirs) if not scenarios or r["scenario"] in scenarios]
     specs = {s.id: s.spec for s in discover()}
     verdicts = dated_verdicts(records, specs)[2]
-    probes = probe_records(out_root / run_dir.name / "probes")
+    probes = probe_records(out_root / run_dir.name / PROBES_FOLDER)
     flips: list[Flip] = []
     needed: dict[str, list[str]] = {}
     for flip in flips_in(dated_states(records, specs)):
@@ -266,7 +267,7 @@ def plan_round(
             flips.append(window)
     out_dir = out_root / run_dir.name
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "flips.json"
+    path = out_dir / FLIPS_FILE
     # A round over some scenarios keeps the flips of the others that an earlier round filed here.
     kept = (
         [e for e in json.loads(path.read_text()) if e.get("scenario") not in scenarios]

@@ -28,7 +28,7 @@ from typing import Any
 
 from harness.define.profile import Profile
 from harness.errors import UsageError
-from harness.paths import REPO_ROOT
+from harness.paths import REPO_ROOT, SCRIPT_BISECT_FOLDER
 from harness.recording.runs import now_iso
 from harness.tools.script_verdicts.script_bisect import (
     End,
@@ -540,7 +540,7 @@ def gpu_command(args: Any) -> int:
     from harness.paths import MATRIX_DIR
 
     good, bad = checked_ends(args)
-    out_dir = args.results_dir / "script-bisect" / (args.name or args.script.stem)
+    out_dir = args.results_dir / SCRIPT_BISECT_FOLDER / (args.name or args.script.stem)
 
     if (good is not None and not good.day) or (bad is not None and not bad.day):
         raise UsageError("--device cuda scans the GPU atlas's days: --good and --bad must be days")

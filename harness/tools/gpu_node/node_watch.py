@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.define.profile import Profile
-from harness.paths import MATRIX_DIR
+from harness.paths import MATRIX_DIR, WATCH_FOLDER, records_file
 from harness.recording.packing import run_dirs
 from harness.recording.records import read_records
 from harness.tools.gpu_node.node_flips import probe_day
@@ -62,7 +62,7 @@ def plan(profile: Profile, results_dir: Path, on: dt.date, say: Any = print) -> 
         ],
         "scenarios": scenarios,
     }
-    folder = results_dir / "watch" / on.isoformat() / profile.name
+    folder = results_dir / WATCH_FOLDER / on.isoformat() / profile.name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "plan.json").write_text(json.dumps(body, indent=1) + "\n")
     if not probes:
@@ -94,10 +94,10 @@ def judge(body: dict[str, Any], results_dir: Path, say: Any = print) -> list[atl
     from harness.recording.signatures import rename_all
     from harness.recording.verdicts import verdict
 
-    folder = results_dir / "watch" / body["watched_on"] / body["profile"]
+    folder = results_dir / WATCH_FOLDER / body["watched_on"] / body["profile"]
     records: dict[str, list[dict[str, Any]]] = {}
     for run_dir in run_dirs(folder):
-        for record in rename_all(read_records(run_dir / "records.jsonl")):
+        for record in rename_all(read_records(records_file(run_dir))):
             day = (record.get("pins") or {}).get("date", "")
             records.setdefault(day, []).append(record | {"run_id": run_dir.name})
     specs = {s.id: s.spec for s in discover()}
@@ -129,7 +129,7 @@ def judge(body: dict[str, Any], results_dir: Path, say: Any = print) -> list[atl
 def watch(profile: Profile, results_dir: Path, say: Any = print) -> tuple[list[atlas_growth.Watched], str]:
     """Plan today's GPU watch, or where today's plan exists, judge what the node ran of it."""
     on = atlas_growth.today()
-    planned = results_dir / "watch" / on.isoformat() / profile.name / "plan.json"
+    planned = results_dir / WATCH_FOLDER / on.isoformat() / profile.name / "plan.json"
     # Today's plan is judged once the node ran it; a plan that found nothing is made again (a release may be new).
     body = json.loads(planned.read_text()) if planned.is_file() else None
     if body is None or not body["releases"]:

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from harness.define.profile import DATE_AXIS, RULE_PREFIX, Profile, parse_date_rule
 from harness.errors import OptionError
 from harness.knowledge.selection import retired
-from harness.paths import REPO_ROOT
+from harness.paths import FLIPS_FILE, REPO_ROOT, WATCH_FILE, profile_runs, records_file, run_path
 from harness.recording import runs
 from harness.recording.records import read_records
 
@@ -48,11 +48,11 @@ def atlas_evidence(results_dir: Path, profile_name: str) -> dict[str, set[str]]:
     """Install day -> the scenarios with a record on that day's cell, over every run of the profile the table reads
     (retired runs left out)."""
     found: dict[str, set[str]] = defaultdict(set)
-    for run_dir in sorted((results_dir / "runs").glob(f"{profile_name}-*")):
+    for run_dir in profile_runs(results_dir, profile_name):
         meta = runs.read_meta(run_dir)
         if meta.get("profile") != profile_name or retired(meta):
             continue
-        for record in read_records(run_dir / "records.jsonl", warn=False):
+        for record in read_records(records_file(run_dir), warn=False):
             day = _CELL_DAY.match(str(record.get("cell", "")))
             if day:
                 found[day.group(1)].add(record["scenario"])
@@ -107,7 +107,7 @@ def unfinished_runs(results_dir: Path, profile_name: str) -> tuple[list[str], li
     """(interrupted runs of the profile, runs another process is writing now): what a growth cut short left. Its
     records count as evidence of their days, so the growth resumes them before planning anything new."""
     stopped, busy = [], []
-    for run_dir in sorted((results_dir / "runs").glob(f"{profile_name}-*")):
+    for run_dir in profile_runs(results_dir, profile_name):
         meta = runs.read_meta(run_dir)
         if meta.get("profile") != profile_name or retired(meta) or meta.get("status") in runs.FINISHED:
             continue
@@ -245,7 +245,7 @@ def new_releases(packages: list[str], after: str, until: dt.date) -> list[tuple[
 
 def write_watch(out_dir: Path, watched: list[Watched], day: str, on: dt.date) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "watch.json"
+    path = out_dir / WATCH_FILE
     body = {"newest_day": day, "watched_on": on.isoformat(), "releases": [w.__dict__ for w in watched]}
     path.write_text(json.dumps(body, indent=1) + "\n")
     return path
@@ -329,7 +329,7 @@ def watch(history: Profile, options: Any, out_root: Path, stream: TextIO | None 
             examples=0, example_db=None,
         )  # fmt: skip
         summary = run_matrix(probe, probe_options)
-        records = rename_all(read_records(summary.run_dir / "records.jsonl"))
+        records = rename_all(read_records(records_file(summary.run_dir)))
         item = Watched(package, version, uploaded, newest, summary.run_id)
         for scenario in sorted({r["scenario"] for r in newest_records}):
             mine = [r for r in records if r["scenario"] == scenario and r["variant"] == "baseline"]
@@ -353,7 +353,7 @@ def watched_before(out_root: Path, day: str) -> dict[tuple[str, str], Watched]:
     """(package, version) -> the release already moved onto `day`'s stack by an earlier watch whose run completed
     (any earlier watch folder): the watch is incremental, each release on each newest day runs once."""
     found: dict[tuple[str, str], Watched] = {}
-    for path in sorted(out_root.glob("*/watch.json")):
+    for path in sorted(out_root.glob(f"*/{WATCH_FILE}")):
         try:
             body = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -362,7 +362,7 @@ def watched_before(out_root: Path, day: str) -> dict[tuple[str, str], Watched]:
             continue
         for entry in body.get("releases") or []:
             item = Watched(**{k: entry[k] for k in Watched.__dataclass_fields__ if k in entry})
-            run_dir = path.parent / f"{item.package}-{item.version}" / "runs" / str(item.run_id)
+            run_dir = run_path(path.parent / f"{item.package}-{item.version}", str(item.run_id))
             if item.run_id and item.summary and runs.read_meta(run_dir).get("status") in runs.FINISHED:
                 found[(item.package, item.version)] = item
     return found
@@ -395,7 +395,7 @@ def watch_flips(watched: list[Watched], versions: dict[str, str]) -> list[Any]:
 
 def write_flips(out_dir: Path, watched: list[Watched], versions: dict[str, str]) -> Path:
     """results/watch/<today>/flips.json: the watch's named flips, in the atlas's layout."""
-    path = out_dir / "flips.json"
+    path = out_dir / FLIPS_FILE
     path.write_text(json.dumps([f.as_atlas_json() for f in watch_flips(watched, versions)], indent=1) + "\n")
     return path
 
@@ -412,10 +412,8 @@ def day_records(results_dir: Path, profile_name: str, day: str) -> list[dict[str
 def _cell_records(results_dir: Path, profile_name: str, day: str) -> list[dict[str, Any]]:
     """Every record of the day's cell in the profile's runs the table reads (retired runs left out)."""
     records = []
-    for run_dir in sorted((results_dir / "runs").glob(f"{profile_name}-*")):
+    for run_dir in profile_runs(results_dir, profile_name):
         meta = runs.read_meta(run_dir)
         if meta.get("profile") == profile_name and not retired(meta):
-            records += [
-                r for r in read_records(run_dir / "records.jsonl", warn=False) if r["cell"] == f"era_date-{day}"
-            ]
+            records += [r for r in read_records(records_file(run_dir), warn=False) if r["cell"] == f"era_date-{day}"]
     return records

@@ -29,7 +29,17 @@ from harness.environments.envs import InstallOptions, default_envs_dir
 from harness.errors import UsageError
 from harness.execution.options import MatrixOptions
 from harness.knowledge.atlas import Atlas
-from harness.paths import MATRIX_DIR, REPO_ROOT
+from harness.paths import (
+    FLIPS_FILE,
+    FLIPS_FOLDER,
+    MATRIX_DIR,
+    REPO_ROOT,
+    WATCH_FILE,
+    WATCH_FOLDER,
+    flips_file,
+    profile_runs,
+    records_file,
+)
 from harness.recording import runs
 from harness.recording.flip import Flip
 from harness.recording.records import read_records
@@ -142,7 +152,7 @@ def new_flips(results: Path, profile_name: str, since: str) -> list[Flip]:
     for flip in found:
         newest[flip.scenario] = max(newest.get(flip.scenario, ""), flip.newer)
     filed = set()
-    for path in (results / "flips").glob("*/flips.json"):
+    for path in (results / FLIPS_FOLDER).glob(f"*/{FLIPS_FILE}"):
         try:
             filed |= {(e.get("scenario"), e.get("older"), e.get("newer")) for e in json.loads(path.read_text())}
         except (OSError, ValueError, AttributeError):
@@ -160,14 +170,14 @@ def pair_runs(results: Path, profile_name: str, scenario: str, days: tuple[str, 
 
     cells = {f"era_date-{d}" for d in days}
     found = []
-    for run_dir in sorted((results / "runs").glob(f"{profile_name}-*")):
+    for run_dir in profile_runs(results, profile_name):
         meta = runs.read_meta(run_dir)
         if meta.get("profile") != profile_name or retired(meta):
             continue
-        records = read_records(run_dir / "records.jsonl", warn=False)
+        records = read_records(records_file(run_dir), warn=False)
         if any(r["scenario"] == scenario and r["cell"] in cells for r in records):
             found.append(run_dir.name)
-    return sorted(found, key=lambda run: not (results / "flips" / run / "flips.json").is_file())
+    return sorted(found, key=lambda run: not flips_file(results, run).is_file())
 
 
 def _flips(profile_name: str, results: Path, since: str, passed: list[str]) -> Phase:
@@ -180,7 +190,7 @@ def _flips(profile_name: str, results: Path, since: str, passed: list[str]) -> P
         mine = [f for f in pending if f.scenario == scenario]
         span = (min(f.older for f in mine), max(f.newer for f in mine))
         chosen = pair_runs(results, profile_name, scenario, span)
-        filed = [r for r in chosen[1:] if (results / "flips" / r / "flips.json").is_file()]
+        filed = [r for r in chosen[1:] if flips_file(results, r).is_file()]
         argv = ["flips", "--profile", profile_name, *(f"--run={r}" for r in chosen), "--scenario", scenario,
                 "--from", span[0], "--to", span[1], *passed]  # fmt: skip
         if filed:  # two runs with flips of their own: which one files these is a person's choice
@@ -188,7 +198,7 @@ def _flips(profile_name: str, results: Path, since: str, passed: list[str]) -> P
             continue
         done = _fresh(f"flips of {scenario} {span[0]} .. {span[1]}", argv)
         phase.failed |= done.failed
-        phase.said += [*_named(results / "flips" / chosen[0] / "flips.json", mine), *done.said]
+        phase.said += [*_named(flips_file(results, chosen[0]), mine), *done.said]
     phase.seconds = time.monotonic() - started
     return phase
 
@@ -235,7 +245,7 @@ def _install_args(args: argparse.Namespace) -> list[str]:
 def _what_changed(phases: list[Phase], results: Path) -> None:
     """The end: what each phase found (the watch's lines from its file), and the time of each."""
     print("\n## What the growth changed", flush=True)
-    watch = sorted((results / "watch").glob("*/watch.json"))
+    watch = sorted((results / WATCH_FOLDER).glob(f"*/{WATCH_FILE}"))
     for phase in phases:
         lines = list(phase.said)
         if phase.name == "watch" and watch:

@@ -28,6 +28,7 @@ from harness.define.registry import select
 from harness.errors import UsageError, stopped_by
 from harness.execution.matrix import run_matrix
 from harness.execution.options import MatrixOptions
+from harness.paths import records_file
 from harness.recording import runs
 from harness.recording.flip import Flip
 from harness.recording.outcomes import FAILING, NAMED
@@ -167,7 +168,7 @@ def probe_cell(
     for root in (out_dir, reuse_root) if reuse_root else ():  # its own earlier run first, then any of the flip's
         earlier = earlier or earlier_probe(root, pins, scenario_id, variant, options.config_ids)
     if earlier is not None:
-        records = rename_all(read_records(earlier / "records.jsonl"))
+        records = rename_all(read_records(records_file(earlier)))
         state, signatures = probe_state(records, signature, options.config_ids or ())
         print(f"  (judged again from the earlier run {earlier.name})", flush=True)
         return Probe(version, state, signatures, earlier.name, len(records))
@@ -196,7 +197,7 @@ def probe_cell(
         # Ctrl-C or SIGTERM stopped the probe's run (which keeps its records): the search stops with it, and an
         # unfinished probe is no evidence.
         raise stopped_by(summary.signal)
-    records = rename_all(read_records(summary.run_dir / "records.jsonl"))  # named by today's rules, as the table
+    records = rename_all(read_records(records_file(summary.run_dir)))  # named by today's rules, as the table
     state, signatures = probe_state(records, signature, options.config_ids or ())
     return Probe(version, state, signatures, summary.run_id, len(records))
 
@@ -219,7 +220,7 @@ def earlier_probe(
         if any((a.get("slice") or {}).get("config_ids") and not config_ids for a in attempts):
             continue
         wanted = (scenario_id, variant)
-        records = [r for r in read_records(run_dir / "records.jsonl") if (r["scenario"], r["variant"]) == wanted]
+        records = [r for r in read_records(records_file(run_dir)) if (r["scenario"], r["variant"]) == wanted]
         have = {r["config_id"] for r in records}
         if records and (not config_ids or set(config_ids) <= have):
             found.append((str(meta.get("started_at") or attempts[-1].get("started_at") or ""), run_dir))

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from harness.paths import FLIPS_FILE, meta_file, records_file
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
 
@@ -15,7 +16,7 @@ from harness.recording.signatures import rename_all
 def filed_elsewhere(run_dirs: list[Path], out_root: Path) -> list[str]:
     """The runs after the first whose own flips folder exists: a second filing of the same flips would show them
     twice in the table, and its probes would not be read."""
-    return [run_dir.name for run_dir in run_dirs[1:] if (out_root / run_dir.name / "flips.json").is_file()]
+    return [run_dir.name for run_dir in run_dirs[1:] if (out_root / run_dir.name / FLIPS_FILE).is_file()]
 
 
 def usable_runs(run_dirs: list[Path], profile_name: str) -> None:
@@ -25,7 +26,7 @@ def usable_runs(run_dirs: list[Path], profile_name: str) -> None:
     from harness.knowledge.selection import retired
 
     for run_dir in run_dirs:
-        meta_path = run_dir / "meta.json"
+        meta_path = meta_file(run_dir)
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
         if meta.get("profile", profile_name) != profile_name:
             raise UsageError(f"--run {run_dir.name} is a run of {meta['profile']}, not of --profile {profile_name}")
@@ -40,11 +41,11 @@ def run_records(run_dirs: list[Path]) -> list[dict[str, Any]]:
     newest record per key."""
     from harness.knowledge.selection import config_slices, latest_by_key, newest_per_pair
 
-    metas = {d.name: json.loads((d / "meta.json").read_text()) for d in run_dirs if (d / "meta.json").is_file()}
+    metas = {d.name: json.loads(meta_file(d).read_text()) for d in run_dirs if meta_file(d).is_file()}
 
     def started(run_dir: Path) -> tuple[str, str]:  # its start, then its id (which begins with its start time)
         return str(metas.get(run_dir.name, {}).get("started_at", "")), run_dir.name
 
     newest_first = sorted(run_dirs, key=started, reverse=True)
-    runs = ((d.name, rename_all(read_records(d / "records.jsonl"))) for d in newest_first)
+    runs = ((d.name, rename_all(read_records(records_file(d)))) for d in newest_first)
     return latest_by_key([r for _, fresh, _ in newest_per_pair(runs, config_slices(metas)) for r in fresh])[0]

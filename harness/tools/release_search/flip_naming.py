@@ -26,7 +26,7 @@ from harness.errors import UsageError
 from harness.execution.options import MatrixOptions
 from harness.knowledge import pitfalls as knowledge
 from harness.knowledge.flips import CONFIG_SERIES, dated_verdicts, family_state, named_packages
-from harness.paths import REPO_ROOT
+from harness.paths import BISECT_FOLDER, FLIPS_FILE, FLIPS_FOLDER, REPO_ROOT, RESULTS_DIR
 from harness.publishing.atlas import upstream_verdict
 from harness.recording.flip import Flip
 from harness.tools.release_search import bisection, flip_search, release_sweep
@@ -176,7 +176,7 @@ def name_flip(
         return flip  # not named: none alone, or several alone (Flip.why_not_named says which, from the moves)
     flip.package = flip.reproducing[0]
     old, new = flip.changed[flip.package]
-    for superseded in (out_dir / "bisect").glob("*/verdict.json"):
+    for superseded in (out_dir / BISECT_FOLDER).glob("*/verdict.json"):
         superseded.unlink()  # an earlier bisect of this flip: its runs stay, judged again by this one or the sweep
         if not any(superseded.parent.iterdir()):
             superseded.parent.rmdir()
@@ -196,12 +196,12 @@ def name_flip(
         old=old,
         new=new,
         signature=flip.signature,
-        out_root=out_dir / "bisect",
+        out_root=out_dir / BISECT_FOLDER,
         # A failure that ends: the old end must show it, or the search would look for something else.
         older_state="fail" if flip.newer_state != "target" else None,
         reuse_root=out_dir,
     )
-    flip.bisect = _shown_path(Path(verdict_.bisect) if verdict_.bisect else out_dir / "bisect")
+    flip.bisect = _shown_path(Path(verdict_.bisect) if verdict_.bisect else out_dir / BISECT_FOLDER)
     name_release(flip, verdict_)
     return flip
 
@@ -259,7 +259,7 @@ def find_flips(
     drawn = drawn_configs(records, history)
     out_dir = out_root / run_dir.name
     # Flips named by an earlier invocation (e.g. of other scenarios) stay in flips.json unless named again.
-    earlier = json.loads((out_dir / "flips.json").read_text()) if (out_dir / "flips.json").is_file() else []
+    earlier = json.loads((out_dir / FLIPS_FILE).read_text()) if (out_dir / FLIPS_FILE).is_file() else []
     found = flips_in(states)
     # A config that fails on every day (a pitfall of its setup) has no window to look inside.
     pitfalls = {config_id for _, config_id in knowledge.pitfalls(records, specs)}
@@ -442,16 +442,16 @@ def _write_flips(out_dir: Path, earlier: list[dict[str, Any]], named: list[Flip]
     kept = [e for e in earlier if still(e) and _key(e) not in fresh]
     for gone in (e for e in earlier if not still(e)):
         _withdraw_bisect(gone)
-    (out_dir / "flips.json").write_text(json.dumps([*kept, *(f.as_atlas_json() for f in named)], indent=1) + "\n")
+    (out_dir / FLIPS_FILE).write_text(json.dumps([*kept, *(f.as_atlas_json() for f in named)], indent=1) + "\n")
 
 
 def _withdraw_bisect(entry: dict[str, Any]) -> None:
     """A flip that is no flip of the run any more takes its bisect's verdict with it (its probe runs stay): no
     verdict is left behind that names a release for a change the records no longer show."""
     shown = str(entry.get("bisect") or "")
-    if "results/flips/" not in shown:
+    if f"results/{FLIPS_FOLDER}/" not in shown:
         return  # a node's bisect is described in words, not a folder
-    folder = REPO_ROOT / "results" / "flips" / shown.split("results/flips/", 1)[1]
+    folder = RESULTS_DIR / FLIPS_FOLDER / shown.split(f"results/{FLIPS_FOLDER}/", 1)[1]
     for verdict in [folder / "verdict.json", *folder.glob("*/verdict.json")]:
         if verdict.is_file():
             verdict.unlink()

@@ -47,6 +47,7 @@ from harness.execution.script_launch import (
     script_dependencies,
     shown_note,
 )
+from harness.paths import SCRIPT_BISECT_FOLDER, meta_file, profile_runs, records_file
 from harness.publishing.upstream import setup_words
 from harness.recording.flip import Flip
 from harness.recording.runs import now_iso
@@ -895,7 +896,7 @@ def atlas_days(results_dir: Path, history: Profile) -> list[str]:
     """Every install day the committed history runs resolved (the environments the atlas ran in): a run that
     re-checks two days never narrows the atlas to them. Else the profile's date rule resolved against the index."""
     days: set[str] = set()
-    for meta_path in sorted((results_dir / "runs").glob(f"{history.name}-*/meta.json")):
+    for meta_path in [meta_file(r) for r in profile_runs(results_dir, history.name) if meta_file(r).is_file()]:
         days |= set(json.loads(meta_path.read_text()).get("resolved_axes", {}).get(DATE_AXIS) or [])
     if days:
         return sorted(days)
@@ -909,8 +910,8 @@ def day_torches(results_dir: Path, history: Profile) -> dict[str, str]:
     from harness.recording.records import read_records
 
     found: dict[str, str] = {}
-    for run_dir in sorted((results_dir / "runs").glob(f"{history.name}-*")):
-        for record in read_records(run_dir / "records.jsonl", warn=False):
+    for run_dir in profile_runs(results_dir, history.name):
+        for record in read_records(records_file(run_dir), warn=False):
             day = (record.get("pins") or {}).get(DATE_AXIS)
             torch = (record.get("versions") or {}).get("torch")
             if day and torch:
@@ -945,7 +946,7 @@ def command(args: Any) -> int:
     from harness.paths import MATRIX_DIR
 
     good, bad = checked_ends(args)
-    out_dir = args.results_dir / "script-bisect" / (args.name or args.script.stem)
+    out_dir = args.results_dir / SCRIPT_BISECT_FOLDER / (args.name or args.script.stem)
     history = load_profile("history", MATRIX_DIR)
     options = InstallOptions(
         envs_dir=default_envs_dir(),

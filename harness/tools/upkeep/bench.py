@@ -25,7 +25,16 @@ from harness.define.registry import select
 from harness.environments import envs
 from harness.execution import hardware
 from harness.execution.launcher import Job, LaunchSpec, run_jobs
-from harness.paths import MEASURED_FOLDER, REPO_ROOT
+from harness.paths import (
+    BISECT_FOLDER,
+    MEASURED_FOLDER,
+    REPO_ROOT,
+    RESULTS_DIR,
+    meta_file,
+    records_file,
+    run_path,
+    runs_folder,
+)
 from harness.planning.plan import build_plan, plan_scenarios
 
 BENCH_REQUIREMENTS = ["torch==2.13.0", "transformers", "peft", "accelerate"]
@@ -190,7 +199,7 @@ def bench_reduction(results_dir: Path) -> dict[str, object]:
         "pairwise": pairwise.as_json(),
         "dimensions": {k: len(v) for k, v in dims.items()},
     }
-    verdicts = sorted((results_dir / "bisect").glob("*/verdict.json"))
+    verdicts = sorted((results_dir / BISECT_FOLDER).glob("*/verdict.json"))
     if verdicts:
         verdict = json.loads(verdicts[-1].read_text())
         report["bisect"] = {
@@ -221,9 +230,9 @@ def _run_cli(args: list[str], env: dict[str, str] | None = None) -> float:
 
 def _last_attempt(results: Path) -> tuple[dict[str, object], int]:
     """The newest run's last attempt (its phases) and its record count."""
-    run_dir = max((results / "runs").iterdir(), key=lambda d: d.stat().st_mtime)
-    meta = json.loads((run_dir / "meta.json").read_text())
-    return meta["attempts"][-1], len((run_dir / "records.jsonl").read_text().splitlines())
+    run_dir = max(runs_folder(results).iterdir(), key=lambda d: d.stat().st_mtime)
+    meta = json.loads(meta_file(run_dir).read_text())
+    return meta["attempts"][-1], len(records_file(run_dir).read_text().splitlines())
 
 
 def bench_first_run(workdir: Path, profile: str, vs: str | None = None) -> dict[str, object]:
@@ -254,13 +263,11 @@ def bench_history_cell(workdir: Path, run_id: str, day: str) -> dict[str, object
     """Marginal cost of one more history cell: a copy of a finished history run grows by one install day
     (`matrix --resume RUN --grow --add-date DAY`, warm uv cache); only that day's cell may run."""
     results = workdir / "history"
-    shutil.copytree(
-        REPO_ROOT / "results" / "runs" / run_id, results / "runs" / run_id, ignore=shutil.ignore_patterns("worker")
-    )
-    before = (results / "runs" / run_id / "records.jsonl").read_text().splitlines()
+    shutil.copytree(run_path(RESULTS_DIR, run_id), run_path(results, run_id), ignore=shutil.ignore_patterns("worker"))
+    before = records_file(run_path(results, run_id)).read_text().splitlines()
     args = ["matrix", "--profile", "history", "--no-example-db", "--no-report", "--results-dir", str(results)]
     wall = _run_cli([*args, "--resume", run_id, "--grow", "--add-date", day])
-    after = (results / "runs" / run_id / "records.jsonl").read_text().splitlines()
+    after = records_file(run_path(results, run_id)).read_text().splitlines()
     assert after[: len(before)] == before, "growing a run must keep every record byte for byte"
     new = [json.loads(line) for line in after[len(before) :]]
     attempt, _ = _last_attempt(results)
