@@ -263,7 +263,7 @@ def check_repros(args: argparse.Namespace) -> int:
 
 def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) -> int:
     """Flips of a GPU history run (or of several runs of one GPU profile): one planning round
-    (harness/tools/node_flips.py)."""
+    (harness/tools/gpu_node/node_flips.py)."""
     from harness.recording.flip import changes_words
     from harness.tools.gpu_node.node_flips import plan_round, write_probe_profile
     from harness.tools.release_search.flip_naming import describe

@@ -1,4 +1,4 @@
-"""Requirements files read as pip reads them (`harness/tools/pip_requirements.py`), held to pip's own parser (pip's
+"""Requirements files read as pip reads them (`tools/user_files/pip_requirements.py`), held to pip's own parser (pip's
 `req_file.parse_requirements` and `install_req_from_parsed_requirement`, installed here with the test tools), and the
 page's reader (`site_read.js`) held to Python on the same texts and targets: written cases of every form pip's grammar
 has (continuations, comments, options, `--hash` on the line, markers, extras, URLs, wheels, sdists, editables) and

@@ -1,6 +1,6 @@
 """The page reads a pasted config as `audit` reads the file: the same setup and GPU count, or both refuse it. Over the
 real configs of five projects, the bad-input corpus and configs Hypothesis writes (PyYAML's block style, the values
-users put there: yes/no, auto, numbers as text, nulls, lists), site_config.js under node against user_files.py."""
+users put there: yes/no, auto, numbers as text, nulls, lists), site_config.js under node against user_configs.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`adapters-grid --sweep RUN`: the grid's flips at release resolution, by the evidence rule (issue 60).
 
 A grid flip lies between two atlas days, which differ by several releases of several packages. The sweep names the
-one that changed the outcome, as the atlas's flips do (`harness/tools/flips.py`), with the grid's own probe:
+one that changed the outcome, as the atlas's flips do (`release_search/flip_naming.py`), with the grid's own probe:
 
 1. **Moves.** Each axis package that differs between the two days is moved alone, to the newer day's release, over
    the older day's stack (its other dependencies as of the older day; as of the newer one where it cannot install

@@ -163,8 +163,8 @@ def render(report: Report, fmt: str) -> str:
     return "\n".join(columns(report))
 
 
-#: The version of `--format json`'s shape (harness/tools/audit.schema.json): a new field is a minor step, a field that
-#: changes or goes a major one.
+#: The version of `--format json`'s shape (audit.schema.json beside this module): a new field is a minor step, a
+#: field that changes or goes a major one.
 SCHEMA_VERSION = "1.0"
 SCHEMA_FILE = Path(__file__).with_name("audit.schema.json")
 

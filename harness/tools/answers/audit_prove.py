@@ -1,7 +1,7 @@
 """`compat-matrix audit --fix --measure`: the recommended way out proven by a run, not only advised.
 
 pip-audit's `--fix` and Dependabot upgrade without running anything. Here the stack the way out names (the user's
-pins with the recommended moves) is built on CPU over the nearest atlas day (`tools/measure.py`, as `lookup
+pins with the recommended moves) is built on CPU over the nearest atlas day (`measure.py`, as `lookup
 --measure` does), the seed configs of every scenario whose failure applied run with their fixes, and the run is
 recorded under `results/measured/`. The judge then answers again from the tables with that run in them: each failure
 that applied is "measured clean at these exact releases", still failing, or undecided, and says so. A failure that

@@ -96,7 +96,7 @@ def lookup(
     gpus: int | None = None,
 ) -> str:
     """The answer for `items` (PACKAGE==VERSION); with `measure`, where no record holds them, the stack built and the
-    scenarios run here first (`tools/measure.py`), then the answer."""
+    scenarios run here first (`answers/measure.py`), then the answer."""
     from harness.define.registry import discover, select
 
     wanted = parse_query(items)

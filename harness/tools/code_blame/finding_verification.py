@@ -5,7 +5,7 @@ flipping package each executed) and recorded; then the code both runs executed t
 A finding lives in `results/findings/<id>/`: `finding.toml` (where it came from and what was searched upstream:
 facts no run measures), `repro.py` (PEP 723, no harness import), and what verifying it writes: `runs.jsonl` (every
 verification run: side, pins, exit code, the reproducer's last line, the versions its processes imported) and
-`changed.json` (`harness/tools/changed_code.py`). The issue body and FINDINGS.md are made from these
+`changed.json` (`changed_code.py`). The issue body and FINDINGS.md are made from these
 (`harness/publishing/findings.py`).
 """
 
@@ -234,7 +234,7 @@ def _blame(
     node_wheels: Path | None = None,
 ) -> None:  # fmt: skip
     """Put the changed functions back at the bad release until the smallest set that gives the good outcome is left
-    (`tools/blame.py`), then the blamed functions the other way into the good release's run; blame.json. With
+    (`blame.py`), then the blamed functions the other way into the good release's run; blame.json. With
     `node_wheels`, each run is the node's interpreter over that side's overlay, as `run_on_node` runs it."""
     import sys
 

@@ -1,4 +1,4 @@
-"""`bisect-script-node`: one round of `bisect-script --device cuda` on the GPU node (tools/node_script.py plans it).
+"""`bisect-script-node`: one round of `bisect-script --device cuda` on the GPU node (node_script.py plans it).
 
 The node runs the same search as the planner over the same plan: each planned stack's wheels installed from the
 round's pack (no index) as a `pip --target` overlay over the node's own python and torch, the script run there. It

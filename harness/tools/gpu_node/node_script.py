@@ -120,7 +120,7 @@ def identity(label: str, entry: dict[str, Any]) -> str:
 
 class PlannedStacks:
     """The stacks of a round's plan. On the connected machine (no `node`) a stack is only its plan entry and the
-    runs imported so far; on the node (`node`: tools/node_round.NodeOverlays) a stack not yet run is installed as an
+    runs imported so far; on the node (`node`: node_round.NodeOverlays) a stack not yet run is installed as an
     overlay and run."""
 
     def __init__(self, plan: dict[str, Any], bisect: ScriptBisect, node: Any = None) -> None:

@@ -180,14 +180,14 @@ class ScriptBisect:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.runs_path = out_dir / "runs.jsonl"
         self.earlier = {} if fresh else earlier_runs(self.runs_path)
-        #: Where stacks come from: this machine's environments, or a GPU round's plan (tools/node_script.py).
+        #: Where stacks come from: this machine's environments, or a GPU round's plan (gpu_node/node_script.py).
         self.source = source or LocalStacks(history, self.extras, options, day_torch)
         #: The machine the runs happen on ({"kind": "cpu"} here; a node's GPUs), written into each run's facts.
         self.device = device or {"kind": "cpu"}
         #: The runs the search expects to need next, most likely first (what a GPU round carries beyond the one
         #: it must): set by the moves and the bisect as they start.
         self.expected: list[dict[str, str]] = []
-        #: A GPU node's calls that made the runs (tools/node_script.py), for the verdict's cost.
+        #: A GPU node's calls that made the runs (gpu_node/node_script.py), for the verdict's cost.
         self.device_calls: list[dict[str, Any]] = []
         #: Told of each run as it is recorded (a node keeps its call's account current: a killed call loses none).
         self.after_run: Callable[[StackRun], None] | None = None
