@@ -28,7 +28,7 @@ from harness.knowledge import pitfalls as knowledge
 from harness.knowledge.atlas import Atlas
 from harness.knowledge.evidence import device_class
 from harness.knowledge.judge import Query
-from harness.recording.record import judge, make_record
+from harness.recording.record import Record, judge, make_record
 from harness.recording.verdicts import Verdict, headline, verdict
 from scenarios.fix_words import fix_words
 
@@ -112,7 +112,7 @@ def published_atlas(results_dir: Path) -> Atlas | None:
         return None
 
 
-def live_lines(records: list[dict[str, Any]], spec: dict[str, Any], atlas: Atlas | None) -> list[str]:
+def live_lines(records: list[Record], spec: dict[str, Any], atlas: Atlas | None) -> list[str]:
     """What this check's own runs of a scenario showed (the table's lines), its pitfall configs apart: they fail on
     every release measured, so they are never counted, nor in the exit code."""
     left_out = atlas.counted(records)[1] if atlas else set()
@@ -133,7 +133,7 @@ def live_lines(records: list[dict[str, Any]], spec: dict[str, Any], atlas: Atlas
     return lines
 
 
-def live_verdict(records: list[dict[str, Any]], spec: dict[str, Any] | None, atlas: Atlas | None) -> Verdict | None:
+def live_verdict(records: list[Record], spec: dict[str, Any] | None, atlas: Atlas | None) -> Verdict | None:
     """The verdict of this check's own runs by the atlas's one pitfall rule (`Atlas.verdict_of`); without a published
     table there is no pitfall known, and every record counts."""
     if atlas is not None and records:
@@ -216,7 +216,7 @@ def _launch_spec(scenario: Scenario, device: str, workdir: Path, gpus: int) -> L
     )
 
 
-def _run_seed(scenario: Scenario, session: WorkerSession, versions: dict[str, str], gpus: int) -> list[dict[str, Any]]:
+def _run_seed(scenario: Scenario, session: WorkerSession, versions: dict[str, str], gpus: int) -> list[Record]:
     """The scenario's seed configs (its explicit examples): the baseline of each, then every variant on the
     configs where the baseline showed the target, in this interpreter and one warm worker."""
     from harness.planning.draws import config_id
@@ -224,9 +224,9 @@ def _run_seed(scenario: Scenario, session: WorkerSession, versions: dict[str, st
 
     device, world = session.spec.device, session.spec.world_size
     hardware_seen = {"device": device, "world_size": world, "gpu_name": None, "gpu_count": gpus}
-    records: list[dict[str, Any]] = []
+    records: list[Record] = []
 
-    def run(items: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
+    def run(items: list[tuple[dict[str, Any], str]]) -> list[Record]:
         done = []
         for (config, variant), result in zip(items, session.run(items), strict=True):
             planned = {"config": config, "config_id": config_id(config), "source": "example"}

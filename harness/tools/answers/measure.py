@@ -24,6 +24,7 @@ from harness.errors import UsageError, stopped_by
 from harness.execution.matrix import run_matrix
 from harness.execution.options import MatrixOptions
 from harness.paths import MATRIX_DIR, MEASURED_FOLDER, records_file
+from harness.recording.record import Record
 from harness.tools.release_search.flip_naming import held_stack
 from harness.versions import releases
 from harness.versions.matching import at_most, matches
@@ -128,5 +129,5 @@ def could_not_install(run_dir: Path) -> str | None:
     return (cause[0].removeprefix("cause:").strip() if cause else message.splitlines()[0]).strip()
 
 
-def date_of(record: dict[str, Any]) -> str | None:
+def date_of(record: Record) -> str | None:
     return (record.get("pins") or {}).get(DATE_AXIS)

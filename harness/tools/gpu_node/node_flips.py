@@ -28,6 +28,7 @@ from harness.define.registry import discover
 from harness.paths import FLIPS_FILE, PROBES_FOLDER, records_file
 from harness.recording.flip import Flip
 from harness.recording.packing import run_dirs
+from harness.recording.record import Record
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
 from harness.tools.release_search import flip_search
@@ -47,7 +48,7 @@ def probe_day(day: str, package: str, version: str) -> str:
     return f"{day}+{package}-{version}"
 
 
-def probe_records(probe_root: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
+def probe_records(probe_root: Path) -> dict[str, dict[str, list[Record]]]:
     """scenario -> probe day -> every record of it (every variant), from every probe run recorded so far: read once
     per round, for both the probes' states and their cost."""
     grouped: dict[str, dict[str, list[dict[str, Any]]]] = {}

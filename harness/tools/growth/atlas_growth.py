@@ -27,6 +27,7 @@ from harness.errors import OptionError
 from harness.knowledge.selection import retired
 from harness.paths import FLIPS_FILE, REPO_ROOT, WATCH_FILE, profile_runs, records_file, run_path
 from harness.recording import runs
+from harness.recording.record import Record
 from harness.recording.records import read_records
 
 TODAY_VAR = "COMPAT_MATRIX_TODAY"
@@ -400,7 +401,7 @@ def write_flips(out_dir: Path, watched: list[Watched], versions: dict[str, str])
     return path
 
 
-def day_records(results_dir: Path, profile_name: str, day: str) -> list[dict[str, Any]]:
+def day_records(results_dir: Path, profile_name: str, day: str) -> list[Record]:
     """The baseline records the table shows for the day's cell of the profile (newest per key)."""
     from harness.knowledge.selection import latest_by_key
     from harness.recording.signatures import rename_all
@@ -409,7 +410,7 @@ def day_records(results_dir: Path, profile_name: str, day: str) -> list[dict[str
     return [r for r in latest if r["variant"] == "baseline"]
 
 
-def _cell_records(results_dir: Path, profile_name: str, day: str) -> list[dict[str, Any]]:
+def _cell_records(results_dir: Path, profile_name: str, day: str) -> list[Record]:
     """Every record of the day's cell in the profile's runs the table reads (retired runs left out)."""
     records = []
     for run_dir in profile_runs(results_dir, profile_name):

@@ -17,7 +17,6 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from packaging.version import Version
 
@@ -33,6 +32,7 @@ from harness.recording import runs
 from harness.recording.flip import Flip
 from harness.recording.outcomes import FAILING, NAMED
 from harness.recording.packing import run_dirs
+from harness.recording.record import Record
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
 from harness.tools.release_search import flip_search
@@ -227,9 +227,7 @@ def earlier_probe(
     return max(found)[1] if found else None
 
 
-def probe_state(
-    records: list[dict[str, Any]], signature: str | None, config_ids: Iterable[str] = ()
-) -> tuple[str, list[str]]:
+def probe_state(records: list[Record], signature: str | None, config_ids: Iterable[str] = ()) -> tuple[str, list[str]]:
     """A probe's state from the records of the configs that showed the failure (`config_ids`; every config that
     could run when none are named), by the one rule (`flip_search.run_evidence`):
     - 'fail': the failure asked about (any named failure when none is) shows on one of them;
@@ -262,13 +260,13 @@ def probe_state(
 _OTHER = "another failure: "
 
 
-def _is_target(record: dict[str, Any], signature: str | None) -> bool:
+def _is_target(record: Record, signature: str | None) -> bool:
     if signature is None:
         return record["outcome"] in NAMED  # no failure named: any failure of the stack's own
     return record["outcome"] in FAILING and record.get("signature") == signature
 
 
-def _reason(record: dict[str, Any]) -> str:
+def _reason(record: Record) -> str:
     """Why a record is no evidence, in a few words: 'timeout', 'another failure: <name>', 'skip: <name>'."""
     outcome, signature = record["outcome"], record.get("signature") or ""
     if outcome in NAMED:

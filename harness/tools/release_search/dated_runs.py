@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from harness.paths import FLIPS_FILE, meta_file, records_file
+from harness.recording.record import Record
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
 
@@ -35,7 +35,7 @@ def usable_runs(run_dirs: list[Path], profile_name: str) -> None:
             raise UsageError(f"--run {run_dir.name} is no evidence any more ({why})")
 
 
-def run_records(run_dirs: list[Path]) -> list[dict[str, Any]]:
+def run_records(run_dirs: list[Path]) -> list[Record]:
     """The runs' records judged by today's rules, chosen as the table chooses them (`report.select_runs`): runs
     newest first (by their start), each giving the (cell, scenario) pairs no newer run of them covers, then the
     newest record per key."""

@@ -29,6 +29,7 @@ from harness.knowledge.flips import CONFIG_SERIES, dated_verdicts, family_state,
 from harness.paths import BISECT_FOLDER, FLIPS_FILE, FLIPS_FOLDER, REPO_ROOT, RESULTS_DIR
 from harness.publishing.atlas import upstream_verdict
 from harness.recording.flip import Flip
+from harness.recording.record import Record
 from harness.tools.release_search import bisection, flip_search, release_sweep
 from harness.tools.release_search.dated_runs import run_records
 from scenarios.failure_names import family as failure_family
@@ -37,7 +38,7 @@ from scenarios.failure_names import family as failure_family
 KNOWN_STATES = ("target", "not-reproduced")
 
 
-def dated_states(records: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def dated_states(records: list[Record], specs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """scenario -> [{date, state, signature, family, versions, ...}] in date order, from a dated run's records.
 
     A scenario whose target shows as several failures (S7: zero-size tensors from the hand loop's ZeRO-3 save, an
@@ -357,7 +358,7 @@ def _end_note(sweep: dict[str, Any], flip: Flip, package: str, new: str) -> str:
     )
 
 
-def drawn_configs(records: list[dict[str, Any]], history: Profile) -> dict[tuple[str, str], dict[str, Any]]:
+def drawn_configs(records: list[Record], history: Profile) -> dict[tuple[str, str], dict[str, Any]]:
     """(scenario, config id) -> config, for every config the records ran that is neither one of its scenario's
     explicit examples nor one of the profile's configs (a Hypothesis draw): a probe runs explicit configs only."""
     from harness.planning.draws import config_id
