@@ -20,7 +20,7 @@ ERROR_LINE = 1000
 
 #: Commands with parsers of their own: name -> (module with main(argv), help line).
 DELEGATED = {
-    "bench": ("harness.tools.bench", "benchmarks, side by side in one run, printed as a table"),
+    "bench": ("harness.tools.upkeep.bench", "benchmarks, side by side in one run, printed as a table"),
     "wheelhouse": (
         "harness.environments.wheelhouse",
         "download/build every wheel a profile needs, for an air-gapped node",

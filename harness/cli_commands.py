@@ -12,7 +12,17 @@ from typing import Any
 from harness.cli_options import BY_NAME, built_from
 from harness.errors import NothingToJudge, UsageError
 from harness.execution import hardware
-from harness.paths import MATRIX_DIR
+from harness.paths import (
+    BISECT_FOLDER,
+    FLIPS_FOLDER,
+    MATRIX_DIR,
+    PROBES_FOLDER,
+    SCRIPT_BISECT_FOLDER,
+    WATCH_FOLDER,
+    flips_folder,
+    records_file,
+    run_path,
+)
 from harness.publishing.stage import NothingToReport, write_report
 
 
@@ -66,7 +76,7 @@ def matrix(args: argparse.Namespace) -> int:
 
 def _grow_atlas(args: argparse.Namespace, profile: Any, options: Any) -> int:
     """`matrix --grow` without --resume: what the table lacks of the days the date rule gives now, as new runs."""
-    from harness.tools.atlas_growth import grow
+    from harness.tools.growth.atlas_growth import grow
 
     summaries, text = grow(profile, options)
     (args.results_dir / "growth-summary.md").write_text(text + "\n")
@@ -88,21 +98,21 @@ def watch(args: argparse.Namespace) -> int:
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.execution.options import MatrixOptions
-    from harness.tools.atlas_growth import watch as watch_releases
+    from harness.tools.growth.atlas_growth import watch as watch_releases
 
     profile = load_profile(args.profile, MATRIX_DIR)
     if profile.era_packages:  # an era-locked GPU profile: planned here, run on a node, judged here
-        from harness.tools.node_watch import watch as watch_on_node
+        from harness.tools.gpu_node.node_watch import watch as watch_on_node
 
         watched, text = watch_on_node(profile, args.results_dir)
-        (args.results_dir / "watch" / f"latest-{profile.name}.md").write_text(text + "\n")
+        (args.results_dir / WATCH_FOLDER / f"latest-{profile.name}.md").write_text(text + "\n")
         return 0
     install = InstallOptions(
         envs_dir=args.envs_dir or default_envs_dir(), max_env_gb=args.max_env_gb, torch_index=args.torch_index
     )
     options = MatrixOptions(results_dir=args.results_dir, install=install)
-    watched, text = watch_releases(profile, options, args.results_dir / "watch")
-    (args.results_dir / "watch" / "latest.md").write_text(text + "\n")
+    watched, text = watch_releases(profile, options, args.results_dir / WATCH_FOLDER)
+    (args.results_dir / WATCH_FOLDER / "latest.md").write_text(text + "\n")
     if watched:
         try:
             print(f"table: {write_report(args.results_dir, None, None)}")
@@ -113,7 +123,7 @@ def watch(args: argparse.Namespace) -> int:
 
 def grow(args: argparse.Namespace) -> int:
     """`grow`: the growth, the watch, the new flips and the report, as the weekly workflows run them."""
-    from harness.tools.grow import command
+    from harness.tools.growth.grow import command
 
     return command(args)
 
@@ -138,7 +148,7 @@ def bisect(args: argparse.Namespace) -> int:
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.execution.options import MatrixOptions
-    from harness.tools.bisection import bisect
+    from harness.tools.release_search.bisection import bisect
 
     if args.offline and args.wheelhouse is None:
         raise UsageError("--offline needs --wheelhouse DIR")
@@ -166,7 +176,7 @@ def bisect(args: argparse.Namespace) -> int:
         new=new,
         cell_glob=args.cell,
         signature=args.signature,
-        out_root=args.results_dir / "bisect",
+        out_root=args.results_dir / BISECT_FOLDER,
     )
     print(f"\n{verdict.package} on {verdict.scenario} / {verdict.variant}, base cell {verdict.base_cell}")
     print(f"releases in range: {', '.join(verdict.candidates)}")
@@ -186,16 +196,16 @@ def flips(args: argparse.Namespace) -> int:
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.execution.options import MatrixOptions
     from harness.recording.packing import records_exist
-    from harness.tools.dated_runs import filed_elsewhere, usable_runs
-    from harness.tools.flips import describe, find_flips
+    from harness.tools.release_search.dated_runs import filed_elsewhere, usable_runs
+    from harness.tools.release_search.flip_naming import describe, find_flips
 
-    run_dirs = [args.results_dir / "runs" / run for run in args.runs]
+    run_dirs = [run_path(args.results_dir, run) for run in args.runs]
     for run, run_dir in zip(args.runs, run_dirs, strict=True):
-        if not records_exist(run_dir / "records.jsonl"):
-            raise UsageError(f"--run {run}: no {run_dir / 'records.jsonl'}")
+        if not records_exist(records_file(run_dir)):
+            raise UsageError(f"--run {run}: no {records_file(run_dir)}")
     profile = load_profile(args.profile, MATRIX_DIR)
     usable_runs(run_dirs, profile.name)
-    elsewhere = filed_elsewhere(run_dirs, args.results_dir / "flips")
+    elsewhere = filed_elsewhere(run_dirs, args.results_dir / FLIPS_FOLDER)
     if elsewhere:
         raise UsageError(
             f"flips are filed under {', '.join(elsewhere)} already: name that run first (--run {elsewhere[0]}), so "
@@ -209,7 +219,7 @@ def flips(args: argparse.Namespace) -> int:
 
     print(disk.per_environment(install.envs_dir, install.cap(), install.torch_source() is not None).line(), flush=True)
     for flip in find_flips(
-        run_dirs, profile, options, args.results_dir / "flips", scenarios=args.scenario, again=args.again,
+        run_dirs, profile, options, args.results_dir / FLIPS_FOLDER, scenarios=args.scenario, again=args.again,
         span=(args.from_day, args.to_day), windows=args.windows, sweep=not args.bisect,
     ):  # fmt: skip
         print(describe(flip), flush=True)
@@ -253,10 +263,10 @@ def check_repros(args: argparse.Namespace) -> int:
 
 def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) -> int:
     """Flips of a GPU history run (or of several runs of one GPU profile): one planning round
-    (harness/tools/node_flips.py)."""
+    (harness/tools/gpu_node/node_flips.py)."""
     from harness.recording.flip import changes_words
-    from harness.tools.flips import describe
-    from harness.tools.node_flips import plan_round, write_probe_profile
+    from harness.tools.gpu_node.node_flips import plan_round, write_probe_profile
+    from harness.tools.release_search.flip_naming import describe
 
     run_dir = run_dirs[0]
     if args.from_day or args.to_day:
@@ -265,7 +275,7 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) ->
         raise UsageError("--windows sweeps: it cannot be planned with --bisect")
     search = "bisect" if args.bisect else "sweep"
     flips, by_scenario = plan_round(
-        run_dirs, profile, args.results_dir / "flips", getattr(args, "scenario", None), search, args.windows
+        run_dirs, profile, args.results_dir / FLIPS_FOLDER, getattr(args, "scenario", None), search, args.windows
     )
     for flip in flips:
         if flip.older_state == flip.newer_state:
@@ -288,7 +298,7 @@ def _node_flips(args: argparse.Namespace, profile: Any, run_dirs: list[Path]) ->
         return 0
     needed = sorted({day for days in by_scenario.values() for day in days})
     path = write_probe_profile(profile, needed, sorted(by_scenario), MATRIX_DIR)
-    probes = args.results_dir / "flips" / run_dir.name / "probes"
+    probes = flips_folder(args.results_dir, run_dir.name) / PROBES_FOLDER
     print(f"{len(needed)} probe day(s) needed: {' '.join(needed)}")
     print(f"next: python -m harness wheelhouse --profile {path.stem} " + " ".join(f"--day {d}" for d in needed))
     for scenario, days in sorted(by_scenario.items()):
@@ -376,7 +386,7 @@ def default_profile() -> str:
 
 
 def doc_outputs(args: argparse.Namespace) -> int:
-    from harness.tools import doc_outputs as outputs
+    from harness.tools.upkeep import doc_outputs as outputs
 
     if args.write:
         print(f"{outputs.write()} document(s) written")
@@ -393,7 +403,7 @@ def report(args: argparse.Namespace) -> int:
 
 
 def lookup(args: argparse.Namespace) -> int:
-    from harness.tools.lookup import lookup as nearest_rows
+    from harness.tools.answers.lookup import lookup as nearest_rows
 
     print(
         nearest_rows(args.results_dir, args.versions, args.scenario, args.device, args.setup, args.measure, args.gpus)
@@ -402,7 +412,7 @@ def lookup(args: argparse.Namespace) -> int:
 
 
 def audit(args: argparse.Namespace) -> int:
-    from harness.tools.audit import command
+    from harness.tools.answers.audit import command
 
     try:
         report = command(args)
@@ -413,7 +423,7 @@ def audit(args: argparse.Namespace) -> int:
         return 0
     if not args.measure:
         return report.gate(args.strict)
-    from harness.tools.audit_prove import prove  # --fix --measure: the way out built here and judged again
+    from harness.tools.answers.audit_prove import prove  # --fix --measure: the way out built here and judged again
 
     lines, code = prove(
         report, args.results_dir, say=lambda line: print(line, file=sys.stderr, flush=True), strict=args.strict
@@ -423,10 +433,10 @@ def audit(args: argparse.Namespace) -> int:
 
 
 def adapters_grid(args: argparse.Namespace) -> int:
-    from harness.tools.adapter_grid import run_grid
+    from harness.tools.adapter_grid.grid_run import run_grid
 
     if args.sweep:
-        from harness.tools.adapter_grid_sweep import sweep_grid
+        from harness.tools.adapter_grid.grid_sweep import sweep_grid
 
         if args.resume or args.feature or args.start or args.end:
             raise UsageError("--sweep names the flips of a finished run: it takes no --resume, --feature, --from, --to")
@@ -439,7 +449,7 @@ def adapters_grid(args: argparse.Namespace) -> int:
 
 
 def lock(args: argparse.Namespace) -> int:
-    from harness.tools.locking import write_lock
+    from harness.tools.gpu_node.locking import write_lock
 
     print(f"wrote {write_lock(args.profile, MATRIX_DIR, args.day)}")
     return 0
@@ -482,40 +492,40 @@ def bisect_script(args: argparse.Namespace) -> int:
         raise UsageError("--blame runs here on a CPU verdict; a GPU finding is blamed on the node "
                          "(`findings ID --verify --blame --node-wheels DIR`)")  # fmt: skip
     if args.device == "cuda":  # planned here in rounds, run on a GPU node
-        from harness.tools.node_script import gpu_command
+        from harness.tools.gpu_node.node_script import gpu_command
 
         return gpu_command(args)
-    from harness.tools.script_bisect import command
+    from harness.tools.script_verdicts.script_bisect import command
 
     code = command(args)
     if code == 0 and args.blame:  # then its last step: the named release's changed code, put back
-        from harness.tools.script_blame import command as blame
+        from harness.tools.script_verdicts.script_blame import command as blame
 
-        folder = args.results_dir / "script-bisect" / (args.name or args.script.stem)
+        folder = args.results_dir / SCRIPT_BISECT_FOLDER / (args.name or args.script.stem)
         return blame(argparse.Namespace(folder=folder, named_only=True))
     return code
 
 
 def blame_script(args: argparse.Namespace) -> int:
-    from harness.tools.script_blame import command
+    from harness.tools.script_verdicts.script_blame import command
 
     return command(args)
 
 
 def bisect_script_pack(args: argparse.Namespace) -> int:
-    from harness.tools.node_script import pack_folders
+    from harness.tools.gpu_node.node_script import pack_folders
 
     return pack_folders(args.folders, args.pack)
 
 
 def bisect_script_node(args: argparse.Namespace) -> int:
-    from harness.tools.node_round import node_command
+    from harness.tools.gpu_node.node_round import node_command
 
     return node_command(args)
 
 
 def findings(args: argparse.Namespace) -> int:
-    from harness.tools.findings import command
+    from harness.tools.code_blame.finding_verification import command
 
     return command(args)
 
@@ -535,6 +545,6 @@ def upstream_report(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    from harness.tools.check import run_check
+    from harness.tools.answers.check import run_check
 
     return run_check(args.scenarios, args.results_dir)

@@ -13,7 +13,7 @@ import pytest
 
 from harness.knowledge.store import Store, read_adapter_grid
 from harness.publishing import adapter_grid
-from harness.tools.adapter_grid import pairs_for
+from harness.tools.adapter_grid.grid_run import pairs_for
 
 REPO = Path(__file__).resolve().parents[1]
 DAYS = ["era_date-2024-01-01", "era_date-2024-06-01", "era_date-2025-01-01"]
@@ -118,8 +118,8 @@ def test_the_sweep_names_the_release_by_moving_each_package_alone_and_reuses_its
     """A load-side flip between days that differ in peft and torch: torch moved alone keeps the failure, peft moved
     alone heals it, and the sweep of peft's releases names the first release that heals (0.11.2), with the probe
     behind both of its releases; a second pass measures nothing again."""
-    from harness.tools.adapter_grid import Day
-    from harness.tools.adapter_grid_sweep import Sweeper, grouped
+    from harness.tools.adapter_grid.grid_run import GridEnvironment as Day
+    from harness.tools.adapter_grid.grid_sweep import Sweeper, grouped
 
     a, b, c = DAYS
     run = _run(tmp_path, [("head", a, b, "fail"), ("head", a, c, "pass"), ("head", b, b, "fail"),
@@ -162,8 +162,8 @@ def test_the_sweep_names_the_release_by_moving_each_package_alone_and_reuses_its
 
 
 def test_a_flip_no_single_move_gives_is_not_named(tmp_path: Path) -> None:
-    from harness.tools.adapter_grid import Day
-    from harness.tools.adapter_grid_sweep import Sweeper, grouped
+    from harness.tools.adapter_grid.grid_run import GridEnvironment as Day
+    from harness.tools.adapter_grid.grid_sweep import Sweeper, grouped
 
     a, b, c = DAYS
     run = _run(tmp_path, [("head", a, b, "fail"), ("head", a, c, "pass")], [])
@@ -190,9 +190,9 @@ def test_a_save_side_probe_judges_each_flip_by_its_own_adapter(tmp_path: Path, m
     """Two save-side flips of one interval load their probe-saved adapters on the same day, into one file of lines:
     each flip is judged by its own adapter's line (the other's pass does not stand for its failure)."""
     from harness.recording.flip import Flip
-    from harness.tools import adapter_grid_sweep
-    from harness.tools.adapter_grid import Day
-    from harness.tools.adapter_grid_sweep import Sweeper
+    from harness.tools.adapter_grid import grid_sweep as adapter_grid_sweep
+    from harness.tools.adapter_grid.grid_run import GridEnvironment as Day
+    from harness.tools.adapter_grid.grid_sweep import Sweeper
 
     _, b, c = DAYS
     run = _run(tmp_path, [], [])
@@ -228,7 +228,7 @@ def test_a_save_side_probe_judges_each_flip_by_its_own_adapter(tmp_path: Path, m
 def test_a_pair_loaded_under_several_hash_seeds_is_judged_by_its_first_failure() -> None:
     """A config with several modules_to_save heads is loaded under each of S10's fixed hash seeds (peft#2289): one
     entry per pair, the first failing seed's, and every seed's outcome kept; a pair loaded once stays as it was."""
-    from harness.tools.adapter_grid import combined_seeds, several_heads
+    from harness.tools.adapter_grid.grid_run import combined_seeds, several_heads
 
     def load(pair: str, seed: str, outcome: str) -> dict:
         return {"pair": pair, "hash_seed": seed, "outcome": outcome} | ({"check": "load"} if outcome == "fail" else {})

@@ -17,7 +17,7 @@ from harness.knowledge.selection import probe_records
 from harness.knowledge.store import Store
 from harness.recording.packing import run_dirs
 from harness.recording.records import read_records
-from harness.tools import audit
+from harness.tools.answers import audit
 from scenarios.failure_names import family as failure_family
 
 REPO = Path(__file__).resolve().parents[1]

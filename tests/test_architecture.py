@@ -34,14 +34,20 @@ def room_of_file(path: Path) -> str:
     return relative[0] if len(relative) > 1 else path.stem
 
 
+def is_package(module: str) -> bool:
+    """Whether the dotted name is a folder of the checkout (`harness.tools.answers`), not a module."""
+    return (REPO_ROOT / module.replace(".", "/")).is_dir()
+
+
 def imported_modules(path: Path) -> set[str]:
-    """Every module the file imports, at any depth (`from harness import errors` -> harness.errors)."""
+    """Every module the file imports, at any depth (`from harness import errors` -> harness.errors; from a package,
+    `from harness.tools.answers import lookup` -> harness.tools.answers.lookup)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module in ("harness", "scenarios", "runtime") or node.module.count(".") == 1:
+            if node.module in ("harness", "scenarios", "runtime") or is_package(node.module):
                 found |= {f"{node.module}.{alias.name}" for alias in node.names}
             else:
                 found.add(node.module)
@@ -115,6 +121,68 @@ def test_the_map_can_fail(tmp_path: Path) -> None:
         "harness.execution.matrix (versions may not import execution)"
     ]
     assert violations("tools", modules, rules["tools"]) == []
+
+
+TOOLS = HARNESS / "tools"
+
+
+def family_rules() -> dict[str, set[str]]:
+    """tools/ family -> the families its row in "tools/ in families" lets it import."""
+    rules: dict[str, set[str]] = {}
+    for line in MAP.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        found = re.fullmatch(r"`tools/(\w+)/`", cells[0]) if len(cells) == 3 else None
+        if found:
+            rules[found.group(1)] = set(re.findall(r"`(\w+)`", cells[2]))
+    return rules
+
+
+def family_imports(path: Path) -> set[str]:
+    """The other tools/ families a module of one imports (`harness.tools.<family>...`)."""
+    here = path.relative_to(TOOLS).parts[0]
+    return {m.split(".")[2] for m in imported_modules(path) if m.startswith("harness.tools.")} - {here}
+
+
+def test_each_tools_family_imports_only_the_families_its_row_names() -> None:
+    """The families of tools/ are floors too: every family has a row, and one imports another only where its row
+    says so (so no two families import each other)."""
+    rules = family_rules()
+    families = {p.name for p in TOOLS.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert families == set(rules), "tools/ families without a row, or rows without a family"
+    assert [p.name for p in TOOLS.glob("*.py")] == ["__init__.py"], "a module of tools/ outside every family"
+    wrong = []
+    for path in sorted(TOOLS.rglob("*.py")):
+        if path.parent == TOOLS:
+            continue
+        family = path.relative_to(TOOLS).parts[0]
+        wrong += [
+            f"{path.relative_to(REPO_ROOT)} imports tools/{f}" for f in sorted(family_imports(path) - rules[family])
+        ]
+    assert wrong == [], "\n".join(wrong)
+    circles = sorted({tuple(sorted((a, b))) for a in rules for b in rules[a] if a in rules.get(b, set())})
+    assert circles == [], circles
+
+
+def long_functions(path: Path, limit: int = 100) -> list[str]:
+    """The functions (methods, nested ones) of a file longer than `limit` lines, from `def` to their last line."""
+    return [
+        f"{path.relative_to(REPO_ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_no_function_under_harness_is_over_100_lines() -> None:
+    """A function of more than a screenful does several jobs: split it where its parts have names."""
+    found = [line for path in sorted(HARNESS.rglob("*.py")) for line in long_functions(path)]
+    assert found == [], "\n".join(found)
+
+
+def test_the_function_length_check_can_fail(tmp_path: Path) -> None:
+    path = REPO_ROOT / "tests" / "test_architecture.py"
+    assert long_functions(path, limit=5), "this file has functions longer than 5 lines"
 
 
 def test_floors_below_the_cli_word_no_error_as_a_flag() -> None:

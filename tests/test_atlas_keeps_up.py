@@ -20,7 +20,7 @@ from harness.define.profile import load_profile
 from harness.environments.envs import era_flags
 from harness.paths import MATRIX_DIR, REPO_ROOT, RESULTS_DIR
 from harness.recording.records import read_records
-from harness.tools import atlas_growth
+from harness.tools.growth import atlas_growth
 
 #: (package, version, first upload): the index the test serves. peft 0.9.0 and 0.10.0 give the atlas's old days;
 #: peft 0.22.0 (2026-11-30) is a new minor; transformers 5.25.0 (2026-12-01) is the new release the watch must move.
@@ -195,7 +195,7 @@ def test_a_gpu_watch_plans_each_release_alone_for_the_node_and_judges_what_it_ra
     """On a GPU profile the watch plans each new release as a probe day of its own (the newest GPU day with that one
     package moved; the node's torch never moves), does nothing more the same day until the node's records are
     imported, then reads each release's effect from them: a release whose records break S7 is a named flip."""
-    from harness.tools import node_flips, node_watch
+    from harness.tools.gpu_node import node_flips, node_watch
 
     gpu = load_profile("gpu-history-ws2", MATRIX_DIR)
     results = tmp_path / "results"

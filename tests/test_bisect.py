@@ -15,7 +15,7 @@ from packaging.version import Version
 from harness.define.profile import load_profile
 from harness.environments.envs import InstallOptions
 from harness.execution.options import MatrixOptions
-from harness.tools import bisection as bisect_module
+from harness.tools.release_search import bisection as bisect_module
 from tests.conftest import REPO_ROOT
 
 VERSIONS = [f"0.19.{i}" for i in range(2, 9)]  # 7 releases, like deepspeed 0.19.2 .. 0.19.8

@@ -15,8 +15,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from harness.tools import changed_code
-from harness.tools.blame import (
+from harness.tools.code_blame import changed_code
+from harness.tools.code_blame.blame import (
     NEITHER,
     NEWER,
     OLDER,
@@ -30,7 +30,7 @@ from harness.tools.blame import (
     run_reverted,
     source_with_decorators,
 )
-from harness.tools.findings import TRACER_DIR
+from harness.tools.code_blame.finding_verification import TRACER_DIR
 
 CORE_1 = """
 from .helpers import offset, _check, _label

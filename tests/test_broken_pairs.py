@@ -15,8 +15,8 @@ from harness.knowledge.judge import Query, evaluate
 from harness.knowledge.ways_out import way_out
 from harness.publishing.advisories import read_tables
 from harness.recording.records import read_records
-from harness.tools import audit
-from harness.tools.audit_prove import prove, refused_pairs, way_round
+from harness.tools.answers import audit
+from harness.tools.answers.audit_prove import prove, refused_pairs, way_round
 from tests.conftest import REPO_ROOT
 
 RESULTS = REPO_ROOT / "results"

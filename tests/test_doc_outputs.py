@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.tools.doc_outputs import _BLOCK, Example, examples, run
+from harness.tools.upkeep.doc_outputs import _BLOCK, Example, examples, run
 
 EXAMPLES = examples()
 

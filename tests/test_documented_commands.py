@@ -215,7 +215,7 @@ def test_the_documented_torch_window_scans_both_days_on_a_fresh_clone() -> None:
     days: the atlas is every day the committed history runs resolved, not the newest run's re-check of two days."""
     from harness.define.profile import load_profile
     from harness.paths import MATRIX_DIR, RESULTS_DIR
-    from harness.tools.script_bisect import atlas_days
+    from harness.tools.script_verdicts.script_bisect import atlas_days
 
     command = next(c for _, c in documented() if "zero3_lora_checkpoint.py" in c and "--from 2024-09-26" in c)
     assert "--to 2024-12-07" in command

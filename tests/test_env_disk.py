@@ -229,7 +229,7 @@ def test_a_cap_that_is_no_size_is_one_line_and_exit_2(
 
 
 def test_the_bench_table_shows_each_cold_scan_and_the_disk_ratio(capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.tools import bench
+    from harness.tools.upkeep import bench
 
     side = {"source": "pypi", "wall_s": 60.0, "uv_cache_bytes": 5.1e9, "envs_own_bytes": 0.26e9,
             "envs_apparent_bytes": 5.3e9, "torches": ["2.13.0+cu130"], "atlas_estimate_bytes": 66e9,

@@ -23,9 +23,10 @@ from harness.define.profile import load_profile
 from harness.environments.envs import InstallOptions
 from harness.execution.options import MatrixOptions
 from harness.recording.flip import Flip
-from harness.tools import bisection, flip_search, flips
-from harness.tools.bisection import probe_state
-from harness.tools.node_flips import step
+from harness.tools.gpu_node.node_flips import step
+from harness.tools.release_search import bisection, flip_search
+from harness.tools.release_search import flip_naming as flips
+from harness.tools.release_search.bisection import probe_state
 from tests.conftest import REPO_ROOT
 
 TARGET = "check-saved_adapter_empty"
@@ -216,7 +217,7 @@ def test_a_node_probe_that_is_no_evidence_reproduces_nothing() -> None:
 
 
 def test_a_script_run_is_judged_by_the_same_rule() -> None:
-    from harness.tools.script_bisect import _SCRIPT_STATE
+    from harness.tools.script_verdicts.script_bisect import _SCRIPT_STATE
 
     assert _SCRIPT_STATE == {"shows": "target", "absent": "pass", "unusable": "unusable", "no-evidence": "other"}
     assert not any(flip_search.reproduces("other", side) for side in ("target", "pass"))

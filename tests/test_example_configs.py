@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.tools.user_configs import read_setup
+from harness.tools.user_files.user_configs import read_setup
 from tests.conftest import REPO_ROOT
 
 CONFIGS = REPO_ROOT / "examples" / "audit" / "configs"

@@ -27,8 +27,8 @@ from harness.knowledge.store import Store
 from harness.publishing.atlas import upstream_verdict
 from harness.publishing.blame_section import run_units
 from harness.publishing.findings import accounts_for, findings_rows, still_seen
-from harness.tools import changed_code
-from harness.tools.findings import pinned_variant
+from harness.tools.code_blame import changed_code
+from harness.tools.code_blame.finding_verification import pinned_variant
 from tests.conftest import REPO_ROOT
 
 RESULTS = REPO_ROOT / "results"

@@ -12,7 +12,7 @@ import pytest
 
 from harness.knowledge.judge import Query, evaluate, fix_answers
 from harness.publishing.advisories import read_tables
-from harness.tools import audit
+from harness.tools.answers import audit
 from scenarios import applicability
 from tests.conftest import REPO_ROOT
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from packaging.version import Version
 
 from harness.recording.flip import changes_words
-from harness.tools.flip_search import Sweep, next_step, next_sweep, sweep_bound
+from harness.tools.release_search.flip_search import Sweep, next_step, next_sweep, sweep_bound
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -168,7 +168,7 @@ def test_every_committed_flip_file_reads_into_the_one_type_and_writes_back_the_s
 
 
 def test_a_move_reproduces_only_the_newer_sides_state_in_either_vocabulary() -> None:
-    from harness.tools.flip_search import reproduces
+    from harness.tools.release_search.flip_search import reproduces
 
     # The atlas: probes say fail/pass, the sides are target/not-reproduced.
     assert reproduces("fail", "target") and reproduces("pass", "not-reproduced")

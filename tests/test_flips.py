@@ -11,7 +11,8 @@ from harness.define.profile import load_profile
 from harness.environments.envs import InstallOptions
 from harness.execution.options import MatrixOptions
 from harness.recording.flip import Flip
-from harness.tools import bisection, flips
+from harness.tools.release_search import bisection
+from harness.tools.release_search import flip_naming as flips
 from tests.conftest import REPO_ROOT
 
 S4 = "S4-zero3-lora-checkpoint"
@@ -268,7 +269,7 @@ def test_a_config_that_heals_beside_one_that_never_does_is_a_flip_of_its_own() -
     on the newer day while a loop by hand fails on both, so the cell shows the target on both days and a cell-level
     series sees no flip; the config's own series does, and its probes run only that config. A config that fails
     another way on a day (masked) makes no flip across that day."""
-    from harness.tools.flips import dated_states, flips_in
+    from harness.tools.release_search.flip_naming import dated_states, flips_in
 
     def rec(day: str, config: str, outcome: str, sig: str | None = None) -> dict:
         return {
@@ -311,7 +312,7 @@ def test_a_fix_and_the_break_after_it_inside_one_interval_are_both_named(tmp_pat
     """Two install days that both fail (a binary search sees nothing to name): the upstream record names
     transformers for this failure, so its releases between the days are swept, and the pass window inside is named
     at both ends, each backed by the runs at both releases."""
-    from harness.tools import release_sweep
+    from harness.tools.release_search import release_sweep
 
     releases = ["4.45.0", "4.45.1", "4.45.2", "4.46.1", "4.46.2", "4.46.3", "4.47.0"]
     monkeypatch.setattr(release_sweep, "candidates_between", lambda *_: releases)

@@ -26,9 +26,9 @@ from harness.publishing.atlas import held_torch
 from harness.publishing.device_compare import disagreements, disagreements_markdown
 from harness.recording.signatures import classify
 from harness.recording.verdicts import verdict
-from harness.tools.flip_search import spread as _spread
-from harness.tools.flips import Flip
-from harness.tools.node_flips import PER_ROUND, step, window_step
+from harness.tools.gpu_node.node_flips import PER_ROUND, step, window_step
+from harness.tools.release_search.flip_naming import Flip
+from harness.tools.release_search.flip_search import spread as _spread
 
 S2 = "S2-qlora-grad-flags"
 TARGET = "no-grad-element-0"
@@ -552,7 +552,7 @@ def test_the_flips_command_prints_a_gpu_runs_flips_probed_or_masked(
     import argparse
 
     from harness import cli_commands
-    from harness.tools import node_flips
+    from harness.tools.gpu_node import node_flips
 
     probed, masked, planned = s2_flip(), s2_flip(), s2_flip()
     masked.note = "masked by zip-length-mismatch"
@@ -596,7 +596,7 @@ def test_a_round_over_several_runs_reads_them_together_and_keeps_other_scenarios
     filed for another scenario in flips.json."""
     import json
 
-    from harness.tools.node_flips import plan_round
+    from harness.tools.gpu_node.node_flips import plan_round
 
     def write_run(name: str, records: list[dict[str, Any]]) -> Path:
         run_dir = tmp_path / "runs" / name
@@ -628,7 +628,7 @@ def test_a_round_over_several_runs_reads_them_together_and_keeps_other_scenarios
 def test_a_probe_resolves_against_the_first_day_that_holds_its_release() -> None:
     """A flip spanning days the profile did not run (2024-09-26 .. 2025-03-20) moves peft 0.15.0: the day after the
     older one (2024-12-07, peft 0.14.0) cannot install it; the first day holding it or later can."""
-    from harness.tools.node_flips import release_day
+    from harness.tools.gpu_node.node_flips import release_day
 
     days = {
         d: {"resolved": {"peft": v}}
@@ -654,7 +654,7 @@ def test_a_probe_profile_config_reads_back_as_itself_or_is_refused() -> None:
     import tomllib
 
     from harness.planning.draws import config_id
-    from harness.tools.node_flips import toml_inline
+    from harness.tools.gpu_node.node_flips import toml_inline
 
     config = {"engine": "fsdp2", "lora.r": 8, "targets": ["q", "v"], "wrap": {"min": 1.5}, "ok": True, "name": "é😀"}
     assert config_id(tomllib.loads(f"c = {toml_inline(config)}")["c"]) == config_id(config)

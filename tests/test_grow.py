@@ -14,7 +14,7 @@ import pytest
 
 from harness.define.profile import load_profile
 from harness.paths import MATRIX_DIR, REPO_ROOT
-from harness.tools import atlas_growth, grow
+from harness.tools.growth import atlas_growth, grow
 from tests.test_atlas_keeps_up import index, write_atlas_run  # noqa: F401 (the served index is a fixture)
 
 STACK = {"torch": "2.15.0", "transformers": "5.24.0", "peft": "0.21.2", "accelerate": "1.15.0",

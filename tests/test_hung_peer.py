@@ -27,7 +27,7 @@ def _spec(tmp_path: Path, stop_after_failure: bool) -> LaunchSpec:
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.paths import MATRIX_DIR
-    from harness.tools.script_stacks import pinned_stack
+    from harness.tools.script_verdicts.script_stacks import pinned_stack
 
     ci = load_profile("ci", MATRIX_DIR)
     stack = pinned_stack(ci, "torch", {"torch": ci.axes["torch"][0]}, [], InstallOptions(envs_dir=default_envs_dir()))

@@ -16,7 +16,7 @@ from harness.knowledge.atlas import Atlas
 from harness.knowledge.evidence import SHOWS, device_class, state
 from harness.knowledge.selection import select_runs
 from harness.publishing.glance import glance_tables, pitfalls_markdown
-from harness.tools.lookup import query_of, render
+from harness.tools.answers.lookup import query_of, render
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 S9W = "S9-identity-world-size"

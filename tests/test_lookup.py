@@ -13,7 +13,7 @@ from pathlib import Path
 from test_report import write_run
 
 from harness.knowledge.atlas import Atlas
-from harness.tools.lookup import parse_query, query_of, render
+from harness.tools.answers.lookup import parse_query, query_of, render
 
 S1 = "S1-dora-fsdp-checkpoint"
 S10 = "S10-adapter-roundtrip"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.recording.records import read_records
-from harness.tools.lookup import lookup
+from harness.tools.answers.lookup import lookup
 
 pytestmark = pytest.mark.matrix
 

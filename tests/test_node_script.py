@@ -55,7 +55,7 @@ def test_a_stack_is_resolved_once_and_then_taken_from_the_cache(
     """Planning resolves each stack with uv (about 20 s each); the same request in a later round or another folder
     is read back from the cache, and a failed resolution is not kept (it may be the index's of the moment)."""
     from harness.define.profile import load_profile
-    from harness.tools import node_script
+    from harness.tools.gpu_node import node_script
     from harness.versions import lock as era_lock
 
     atlas = node_script.NodeAtlas.of(load_profile("standin", _atlas(tmp_path).parent))
@@ -309,7 +309,7 @@ def test_a_round_pins_only_the_era_packages_the_script_can_reach() -> None:
     `deepspeed=` brings them in; a package the table does not know (packaging) is always planned."""
     from dataclasses import replace
 
-    from harness.tools.node_script import NodeAtlas, script_needs
+    from harness.tools.gpu_node.node_script import NodeAtlas, script_needs
 
     trainer = "from transformers import Trainer, TrainingArguments\nfrom peft import LoraConfig\n"
     assert script_needs(trainer) == {"transformers", "peft", "accelerate"}
@@ -330,7 +330,7 @@ def test_a_scan_day_overlays_only_what_the_script_can_reach_at_the_days_own_vers
     they require (issue 53: a Trainer + LoRA script's first round built and packed three DeepSpeed wheels)."""
     from dataclasses import replace
 
-    from harness.tools.node_script import NodeAtlas, day_entry, script_needs
+    from harness.tools.gpu_node.node_script import NodeAtlas, day_entry, script_needs
 
     resolved = {"transformers": "4.57.1", "peft": "0.18.0", "accelerate": "1.11.0", "deepspeed": "0.18.2"}
     resolved |= {"hjson": "3.1.0", "safetensors": "0.6.2"}

@@ -18,7 +18,7 @@ from harness.knowledge.atlas import Atlas
 from harness.knowledge.judge import Query
 from harness.knowledge.ways_out import way_out
 from harness.publishing.glance import glance_tables
-from harness.tools import audit, check, lookup
+from harness.tools.answers import audit, check, lookup
 from tests.conftest import REPO_ROOT
 
 RESULTS = REPO_ROOT / "results"

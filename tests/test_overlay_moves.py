@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from harness.environments.envs import InstallOptions
-from harness.tools import script_bisect
-from harness.tools.script_stacks import Stack, is_torch_runtime, plan_overlay
+from harness.tools.script_verdicts import script_bisect
+from harness.tools.script_verdicts.script_stacks import Stack, is_torch_runtime, plan_overlay
 
 pytestmark = pytest.mark.matrix  # it asks the package index
 
@@ -95,7 +95,7 @@ def test_a_torch_move_is_an_environment_of_its_own_never_an_overlay(tmp_path: Pa
 
     from harness.define.profile import load_profile
     from harness.environments import envs
-    from harness.tools import script_stacks
+    from harness.tools.script_verdicts import script_stacks
 
     built: list[tuple[dict[str, str], object, object]] = []
     installs = iter(

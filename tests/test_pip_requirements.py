@@ -1,4 +1,4 @@
-"""Requirements files read as pip reads them (`harness/tools/pip_requirements.py`), held to pip's own parser (pip's
+"""Requirements files read as pip reads them (`tools/user_files/pip_requirements.py`), held to pip's own parser (pip's
 `req_file.parse_requirements` and `install_req_from_parsed_requirement`, installed here with the test tools), and the
 page's reader (`site_read.js`) held to Python on the same texts and targets: written cases of every form pip's grammar
 has (continuations, comments, options, `--hash` on the line, markers, extras, URLs, wheels, sdists, editables) and
@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.errors import UsageError
-from harness.tools.pip_requirements import read_requirements
-from harness.tools.target import Target, target_of
-from harness.tools.user_files import read_all, read_file
+from harness.tools.user_files.pins import read_all, read_file
+from harness.tools.user_files.pip_requirements import read_requirements
+from harness.tools.user_files.target import Target, target_of
 from tests.conftest import REPO_ROOT, run_node
 
 SITE_READ = REPO_ROOT / "harness" / "publishing" / "site_read.js"

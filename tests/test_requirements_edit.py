@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.tools.requirements_edit import move
-from harness.tools.target import target_of
-from harness.tools.user_files import read_pins
+from harness.tools.user_files.pins import read_pins
+from harness.tools.user_files.requirements_edit import move
+from harness.tools.user_files.target import target_of
 
 LINUX = target_of("linux", "3.11")
 COMPILED = (

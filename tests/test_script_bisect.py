@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.execution.script_launch import last_traceback, run_script, script_dependencies
-from harness.tools.script_bisect import Observation, _neighbour_flips, move_order, parse_end
+from harness.execution.script_launch import ScriptRun, last_traceback, run_script, script_dependencies
+from harness.tools.script_verdicts.script_bisect import _neighbour_flips, move_order, parse_end
+from harness.tools.script_verdicts.stack_run import StackRun
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -136,7 +137,7 @@ def test_every_failure_the_scan_saw_gets_an_answer(tmp_path: Path) -> None:
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.paths import MATRIX_DIR
-    from harness.tools.script_bisect import End, ScriptBisect, run, summary_lines
+    from harness.tools.script_verdicts.script_bisect import End, ScriptBisect, run, summary_lines
 
     script = tmp_path / "two_failures.py"
     script.write_text(TWO_FAILURES)
@@ -189,7 +190,7 @@ def test_torchrun_hang_gives_every_ranks_stack(tmp_path: Path) -> None:
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.paths import MATRIX_DIR
-    from harness.tools.script_stacks import pinned_stack
+    from harness.tools.script_verdicts.script_stacks import pinned_stack
 
     ci = load_profile("ci", MATRIX_DIR)
     torch_pin = ci.axes["torch"][0]
@@ -219,7 +220,7 @@ def test_a_rank_that_prints_a_line_and_exits_names_the_failure_not_torchrun(tmp_
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.paths import MATRIX_DIR
     from harness.publishing.upstream import issue_title
-    from harness.tools.script_stacks import pinned_stack
+    from harness.tools.script_verdicts.script_stacks import pinned_stack
 
     ci = load_profile("ci", MATRIX_DIR)
     stack = pinned_stack(ci, "torch", {"torch": ci.axes["torch"][0]}, [], InstallOptions(envs_dir=default_envs_dir()))
@@ -290,8 +291,9 @@ def test_ends_and_bad_input(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
-def _seen(label: str, state: str, versions: dict[str, str], error: str = "", traceback: str = "") -> Observation:
-    found = Observation("scan", label, "fail", None, error, 1.0, {"versions": versions}, label, traceback=traceback)
+def _seen(label: str, state: str, versions: dict[str, str], error: str = "", traceback: str = "") -> StackRun:
+    run = ScriptRun("fail", None, 1.0, error=error, traceback=traceback)
+    found = StackRun("scan", label, run, {"versions": versions}, label)
     found.state = state
     return found
 
@@ -402,7 +404,7 @@ def test_a_fix_is_said_as_the_first_release_that_passes_and_the_last_that_fails(
     import json
 
     from harness.publishing.upstream import script_report
-    from harness.tools.script_bisect import summary_lines
+    from harness.tools.script_verdicts.script_bisect import summary_lines
 
     folder = repo_root / "results" / "script-bisect" / "lora-bias-merge"
     said = "\n".join(summary_lines(json.loads((folder / "verdict.json").read_text())))
@@ -433,7 +435,7 @@ def test_every_unusable_move_is_printed_with_its_cause_line() -> None:
     unusable move and probe with it."""
     from harness.environments.envs import summarise_install_error
     from harness.execution.script_launch import cause_line
-    from harness.tools.script_bisect import summary_lines
+    from harness.tools.script_verdicts.script_bisect import summary_lines
 
     frames = "".join(
         f'           File "/root/.cache/x/site-packages/setuptools/build_meta.py", line {n}, in run_setup\n'
@@ -476,12 +478,12 @@ def test_the_environments_to_build_and_their_cost_are_said_before_any_is_built(t
     """A cold scan builds one environment per atlas day (several GB each): bisect-script says which it will build,
     their disk and time estimate, and the free disk, before the first one; a day built already is not counted."""
     from harness.define.profile import load_profile
-    from harness.environments import envs
+    from harness.environments import disk, envs
     from harness.environments.envs import InstallOptions
     from harness.paths import MATRIX_DIR
-    from harness.tools import script_stacks
-    from harness.tools.script_bisect import End, ScriptBisect, run
-    from harness.tools.script_stacks import LocalStacks, Stack
+    from harness.tools.script_verdicts import script_stacks
+    from harness.tools.script_verdicts.script_bisect import End, ScriptBisect, run
+    from harness.tools.script_verdicts.script_stacks import LocalStacks, Stack
 
     history = load_profile("history", MATRIX_DIR)
     options = InstallOptions(envs_dir=tmp_path / "envs")
@@ -508,10 +510,18 @@ def test_the_environments_to_build_and_their_cost_are_said_before_any_is_built(t
     said = next(i for i, e in enumerate(events) if e.startswith("  to build first: 1 of the 2 stacks"))
     assert said < events.index("built 2024-09-26"), events
     line = events[said]
-    assert "(2024-12-07)" in line and f"{script_stacks.ENV_DISK_GB:.0f} GB of disk" in line, line
+    # The disk as every command estimates it (`disk.estimate`): a day whose torch is not known counts a whole stack.
+    whole = disk.FALLBACK_STACK["cuda"] / disk.GB
+    assert "(2024-12-07)" in line and f"up to {whole:.1f} GB of disk" in line, line
     assert events[said + 1].startswith("  free disk here: "), events
-    assert script_stacks.build_cost_lines([], 2, None) == [
+    # Two days the records show on one torch release: its stack once, then the second day's own files.
+    shared = LocalStacks(history, [], options, {"2024-12-07": "2.5.1", "2025-03-20": "2.5.1"})
+    two = [End(day="2024-12-07"), End(day="2025-03-20")]
+    need = disk.estimate(shared.planned(two), options.envs_dir, None)
+    assert need.new_torches == ["2.5.1 (cuda)"] and need.unknown_torch == 0, need
+    assert "an estimate of about " in script_stacks.build_cost_lines(shared.to_build(two), 2, need)[0]
+    assert script_stacks.build_cost_lines([], 2, need) == [
         "  every one of the 2 stacks to scan is built already: no environment to build"
     ]
-    short = script_stacks.build_cost_lines(["a", "b"], 2, int(1e9))
+    short = script_stacks.build_cost_lines(["a", "b"], 2, disk.DiskNeed(0, 2, 12 * disk.GB, free=int(1e9)))
     assert "less than the" in short[-1] and "may run out" in short[-1], short

@@ -14,9 +14,9 @@ from harness.define.profile import load_profile
 from harness.environments.envs import InstallOptions
 from harness.paths import MATRIX_DIR
 from harness.recording.flip import Flip
-from harness.tools.script_bisect import End, ScriptBisect
-from harness.tools.script_blame import blame_verdict, prepared
-from harness.tools.script_stacks import Stack
+from harness.tools.script_verdicts.script_bisect import End, ScriptBisect
+from harness.tools.script_verdicts.script_blame import blame_verdict, prepared
+from harness.tools.script_verdicts.script_stacks import Stack
 from tests.test_blame import CORE_1, CORE_2, HELPERS_1, HELPERS_2, REPRO, _installed
 
 
@@ -44,12 +44,15 @@ def _bisect(tmp_path: Path, sites: dict[str, Path]) -> tuple[ScriptBisect, dict]
     options = InstallOptions(envs_dir=tmp_path / "envs")
     bisect = ScriptBisect(script, tmp_path / "verdict", load_profile("history", MATRIX_DIR), options,
                           source=_ToyStacks(sites), say=lambda _: None)  # fmt: skip
-    from harness.tools.script_blame import _run
+    from harness.tools.script_verdicts.script_blame import _run
 
     failing = _run(bisect, _ToyStacks(sites).scan(End(pins={"toypkg": "2.0"})), "bad")  # its signature is the target
     flip = Flip("toypkg==1.0", "toypkg==2.0", "pass", "target", {"toypkg": ["1.0", "2.0"]})
     flip.package, flip.release, flip.last_release_before = "toypkg", "2.0", "1.0"
-    verdict = {"flips": [flip.as_script_json()], "target": {"signature": failing.signature, "error": failing.error}}
+    verdict = {
+        "flips": [flip.as_script_json()],
+        "target": {"signature": failing.run.signature, "error": failing.run.error},
+    }
     return prepared(bisect, verdict), verdict
 
 
@@ -89,8 +92,8 @@ def test_a_call_refused_for_its_arguments_is_a_candidate() -> None:
     """accelerate 1.0.0's Accelerator.__init__ refuses `dispatch_batches` before its body runs, so no trace shows it in
     the failing run: the function the error names, executed by the other run, is put back too (where its older
     source is at hand), and nothing the error does not name."""
-    from harness.tools.blame import refused_calls
-    from harness.tools.changed_code import ChangedCode
+    from harness.tools.code_blame.blame import refused_calls
+    from harness.tools.code_blame.changed_code import ChangedCode
 
     changed = ChangedCode(
         "toypkg", "1.0", "2.0", 3, only_older=["toypkg/core.py::Scaler.__init__", "toypkg/core.py::unused"]
@@ -107,7 +110,7 @@ def test_a_revert_of_a_module_the_probe_watches_runs(tmp_path: Path) -> None:
     plan: two meta-path finders that each ask every other finder. A revert inside accelerate once asked them of each
     other without end (RecursionError, so blame had no evidence); now the function is put back and the run ends."""
     from harness.execution.script_launch import run_script
-    from harness.tools import blame as blaming
+    from harness.tools.code_blame import blame as blaming
 
     site = tmp_path / "site" / "accelerate"
     site.mkdir(parents=True)
@@ -141,7 +144,7 @@ def test_put_back_code_raises_in_its_own_name(tmp_path: Path) -> None:
     older = "def __init__(self):\n    self.x = 0\n"
     plan = {"functions": [{"module": "toy", "qualname": "A.__init__", "source": older}], "modules": []}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    from harness.tools.blame import REVERT_DIR
+    from harness.tools.code_blame.blame import REVERT_DIR
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env |= {

@@ -99,7 +99,7 @@ def test_a_real_accelerate_run_at_two_ranks_measures_what_ran(tmp_path: Path) ->
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.paths import MATRIX_DIR
-    from harness.tools.script_stacks import pinned_stack
+    from harness.tools.script_verdicts.script_stacks import pinned_stack
 
     ci = load_profile("ci", MATRIX_DIR)
     pins = {"torch": ci.axes["torch"][0], "accelerate": "1.15.0"}

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from harness.publishing.publish import build_matrix, write_site
-from harness.tools.audit import audit, load_tables, query_of
-from harness.tools.user_configs import read_setup
-from harness.tools.user_files import read_pins
+from harness.tools.answers.audit import audit, load_tables, query_of
+from harness.tools.user_files.pins import read_pins
+from harness.tools.user_files.user_configs import read_setup
 from tests.conftest import REPO_ROOT, screenshot_path
 from tests.test_judge_vectors import WITH_FIXES, python_answers, vectors
 from tests.test_publish import headless_chromium, open_page

@@ -1,6 +1,6 @@
 """The page reads a pasted config as `audit` reads the file: the same setup and GPU count, or both refuse it. Over the
 real configs of five projects, the bad-input corpus and configs Hypothesis writes (PyYAML's block style, the values
-users put there: yes/no, auto, numbers as text, nulls, lists), site_config.js under node against user_files.py."""
+users put there: yes/no, auto, numbers as text, nulls, lists), site_config.js under node against user_configs.py."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.errors import UsageError
-from harness.tools.user_configs import read_accelerate, read_deepspeed, read_trainer
-from harness.tools.user_text import read_text
+from harness.tools.user_files.user_configs import read_accelerate, read_deepspeed, read_trainer
+from harness.tools.user_files.user_text import read_text
 from tests.conftest import REPO_ROOT, run_node
 
 SITE_CONFIG = REPO_ROOT / "harness" / "publishing" / "site_config.js"

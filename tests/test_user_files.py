@@ -1,5 +1,5 @@
 """The gate as users meet it: every file users have, read as the tools that write it read it
-(`harness/tools/user_files.py`). A corpus of odd and bad files (`tests/audit_inputs/`, each with the exit and the
+(`harness/tools/user_files/pins.py`). A corpus of odd and bad files (`tests/audit_inputs/`, each with the exit and the
 words `audit` must give) and Hypothesis fuzzing of each format (real files mutated, random bytes, other encodings):
 never a traceback, one line and exit 2 for anything that cannot be read, never an exit 0 or 1 from it; a UTF-16
 `pip freeze` is read."""
@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 
 from harness.cli import main
 from harness.errors import UsageError
-from harness.tools import user_configs, user_files
-from harness.tools.audit import SCHEMA_FILE, SCHEMA_VERSION
-from harness.tools.target import target_of
+from harness.tools.answers.audit import SCHEMA_FILE, SCHEMA_VERSION
+from harness.tools.user_files import pins as user_files
+from harness.tools.user_files import user_configs
+from harness.tools.user_files.target import target_of
 from tests.conftest import REPO_ROOT
 
 CORPUS = REPO_ROOT / "tests" / "audit_inputs"

@@ -74,14 +74,15 @@ def test_a_stack_whose_only_failure_is_a_native_library_that_cannot_load_is_unus
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions
     from harness.paths import MATRIX_DIR
-    from harness.tools.script_bisect import ScriptBisect, _from_run
+    from harness.tools.script_verdicts.script_bisect import ScriptBisect
+    from harness.tools.script_verdicts.stack_run import StackRun
 
     text = 'raise OSError("libfoo.so.1: cannot open shared object file: No such file or directory")\n'
     run = run_script(Path(sys.executable), _script(tmp_path, text), timeout_s=120)
     assert run.signature == "native-library-cannot-load", run
     bisect = ScriptBisect(_script(tmp_path, text), tmp_path / "out", load_profile("history", MATRIX_DIR),
                           InstallOptions(envs_dir=tmp_path / "envs"))  # fmt: skip
-    found = _from_run("scan", "here", run, {"versions": {}}, "k")
+    found = StackRun.of("scan", "here", run, {"versions": {}}, "k")
     assert bisect.state_of(found) == "unusable"
 
 
@@ -117,7 +118,7 @@ def test_a_failure_later_in_the_script_is_evidence_that_the_earlier_one_is_gone(
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions, default_envs_dir
     from harness.paths import MATRIX_DIR
-    from harness.tools.script_bisect import End, ScriptBisect, run, summary_lines
+    from harness.tools.script_verdicts.script_bisect import End, ScriptBisect, run, summary_lines
 
     script = tmp_path / "early_then_later.py"
     script.write_text(EARLY_THEN_LATER)
@@ -247,16 +248,17 @@ def test_a_library_warning_or_caught_traceback_is_never_what_ended_the_script(tm
     from harness.define.profile import load_profile
     from harness.environments.envs import InstallOptions
     from harness.paths import MATRIX_DIR
-    from harness.tools.script_bisect import ScriptBisect, _from_run
+    from harness.tools.script_verdicts.script_bisect import ScriptBisect
+    from harness.tools.script_verdicts.stack_run import StackRun
 
     script, site = _noisy(tmp_path, FAILS_ON_ITS_OWN_LINE)
     run = run_script(Path(sys.executable), script, timeout_s=120, pythonpath=site)
     assert run.stderr_tail.rstrip().endswith("libnoisy_cpu.so)"), run.stderr_tail  # stderr ends with the traceback
     bisect = ScriptBisect(script, tmp_path / "out", load_profile("history", MATRIX_DIR),
                           InstallOptions(envs_dir=tmp_path / "envs"))  # fmt: skip
-    found = _from_run("scan", "here", run, {"versions": {}}, "k")
+    found = StackRun.of("scan", "here", run, {"versions": {}}, "k")
     bisect.target = run.signature
-    assert bisect.state_of(found) == "target", (found.error, found.signature)  # never "unusable"
+    assert bisect.state_of(found) == "target", (run.error, run.signature)  # never "unusable"
     assert run.outcome == "fail" and run.ended == "exit", run
     assert run.error == "FAIL: RuntimeError: merged model differs from the adapter model by 0.216", run.error
     assert run.signature.startswith("exit-1-") and "GLIBCXX" not in (run.error_text or ""), run

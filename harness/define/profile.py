@@ -63,7 +63,7 @@ INSTALL_KEYS = {
 DATE_AXIS = "date"
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 #: A probe day of an era-locked profile: the day's stack with one axis package moved ('2025-11-14+transformers-5.0.0'),
-#: its overlay in the profile's era lock (harness/tools/node_flips.py names GPU flips with these).
+#: its overlay in the profile's era lock (harness/tools/gpu_node/node_flips.py names GPU flips with these).
 PROBE_DAY = re.compile(r"^(?P<day>\d{4}-\d{2}-\d{2})\+(?P<package>[a-z]+)-(?P<version>\d[\w.]*)$")
 SCENARIO_KEYS = {"examples", "seed_examples", "job_timeout_s", "variants", "configs", "cells", "single_rank"}
 

@@ -337,10 +337,15 @@ def typical(built: list[EnvDisk], kind: str) -> tuple[int, int]:
 
 
 def _free(envs_dir: Path) -> int | None:
-    try:
-        return shutil.disk_usage(envs_dir if envs_dir.exists() else envs_dir.parent).free
-    except OSError:
-        return None
+    """Free disk where the environments go (its nearest existing folder: a fresh machine has none of them yet), or
+    None where it cannot be read."""
+    for place in (envs_dir, *envs_dir.parents):
+        if place.exists():
+            try:
+                return shutil.disk_usage(place).free
+            except OSError:
+                return None
+    return None
 
 
 @dataclass(frozen=True)

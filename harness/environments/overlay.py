@@ -1,7 +1,7 @@
 """Packages layered over an interpreter in a `--target` directory that goes first on PYTHONPATH: a cell's
 packages over a GPU node's own torch (`envs`), and `bisect-script`'s moved packages over an atlas environment
-(`tools/script_stacks`). One place says how such a directory is installed and how a half-built one is thrown
-away, so the two kinds of overlay cannot drift apart."""
+(`tools/script_verdicts/script_stacks.py`). One place says how such a directory is installed and how a half-built
+one is thrown away, so the two kinds of overlay cannot drift apart."""
 
 from __future__ import annotations
 

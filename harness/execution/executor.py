@@ -22,6 +22,7 @@ from harness.execution.options import MatrixOptions, MatrixSummary
 from harness.execution.phases import CLOCK
 from harness.execution.progress import Progress
 from harness.execution.scenario_run import Emit, RunContext, baseline_first, run_scenario
+from harness.paths import records_file
 from harness.planning.plan import RunPlan
 from harness.recording import runs
 from harness.recording.record import Outcome, make_record, not_run
@@ -56,7 +57,7 @@ def execute(
     CLOCK.reset()
     started = time.monotonic()
     summary = MatrixSummary(meta["run_id"], run_dir, 0, 0, {})
-    writer = RecordWriter(run_dir / "records.jsonl")
+    writer = RecordWriter(records_file(run_dir))
     context = RunContext(plan, options, machine, meta["run_id"], run_dir, writer, progress, summary, meta["draws"])
     status = "interrupted"
     prefetch = EnvPrefetch(plan.profile, options.install)

@@ -16,7 +16,7 @@ from harness.errors import OptionError
 from harness.execution import hardware
 from harness.execution.executor import execute
 from harness.execution.options import MatrixOptions, MatrixSummary
-from harness.paths import REPO_ROOT
+from harness.paths import REPO_ROOT, records_file, run_path, runs_folder
 from harness.planning.plan import RunPlan, build_plan, draw_configs, plan_scenarios
 from harness.recording import runs
 from harness.recording.records import read_records
@@ -29,7 +29,7 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
     scenario_plan = plan_scenarios(profile, options.scenario_patterns, options.hypothesis_profile)
     device = hardware.resolve_device(profile.device)
     machine = hardware.describe(device)
-    runs.check_writable(options.results_dir / "runs", "results directory")
+    runs.check_writable(runs_folder(options.results_dir), "results directory")
     runs.check_writable(options.install.envs_dir, "environments directory")
     digest = runs.profile_digest(profile.path)
     shard = list(options.shard) if options.shard else None
@@ -45,7 +45,7 @@ def run_matrix(profile: Profile, options: MatrixOptions, stream: TextIO | None =
             if kept:
                 scenario_plan = plan_scenarios(profile, options.scenario_patterns, options.hypothesis_profile)
             if run_dir is not None:
-                read_records(run_dir / "records.jsonl", warn=False)  # a line that is not a record: exit 2 here
+                read_records(records_file(run_dir), warn=False)  # a line that is not a record: exit 2 here
             plan = build_plan(
                 profile,
                 scenario_plan,
@@ -104,7 +104,7 @@ def _chosen_run(profile: Profile, options: MatrixOptions, digest: str, shard: li
     """The run this invocation continues: --resume's, else the newest unfinished run of this profile file
     (never a complete one), else None for a new run."""
     if options.resume_run:
-        run_dir = options.results_dir / "runs" / options.resume_run
+        run_dir = run_path(options.results_dir, options.resume_run)
         meta = runs.read_meta(run_dir)
         if not meta:
             raise OptionError(f"{{resume_run}} {options.resume_run}: no run with meta.json under {run_dir.parent}")

@@ -67,7 +67,8 @@ _EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<message>.*))
 
 @dataclass(frozen=True)
 class ScriptRun:
-    """One run of the script: its outcome (pass | fail | timeout | skip), and the evidence behind it."""
+    """One run of the script: its outcome (pass | fail | timeout | skip; install-failed where its stack could not
+    be built, so it never started), and the evidence behind it."""
 
     outcome: str
     exit_code: int | None

@@ -1,4 +1,4 @@
-// What the user has, read in the browser as `compat-matrix audit` reads it (harness/tools/audit.py's readers): a
+// What the user has, read in the browser as `compat-matrix audit` reads it (harness/tools/answers/audit.py's readers): a
 // requirements file, pip freeze or lock, and packaging's versions and specifiers as far as pins and ranges need them.
 // Reading only: the judging is judge.js, over the tables Python compiled. tests/test_site_answer.py holds the page and
 // audit to the same answers on the same pasted inputs.

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.paths import records_file, run_path
 from harness.recording.packing import unpack_run
 from harness.recording.records import merge, read_records
 from harness.recording.runs import RunLock, write_meta
@@ -22,14 +23,14 @@ def import_run(path: Path, results_dir: Path) -> tuple[Path, int, int]:
     meta_path = path.with_name(f"{run_id}.meta.json")
     if not meta_path.is_file():
         raise UsageError(f"{meta_path}: missing (the run's meta.json travels with its records)")
-    run_dir = results_dir / "runs" / slug(run_id, 120)
+    run_dir = run_path(results_dir, slug(run_id, 120))
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunLock.acquire(run_dir)
     try:
         unpack_run(run_dir)
-        existing = read_records(run_dir / "records.jsonl")
+        existing = read_records(records_file(run_dir))
         merged = merge([existing, read_records(path)])
-        with open(run_dir / "records.jsonl", "w") as handle:
+        with open(records_file(run_dir), "w") as handle:
             handle.writelines(json.dumps(r, sort_keys=True) + "\n" for r in merged)
         write_meta(run_dir, json.loads(meta_path.read_text()))
     finally:

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from harness.paths import RECORDS_FILE
+
 PACKED_SUFFIX = ".xz"
 # Files of a run directory that are packed: the records, and the records a run set aside.
-PACKABLE_GLOBS = ("records.jsonl", "discarded-*.jsonl")
+PACKABLE_GLOBS = (RECORDS_FILE, "discarded-*.jsonl")
 
 
 def packed_path(path: Path) -> Path:

@@ -18,23 +18,24 @@ from harness import pause_points
 from harness.errors import UsageError
 from harness.recording.outcomes import OUTCOMES
 from harness.recording.packing import open_records, unpack_file
+from harness.recording.record import Record
 
 SCHEMA_PATH = Path(__file__).with_name("record.schema.json")
 RECORD_VERSION = 1
 KEY_FIELDS = ("cell", "scenario", "variant", "config_id")
 
 
-def record_key(record: dict[str, Any]) -> tuple[str, ...]:
+def record_key(record: Record) -> tuple[str, ...]:
     """Identity of a record within a run: re-running the same key replaces nothing, it is skipped."""
     return tuple(str(record[f]) for f in KEY_FIELDS)
 
 
-def read_records(path: Path, warn: bool = True) -> list[dict[str, Any]]:
+def read_records(path: Path, warn: bool = True) -> list[Record]:
     """All complete records; a damaged line is skipped with a warning on stderr."""
     handle = open_records(path)
     if handle is None:
         return []
-    records = []
+    records: list[Record] = []
     with handle:
         for number, raw in enumerate(handle, 1):
             line = raw.strip()
@@ -99,7 +100,7 @@ class RecordWriter:
         """The recorded outcome for a key (a resumed run decides from it whether fix variants are due)."""
         return self.outcomes.get(key)
 
-    def append(self, record: dict[str, Any]) -> bool:
+    def append(self, record: Record) -> bool:
         """Write one record unless its key is already there. Returns whether it was written."""
         key = record_key(record)
         if key in self.keys:
@@ -122,7 +123,7 @@ class RecordWriter:
         self.close()
 
 
-def merge(record_sets: Iterable[Iterable[dict[str, Any]]]) -> list[dict[str, Any]]:
+def merge(record_sets: Iterable[Iterable[Record]]) -> list[Record]:
     """Concatenate shards and drop exact duplicates of a (run, key); conflicting outcomes are kept."""
     seen: set[tuple[str, ...]] = set()
     merged = []

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.errors import UsageError
+from harness.paths import meta_file, profile_runs, runs_folder
 
 LOCK_NAME = "writer.lock"
 #: Statuses after which `matrix` starts a new run instead of resuming (a finished run is evidence, not a draft).
@@ -42,7 +43,7 @@ def create_run_dir(results_dir: Path, profile_name: str, meta_for: Callable[[str
     """A new run directory with a fresh id that appears with its meta.json already inside (written in
     `<results>/.run-staging/`, then renamed into place): a run killed at any moment is either absent or resumable,
     never an empty directory that the next invocation cannot resume. Callers hold the selection lock."""
-    runs_root = results_dir / "runs"
+    runs_root = runs_folder(results_dir)
     runs_root.mkdir(parents=True, exist_ok=True)
     staging_root = results_dir / ".run-staging"  # beside runs/, so nothing under runs/ is ever half-made
     staging_root.mkdir(exist_ok=True)
@@ -67,7 +68,7 @@ def profile_digest(profile_path: Path) -> str:
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "meta.json"
+    path = meta_file(run_dir)
     if not path.is_file():
         return {}
     try:
@@ -84,7 +85,7 @@ def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / f"meta.json.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, run_dir / "meta.json")
+    os.replace(tmp, meta_file(run_dir))
 
 
 class RunLock:
@@ -157,7 +158,7 @@ def effective_status(run_dir: Path, meta: dict[str, Any] | None = None) -> str:
 def selection_lock(results_dir: Path) -> Iterator[None]:
     """Serialises choosing-or-creating a run among invocations on one results directory, so two started in
     the same second cannot both pick (or both create) the same run."""
-    runs_root = results_dir / "runs"
+    runs_root = runs_folder(results_dir)
     runs_root.mkdir(parents=True, exist_ok=True)
     with open(runs_root / ".select.lock", "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -171,7 +172,7 @@ def find_resumable(results_dir: Path, profile_name: str, digest: str, shard: lis
     """The newest unfinished run (interrupted, or whose writer is still at work) of this profile file and
     shard. A complete run is never resumed: a new invocation starts a new run and resolves `latest` afresh."""
     candidates = []
-    for run_dir in (results_dir / "runs").glob(f"{profile_name}-*"):
+    for run_dir in profile_runs(results_dir, profile_name):
         meta = read_meta(run_dir)
         if meta.get("profile") != profile_name or meta.get("profile_digest") != digest:
             continue

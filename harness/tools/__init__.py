@@ -1,3 +1,3 @@
-"""The commands' bodies that sit right under the CLI: `check`, `lookup`, `bench`, the bisectors (`bisection`,
-`flips`, `node_flips`, `script_bisect` over `script_stacks`; all ask `flip_search` for their next probe),
-`locking`."""
+"""The commands' bodies that sit right under the CLI, in families, one subpackage each (docs/architecture.md, "tools/
+in families"): `answers`, `user_files`, `release_search`, `code_blame`, `script_verdicts`, `growth`, `gpu_node`,
+`adapter_grid`, `upkeep`."""

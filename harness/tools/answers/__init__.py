@@ -1,0 +1,1 @@
+"""The answer commands, each a view of the one judge: `lookup` (`--measure`), `check`, `audit` (`--fix`)."""

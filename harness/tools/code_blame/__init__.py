@@ -1,0 +1,1 @@
+"""From the release to the function: a finding verified by its reproducer, then the changed code it ran blamed."""
