@@ -88,3 +88,27 @@ def test_a_condition_on_the_model_does_not_block_the_proof_unless_strict(tmp_pat
                                                                                        report.answers}  # fmt: skip
     lines, code = prove(report, tmp_path)
     assert code == 0 and "nothing to prove (--strict proves those too)" in lines[0], lines
+
+
+def test_a_clone_s_file_times_never_send_the_judge_back_to_the_records(tmp_path: Any) -> None:
+    """A fresh clone sets every file's time anew, in checkout order, so the measured runs' records can be newer than
+    judge.json: the tables name the measured runs they were compiled with (run id -> records), so only a run measured
+    since, or one holding more records now, makes `audit` compile the tables from the records again."""
+    import os
+    import shutil
+    import time
+
+    from harness.knowledge.store import Store
+
+    results = tmp_path / "results"
+    for folder in ("measured", "advisories"):
+        shutil.copytree(RESULTS / folder, results / folder)
+    compiled = read_tables(results / "advisories")
+    assert compiled["measured_runs"] == Store(results).measured_runs != {}, "premise: the report's tables name them"
+    later = time.time() + 3600
+    for path in results.glob("measured/*/runs/*/*"):
+        os.utime(path, (later, later))
+    assert not audit.measured_since(results, compiled), "newer file times alone are no new measurement"
+    run = next(results.glob("measured/*/runs/*"))
+    shutil.copytree(run, run.parent / "measured-00000000-20261205T000000Z-0000")
+    assert audit.measured_since(results, compiled), "a run measured since the tables is read from its records"

@@ -163,7 +163,7 @@ class Atlas:
         """The judge's tables (`tables.py`), compiled once."""
         return compile_tables(
             self.failures, list(self.pitfalls.values()), self.specs, self.coverage, self.details, self.broken,
-            read_declared(DECLARED_FILE),
+            read_declared(DECLARED_FILE), self.store.measured_runs,
         )  # fmt: skip
 
     @cached_property

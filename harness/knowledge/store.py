@@ -144,11 +144,12 @@ class Store:
     def all_run_dirs(self) -> list[Path]:
         return list(run_dirs(self.results_dir))
 
-    def measured_after(self, when: float) -> bool:
-        """Whether a run was measured here (`lookup --measure`, `audit --fix --measure`) after `when` (a time on
-        disk): its records are newer than the tables written from the others."""
-        root = self.results_dir / MEASURED_FOLDER
-        return any(p.stat().st_mtime > when for p in root.glob(f"*/{RUNS}/*/{RECORDS}*"))
+    @cached_property
+    def measured_runs(self) -> dict[str, int]:
+        """Each run measured here (`lookup --measure`, `audit --fix --measure`): its run id -> how many records it
+        holds. The judge's tables carry the map they were compiled with, so a run measured since is found by what
+        the folder holds, never by file times (a clone or a copy sets those anew, in no order)."""
+        return {d.name: len(self.records_in(d, warn=False)) for d in self.probe_run_dirs[MEASURED_FOLDER]}
 
     # --- flips, verdicts, the watch ---
 

@@ -31,10 +31,13 @@ def compile_tables(
     details: dict[str, tuple[str, str]] | None = None,
     broken: list[dict[str, Any]] | None = None,
     declared: dict[str, dict[str, dict[str, str]]] | None = None,
+    measured_runs: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The tables every answer judges by (`details`: failure id -> (the condition on the user's model, what else
     its configs ran with), in words; `broken`: the stacks measured not to run, which no way out names; `declared`:
-    what each measured release declares it needs of the others, so a way out installs)."""
+    what each measured release declares it needs of the others, so a way out installs; `measured_runs`: the runs of
+    `lookup --measure` and `audit --fix --measure` they were compiled with, run id -> records, so an answer can tell
+    a run measured since)."""
     releases = _releases(failures)
     return {
         "schema": SCHEMA,
@@ -53,6 +56,7 @@ def compile_tables(
             }
             for p in sorted(declared or {})
         },
+        "measured_runs": dict(sorted((measured_runs or {}).items())),
     }
 
 

@@ -167,7 +167,11 @@ def flips_markdown(
         "reproduces the change was bisected. A probe is evidence only where the configs that showed the failure "
         "ran and passed or showed it; a timeout, another failure or a stack that could not install is no evidence "
         "and names nothing (`compat-matrix flips`; probes' records under `results/flips/`"
-        + ("; on a GPU node in rounds of probe days, `harness/tools/gpu_node/node_flips.py`)." if "GPU" in where else ")."),
+        + (
+            "; on a GPU node in rounds of probe days, `harness/tools/gpu_node/node_flips.py`)."
+            if "GPU" in where
+            else ")."
+        ),
         "",
         "| scenario | failure | change | dates | package | first release | upstream record |",
         "|---|---|---|---|---|---|---|",

@@ -109,15 +109,18 @@ def load_tables(results_dir: Path) -> dict[str, Any]:
         folder = PACKAGED
     if not (folder / JUDGE_FILE).is_file():
         raise UsageError(f"no {folder / JUDGE_FILE}: run `nox -s report` first")
-    if measured_since(results_dir, (folder / JUDGE_FILE).stat().st_mtime):
+    tables = read_tables(folder)
+    if measured_since(results_dir, tables):
         return tables_from_records(results_dir)
-    return read_tables(folder)
+    return tables
 
 
-def measured_since(results_dir: Path, when: float) -> bool:
-    """Whether a run was measured here (`lookup --measure`, `audit --fix --measure`) after the tables were written:
-    then the judge reads the records themselves, so the next audit of those pins answers from that run."""
-    return Store(results_dir).measured_after(when)
+def measured_since(results_dir: Path, tables: dict[str, Any]) -> bool:
+    """Whether a run was measured here (`lookup --measure`, `audit --fix --measure`) that the tables were not
+    compiled with (a new run, or one that holds more records now): then the judge reads the records themselves, so
+    the next audit of those pins answers from that run."""
+    compiled = tables.get("measured_runs", {})
+    return any(compiled.get(run) != held for run, held in Store(results_dir).measured_runs.items())
 
 
 def tables_from_records(results_dir: Path) -> dict[str, Any]:
