@@ -53,8 +53,9 @@ def list_(session: nox.Session) -> None:
 
 
 def _workers() -> list[str]:
-    """Two pytest-xdist workers where this process may use two cores or more: the `matrix` tests one after another
-    in one (tests/conftest.py groups them), the unit tests beside them in the other. One core: one process."""
+    """Two pytest-xdist workers where this process may use two cores or more: the tests that share a fixture (the
+    `ci` run, a module's fault run) in one worker (tests/worker_groups.py), the rest dealt out. One core: one
+    process."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return ["-n", "2", "--dist", "loadgroup"] if cores >= 2 else []
 

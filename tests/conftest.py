@@ -39,9 +39,14 @@ def _hypothesis_seed() -> int | None:
     return CI_HYPOTHESIS_SEED if under_ci() else None
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under CI (or with the seed variable) every property test of the suite replays that seed (Hypothesis'
-    @seed on the test itself: the harness's own draws, which bring their own seeds, are left alone)."""
+    @seed on the test itself: the harness's own draws, which bring their own seeds, are left alone). Under
+    `nox -s tests` (pytest-xdist, two workers) the tests that share a fixture share a worker
+    (tests/worker_groups.py)."""
+    from tests import worker_groups
+
+    worker_groups.assign(config, items)
     chosen = _hypothesis_seed()
     if chosen is None:
         return
@@ -49,14 +54,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         test = getattr(item, "obj", None)
         if test is not None and is_hypothesis_test(test):
             seed(chosen)(test)
-
-
-def pytest_itemcollected(item: pytest.Item) -> None:
-    """Under pytest-xdist's `--dist loadgroup` (what `nox -s tests` passes on 2 cores or more) the `matrix` tests
-    run one after another in one worker: their torchrun ranks take both cores and they share the session's `ci`
-    run; the other worker takes the unit tests beside them. Without xdist the group does nothing."""
-    if item.get_closest_marker("matrix") is not None:
-        item.add_marker(pytest.mark.xdist_group("matrix"))
 
 
 def pytest_report_header(config: pytest.Config) -> str:
