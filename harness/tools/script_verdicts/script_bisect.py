@@ -557,13 +557,7 @@ def _bisect_releases(
             {"day": older.label, "package": package, "version": v, "newer": newer.label, "phase": "bisect"}
             for v in search_order(candidates, known, flip.older_state, flip.newer_state)
         ]
-        version = step.probes[0]
-        found = bisect.observe("bisect", bisect.moved(base, package, version, older, newer))
-        entry = {"version": version, **_brief(found)}
-        flip.bisect_runs.append(entry)
-        if found.state not in (flip.older_state, flip.newer_state):
-            flip.stepped_over.append(entry)  # failed another way or could not run: not the answer
-        known[version] = found.state
+        _probe_release(bisect, flip, base, older, newer, package, step.probes[0], known)
         step = flip_search.next_step(candidates, known, flip.older_state, flip.newer_state)
     flip.release, flip.last_release_before = step.first, step.last_before
     _release_notes(bisect, flip, package)
@@ -597,6 +591,19 @@ def _release_notes(bisect: ScriptBisect, flip: Flip, package: str) -> None:
         )
 
 
+def _probe_release(
+    bisect: ScriptBisect, flip: Flip, base: Stack, older: End, newer: End, package: str, version: str,
+    known: dict[str, str],
+) -> None:  # fmt: skip
+    """Run the script with `package` moved to `version`; what it showed goes into the flip's runs and `known`."""
+    found = bisect.observe("bisect", bisect.moved(base, package, version, older, newer))
+    entry = {"version": version, **_brief(found)}
+    flip.bisect_runs.append(entry)
+    if found.state not in (flip.older_state, flip.newer_state):
+        flip.stepped_over.append(entry)  # failed another way or could not run: not the answer
+    known[version] = found.state
+
+
 #: The release searches: the sweep finds every change between the two ends, the bisect assumes one.
 SEARCHES = ("sweep", "bisect")
 
@@ -617,12 +624,7 @@ def _sweep_releases(
                 {"day": older.label, "package": package, "version": v, "newer": newer.label, "phase": "bisect"}
                 for v in pending[index:]
             ]
-            found = bisect.observe("bisect", bisect.moved(base, package, version, older, newer))
-            entry = {"version": version, **_brief(found)}
-            flip.bisect_runs.append(entry)
-            if found.state not in (flip.older_state, flip.newer_state):
-                flip.stepped_over.append(entry)  # failed another way or could not run: not the answer
-            known[version] = found.state
+            _probe_release(bisect, flip, base, older, newer, package, version, known)
         step = flip_search.next_sweep(candidates, known)
     flip.changes = [{"package": package, **asdict(change), "direction": change.direction} for change in step.changes]
     flip.sweep = {
