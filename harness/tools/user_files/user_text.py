@@ -12,6 +12,7 @@ import os
 import reprlib
 import stat
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,23 +112,22 @@ def read_text(path: Path, limit: int = MOST_BYTES) -> str:
 
 def load_json(path: Path, text: str, kinds: str) -> Any:
     """JSON, nested at most MOST_DEPTH deep."""
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise UsageError(f"{path}: not {kinds}: nested deeper than {MOST_DEPTH} levels") from None
-    except ValueError as exc:
-        raise UsageError(f"{path}: not {kinds}: {_first_line(exc)}") from None
-    _depth(path, data, kinds)
-    return data
+    return _parsed(path, text, kinds, json.loads)
 
 
 def load_toml(path: Path, text: str, kinds: str) -> Any:
     """TOML, nested at most MOST_DEPTH deep (tomllib recurses into arrays: a deeper one is refused, not a crash)."""
+    return _parsed(path, text, kinds, tomllib.loads)
+
+
+def _parsed(path: Path, text: str, kinds: str, parse: Callable[[str], Any]) -> Any:
+    """`parse(text)`, its errors one line each: too deep (a RecursionError, or past MOST_DEPTH), or not readable (a
+    ValueError: JSONDecodeError, TOMLDecodeError, an integer longer than Python converts)."""
     try:
-        data = tomllib.loads(text)
+        data = parse(text)
     except RecursionError:
         raise UsageError(f"{path}: not {kinds}: nested deeper than {MOST_DEPTH} levels") from None
-    except ValueError as exc:  # TOMLDecodeError, and an integer longer than Python converts
+    except ValueError as exc:
         raise UsageError(f"{path}: not {kinds}: {_first_line(exc)}") from None
     _depth(path, data, kinds)
     return data
