@@ -23,19 +23,27 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
-from harness.paths import MEASURED_FOLDER
+from harness.paths import (
+    ADAPTER_GRID_FOLDER,
+    BISECT_FOLDER,
+    FINDINGS_FOLDER,
+    FLIPS_FILE,
+    FLIPS_FOLDER,
+    MEASURED_FOLDER,
+    META_FILE,
+    WATCH_FILE,
+    WATCH_FOLDER,
+    meta_file,
+    records_file,
+    runs_folder,
+)
 from harness.recording import runs
 from harness.recording.packing import run_dirs
 from harness.recording.records import read_records
 from harness.recording.signatures import rename_all
 
-RUNS = "runs"
-RECORDS = "records.jsonl"
-META = "meta.json"
-FLIPS = "flips.json"
 #: Folders of the results that hold probe runs of scenarios (a `bisect-script` verdict's runs are a user's script's).
-PROBE_FOLDERS = ("flips", "bisect", "watch", MEASURED_FOLDER)
-ADAPTER_GRID = "adapter-grid"
+PROBE_FOLDERS = (FLIPS_FOLDER, BISECT_FOLDER, WATCH_FOLDER, MEASURED_FOLDER)
 WITHOUT_A_FINDING = "without-a-finding.toml"
 
 
@@ -59,7 +67,7 @@ def read_adapter_grid(run: Path) -> AdapterGridRun:
     sweep = json.loads((run / "sweep.json").read_text()).get("flips", []) if (run / "sweep.json").is_file() else []
     return AdapterGridRun(
         run,
-        json.loads((run / META).read_text()),
+        json.loads(meta_file(run).read_text()),
         [json.loads(x) for x in text.splitlines() if x.strip()],
         [json.loads(x) for x in saves if x.strip()],
         {entry["key"]: entry for entry in sweep},
@@ -95,7 +103,7 @@ class Store:
 
     @property
     def runs_root(self) -> Path:
-        return self.results_dir / RUNS
+        return runs_folder(self.results_dir)
 
     @cached_property
     def metas(self) -> dict[str, dict[str, Any]]:
@@ -104,7 +112,7 @@ class Store:
         root = self.runs_root
         found = {}
         for run_dir in sorted(root.glob("*")) if root.is_dir() else []:
-            if (run_dir / META).is_file():
+            if meta_file(run_dir).is_file():
                 meta = runs.read_meta(run_dir)
                 found[run_dir.name] = meta | {"status": runs.effective_status(run_dir, meta)}
         return found
@@ -121,7 +129,7 @@ class Store:
         key = run_dir.resolve()
         if key not in self._records:
             self.reads += 1
-            self._records[key] = rename_all(read_records(run_dir / RECORDS, warn=warn))
+            self._records[key] = rename_all(read_records(records_file(run_dir), warn=warn))
         return self._records[key]
 
     # --- probe runs (flips' moves and sweeps, bisects, the release watch, `lookup --measure`) ---
@@ -156,26 +164,26 @@ class Store:
     @cached_property
     def flip_files(self) -> dict[str, list[dict[str, Any]]]:
         """dated run id -> the entries of its results/flips/<run>/flips.json, in run id order."""
-        root = self.results_dir / "flips"
-        return {p.parent.name: json.loads(p.read_text()) for p in sorted(root.glob(f"*/{FLIPS}"))}
+        root = self.results_dir / FLIPS_FOLDER
+        return {p.parent.name: json.loads(p.read_text()) for p in sorted(root.glob(f"*/{FLIPS_FILE}"))}
 
     @cached_property
     def watch_flip_entries(self) -> list[dict[str, Any]]:
         """The release watch's named flips (watch/<day>/flips.json and watch/<day>/<profile>/flips.json)."""
-        watch = self.results_dir / "watch"
-        paths = sorted([*watch.glob(f"*/{FLIPS}"), *watch.glob(f"*/*/{FLIPS}")])
+        watch = self.results_dir / WATCH_FOLDER
+        paths = sorted([*watch.glob(f"*/{FLIPS_FILE}"), *watch.glob(f"*/*/{FLIPS_FILE}")])
         return [entry for path in paths for entry in json.loads(path.read_text())]
 
     @cached_property
     def newest_watch(self) -> dict[str, Any] | None:
         """The newest release watch's report (watch/<day>/watch.json), or None."""
-        watches = sorted((self.results_dir / "watch").glob("*/watch.json"))
+        watches = sorted((self.results_dir / WATCH_FOLDER).glob(f"*/{WATCH_FILE}"))
         return json.loads(watches[-1].read_text()) if watches else None
 
     @cached_property
     def bisect_verdict_entries(self) -> list[dict[str, Any]]:
         """Each `compat-matrix bisect` verdict (bisect/<name>/verdict.json), in its folders' order."""
-        return [json.loads(p.read_text()) for p in sorted((self.results_dir / "bisect").glob("*/verdict.json"))]
+        return [json.loads(p.read_text()) for p in sorted((self.results_dir / BISECT_FOLDER).glob("*/verdict.json"))]
 
     # --- findings, reproducers, script verdicts, the adapter grid ---
 
@@ -184,7 +192,7 @@ class Store:
         """Every finding (findings/<id>/finding.toml with its verification runs), in id order."""
         from harness.knowledge.findings import load_all
 
-        return load_all(self.results_dir / "findings")
+        return load_all(self.results_dir / FINDINGS_FOLDER)
 
     def finding(self, finding_id: str) -> Any:
         return next(f for f in self.findings if f.id == finding_id)
@@ -193,7 +201,7 @@ class Store:
     def without_a_finding(self) -> dict[str, list[dict[str, str]]]:
         """The flips and failure families no upstream record names that have no finding, each with why not
         (findings/without-a-finding.toml)."""
-        path = self.results_dir / "findings" / WITHOUT_A_FINDING
+        path = self.results_dir / FINDINGS_FOLDER / WITHOUT_A_FINDING
         if not path.is_file():
             return {"flip": [], "family": []}
         try:
@@ -214,6 +222,6 @@ class Store:
     @cached_property
     def newest_adapter_grid(self) -> AdapterGridRun | None:
         """The newest finished adapter-grid run (adapter-grid/<run>/), or None."""
-        metas = sorted((self.results_dir / ADAPTER_GRID).glob(f"*/{META}"))
+        metas = sorted((self.results_dir / ADAPTER_GRID_FOLDER).glob(f"*/{META_FILE}"))
         done = [p.parent for p in metas if json.loads(p.read_text()).get("status") == "done"]
         return read_adapter_grid(done[-1]) if done else None
